@@ -1,0 +1,134 @@
+"""The transport contract: four operations over immutable, create-once objects.
+
+An object is written at most once (``put_if_absent``), read back by key (``get``), discovered
+by prefix in UTF-8 byte order (``list``) and removed idempotently (``delete``). Nothing here
+knows about rounds or snapshots; ``gradientmail.protocol`` lays the run out on top.
+"""
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Protocol, Self, TypeVar, runtime_checkable
+
+from gradientmail.clock import Clock, MonotonicClock
+from gradientmail.errors import MailboxUnavailable
+
+__all__ = ["MAX_KEY_BYTES", "Mailbox", "check_key", "check_prefix", "retrying"]
+
+MAX_KEY_BYTES = 1024
+"""The longest key (in UTF-8 bytes) every backend accepts; S3's own limit."""
+
+_log = logging.getLogger("gradientmail.mailbox")
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class Mailbox(Protocol):
+    """What every backend provides. Each operation is a cancellation point; a cancelled
+    ``put_if_absent`` may or may not have created its object (the caller reads it back).
+
+    A mailbox is an async context manager: entering opens its connections (if any), leaving
+    closes them and leaves no task, connection or thread behind. Keys are checked by
+    ``check_key`` on every backend alike before any I/O.
+    """
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data``; True iff this call created it.
+
+        An existing object is left untouched and False is returned.
+        """
+        ...
+
+    async def get(self, key: str) -> bytes | None:
+        """The bytes under ``key``, or None when no such object exists."""
+        ...
+
+    async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
+        """Every key under ``prefix`` greater than ``after``, in UTF-8 byte order, all pages."""
+        ...
+
+    async def delete(self, keys: Iterable[str]) -> None:
+        """Remove ``keys`` in any number; missing keys are not an error."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def _problem(key: str) -> str | None:
+    if not key:
+        return "a key must not be empty"
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        return f"a key must be at most {MAX_KEY_BYTES} UTF-8 bytes"
+    if "\x00" in key:
+        return "a key must not contain NUL"
+    if "\\" in key:
+        return "a key must not contain a backslash"
+    if key.startswith("/"):
+        return "a key must not start with '/'"
+    for segment in key.split("/"):
+        if not segment:
+            return "a key's '/'-separated segments must not be empty"
+        if segment in (".", ".."):
+            return "a key must not have a '.' or '..' segment"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a key must be valid UTF-8 (no lone surrogates)"
+    return None
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid object key, else raise ``ValueError`` naming the rule.
+
+    Valid: non-empty ``/``-separated segments, none of them ``.`` or ``..``, no leading
+    ``/``, no NUL or backslash, at most 1024 UTF-8 bytes.
+    """
+    problem = _problem(key)
+    if problem is not None:
+        raise ValueError(f"invalid mailbox key {key!r}: {problem}")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is empty or a valid key with an optional trailing ``/``."""
+    if prefix:
+        problem = _problem(prefix.removesuffix("/"))
+        if problem is not None:
+            raise ValueError(f"invalid mailbox prefix {prefix!r}: {problem}")
+    return prefix
+
+
+async def retrying(
+    op: Callable[[], Awaitable[T]],
+    *,
+    clock: Clock | None = None,
+    max_delay: float = 30.0,
+    attempts: int | None = None,
+) -> T:
+    """Run ``op`` until it returns, sleeping on ``clock`` after each ``MailboxUnavailable``.
+
+    Delays start at 0.5 s and double up to ``max_delay``. Any other exception propagates at
+    once. With ``attempts``, the last ``MailboxUnavailable`` propagates after that many tries.
+    Cancellation interrupts the sleep or the operation and propagates.
+    """
+    clock = clock if clock is not None else MonotonicClock()
+    delay = min(0.5, max_delay)
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return await op()
+        except MailboxUnavailable as exc:
+            if attempts is not None and tries >= attempts:
+                raise
+            _log.warning("mailbox unavailable (%s); retrying in %.1f s", exc, delay)
+            await clock.sleep(delay)
+            delay = min(delay * 2, max_delay)

@@ -1,0 +1,212 @@
+"""The layout of a run in its mailbox: the one module that knows where every object lives.
+
+All keys are relative to the mailbox (whose own prefix or directory scopes the run). Each
+kind of object has one writer, and every write is create-once:
+
+==============================================  ===========================  ================
+key                                             what                         written by
+==============================================  ===========================  ================
+``manifest``                                    the run's identity           the creator
+``create/{attempt:04d}``                        creation claims              would-be creators
+``init/{attempt:04d}/{fragment:04d}``           Θ⁰ progress markers          that attempt
+``leases/{learner}/{beat:012d}``                lease beats                  that learner
+``rounds/{round:010d}/snapshots/{learner}``     a learner's snapshot         that learner
+``rounds/{round:010d}/claims/{k:04d}``          the k-th claim to close      syncers
+``records/{round:010d}``                        the committed round record   the claimant
+``blobs/{sha256}``                              content-addressed payloads   anyone, first
+==============================================  ===========================  ================
+
+Round ``r`` of a run with ``F`` fragments produces version ``r // F + 1`` of fragment
+``r % F``; version 0 of every fragment is Θ⁰. A round and its (fragment, version) determine
+each other. Zero-padded numbers make byte order equal numeric order in listings.
+
+Pure: string functions only.
+"""
+
+import re
+
+__all__ = [
+    "BLOBS",
+    "CLAIMS",
+    "CREATE",
+    "INIT",
+    "LEASES",
+    "MANIFEST",
+    "RECORDS",
+    "ROUNDS",
+    "blob",
+    "check_learner",
+    "claims_prefix",
+    "create_claim",
+    "fragment_of",
+    "init_marker",
+    "init_prefix",
+    "lease",
+    "lease_prefix",
+    "parse_blob",
+    "parse_claim",
+    "parse_create_claim",
+    "parse_init_marker",
+    "parse_lease",
+    "parse_record",
+    "parse_snapshot",
+    "record",
+    "round_of",
+    "round_prefix",
+    "snapshot",
+    "snapshots_prefix",
+    "version_of",
+]
+
+MANIFEST = "manifest"
+CREATE = "create/"
+INIT = "init/"
+LEASES = "leases/"
+ROUNDS = "rounds/"
+RECORDS = "records/"
+BLOBS = "blobs/"
+CLAIMS = "claims/"
+
+_LEARNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_learner(learner: str) -> str:
+    """Return ``learner`` if it can name a node, else raise ``ValueError`` saying why.
+
+    A learner id is one key segment: 1 to 128 characters of letters, digits, ``.``, ``_``
+    and ``-``, starting with a letter or digit.
+    """
+    if not isinstance(learner, str) or _LEARNER.fullmatch(learner) is None:
+        raise ValueError(
+            f"invalid learner id {learner!r}: use 1 to 128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return learner
+
+
+def _number(text: str, width: int) -> int | None:
+    return int(text) if len(text) == width and text.isdigit() else None
+
+
+def create_claim(attempt: int) -> str:
+    return f"{CREATE}{attempt:04d}"
+
+
+def parse_create_claim(key: str) -> int | None:
+    """The attempt of a ``create/`` key, or None for a key outside the layout."""
+    rest = key.removeprefix(CREATE)
+    return None if rest == key else _number(rest, 4)
+
+
+def init_prefix(attempt: int) -> str:
+    return f"{INIT}{attempt:04d}/"
+
+
+def init_marker(attempt: int, fragment: int) -> str:
+    return f"{init_prefix(attempt)}{fragment:04d}"
+
+
+def parse_init_marker(key: str) -> tuple[int, int] | None:
+    """``(attempt, fragment)`` of an ``init/`` key, or None for a key outside the layout."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != INIT.rstrip("/"):
+        return None
+    attempt, fragment = _number(parts[1], 4), _number(parts[2], 4)
+    return None if attempt is None or fragment is None else (attempt, fragment)
+
+
+def lease_prefix(learner: str) -> str:
+    return f"{LEASES}{check_learner(learner)}/"
+
+
+def lease(learner: str, beat: int) -> str:
+    return f"{lease_prefix(learner)}{beat:012d}"
+
+
+def parse_lease(key: str) -> tuple[str, int] | None:
+    """``(learner, beat)`` of a ``leases/`` key, or None for a key outside the layout."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != LEASES.rstrip("/") or _LEARNER.fullmatch(parts[1]) is None:
+        return None
+    beat = _number(parts[2], 12)
+    return None if beat is None else (parts[1], beat)
+
+
+def round_prefix(round: int) -> str:
+    return f"{ROUNDS}{round:010d}/"
+
+
+def snapshots_prefix(round: int) -> str:
+    return f"{round_prefix(round)}snapshots/"
+
+
+def snapshot(round: int, learner: str) -> str:
+    return f"{snapshots_prefix(round)}{check_learner(learner)}"
+
+
+def parse_snapshot(key: str) -> tuple[int, str] | None:
+    """``(round, learner)`` of a snapshot key, or None for a key outside the layout."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] != ROUNDS.rstrip("/") or parts[2] != "snapshots":
+        return None
+    round = _number(parts[1], 10)
+    if round is None or _LEARNER.fullmatch(parts[3]) is None:
+        return None
+    return round, parts[3]
+
+
+def claims_prefix(round: int) -> str:
+    return f"{round_prefix(round)}{CLAIMS}"
+
+
+def round_claim(round: int, k: int) -> str:
+    return f"{claims_prefix(round)}{k:04d}"
+
+
+def parse_claim(key: str) -> tuple[int, int] | None:
+    """``(round, k)`` of a round-claim key, or None for a key outside the layout."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] != ROUNDS.rstrip("/") or parts[2] != CLAIMS.rstrip("/"):
+        return None
+    round, k = _number(parts[1], 10), _number(parts[3], 4)
+    return None if round is None or k is None else (round, k)
+
+
+def record(round: int) -> str:
+    return f"{RECORDS}{round:010d}"
+
+
+def parse_record(key: str) -> int | None:
+    """The round of a ``records/`` key, or None for a key outside the layout."""
+    rest = key.removeprefix(RECORDS)
+    return None if rest == key else _number(rest, 10)
+
+
+def blob(sha256: str) -> str:
+    if _SHA256.fullmatch(sha256) is None:
+        raise ValueError(f"invalid blob digest {sha256!r}: expected 64 lowercase hex digits")
+    return f"{BLOBS}{sha256}"
+
+
+def parse_blob(key: str) -> str | None:
+    """The sha256 of a ``blobs/`` key, or None for a key outside the layout."""
+    rest = key.removeprefix(BLOBS)
+    return rest if rest != key and _SHA256.fullmatch(rest) is not None else None
+
+
+def fragment_of(round: int, fragments: int) -> int:
+    """The fragment round ``round`` updates."""
+    return round % fragments
+
+
+def version_of(round: int, fragments: int) -> int:
+    """The version of its fragment that round ``round`` produces (Θ⁰ is version 0)."""
+    return round // fragments + 1
+
+
+def round_of(fragment: int, version: int, fragments: int) -> int:
+    """The round that produces ``version`` (at least 1) of ``fragment``."""
+    if version < 1 or not 0 <= fragment < fragments:
+        raise ValueError(f"no round produces version {version} of fragment {fragment}")
+    return (version - 1) * fragments + fragment

@@ -1,0 +1,330 @@
+"""The objects of a run in the store, as frozen msgspec structs encoded as JSON.
+
+Every object carries ``format`` (``FORMAT_VERSION``). Decoding is strict about types and
+sizes: an object over its size limit, not JSON, of the wrong shape or of a format version
+this code does not know raises ``RecordError`` naming what was wrong. Unknown extra fields
+are ignored, so a newer writer can add optional fields without breaking older readers.
+
+The record of a round (``RoundRecord``) is the commit point: it is written last, after the
+blobs it references, and it is never rewritten.
+
+Pure: no I/O.
+"""
+
+import math
+from typing import Any, Final, Literal, TypeVar
+
+import msgspec
+
+from gradientmail.errors import RecordError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_MANIFEST_BYTES",
+    "MAX_RECORD_BYTES",
+    "BlobRef",
+    "CreateClaim",
+    "Encoding",
+    "FragmentSpec",
+    "InitMarker",
+    "LeaseBeat",
+    "Manifest",
+    "MergeRule",
+    "ParamSpec",
+    "Participant",
+    "Pattern",
+    "RejectReason",
+    "Rejection",
+    "RoundClaim",
+    "RoundRecord",
+    "RoundRecordDraft",
+    "RunConfig",
+    "Snapshot",
+    "Weighting",
+    "decode",
+    "encode",
+]
+
+FORMAT_VERSION: Final = 1
+MAX_RECORD_BYTES: Final = 1 << 20
+"""The largest claim, snapshot, marker or round record a reader accepts."""
+MAX_MANIFEST_BYTES: Final = 16 << 20
+"""The largest manifest a reader accepts (it lists every parameter of the model)."""
+
+Encoding = Literal["fp32", "bf16", "int8", "int4"]
+"""How a delta or an update travels: full fp32, bf16, or blockwise-absmax int8 / int4."""
+Pattern = Literal["contiguous", "strided"]
+"""How parameters are split into fragments (see ``protocol.fragments``)."""
+Weighting = Literal["tokens", "steps", "equal"]
+"""What a snapshot's weight in its round is proportional to."""
+MergeRule = Literal["keep-progress", "alpha"]
+"""How a learner merges a new version with its local progress (see ``protocol.merge``)."""
+RejectReason = Literal[
+    "corrupt", "shape", "non-finite", "stale", "outlier", "tokens", "unsigned", "bad-signature"
+]
+"""Why a round rejected a snapshot; each is explained in ``docs/protocol.md``."""
+
+
+class _Object(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    format: int = FORMAT_VERSION
+
+
+class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """The run-wide settings, fixed at creation and stored in the manifest.
+
+    A node joining a run with a config passes it to check it (``RunMismatch`` names the first
+    field that differs); a node that passes none takes the manifest's.
+
+    fragments, sync_every, pattern
+        The model is split into ``fragments`` groups of parameters (``pattern``); each is
+        synchronized every ``sync_every`` local steps, staggered (``protocol.fragments``).
+    delta_encoding, update_encoding, block_size
+        How learners' deltas and the syncer's updates travel; ``block_size`` elements share one
+        scale under int8 / int4.
+    outer_lr, outer_momentum
+        Nesterov momentum SGD on the averaged pseudo-gradient (DiLoCo's 0.7 and 0.9).
+    weighting, max_staleness, outlier_factor, max_tokens_per_step
+        How a round weighs snapshots and which it rejects: based more than ``max_staleness``
+        versions behind, a norm over ``outlier_factor`` times the median (3+ snapshots), or
+        more than ``max_tokens_per_step`` tokens per claimed step.
+    quorum_min, quorum_fraction, grace
+        A round closes once it has at least ``quorum_min`` snapshots and at least
+        ``quorum_fraction`` of the live learners, then waits up to ``grace`` seconds more for
+        the rest.
+    merge, alpha
+        ``keep-progress``: a learner keeps its progress since its snapshot on top of the new
+        version; ``alpha``: θ ← alpha·θ_local + (1 − alpha)·θ_global.
+    keep_rounds, keep_versions
+        Garbage collection: snapshots and claims of rounds older than ``keep_rounds`` rounds
+        are deleted, and θ/outer/update blobs no longer referenced by the newest
+        ``keep_versions`` records of their fragment.
+    """
+
+    fragments: int = 4
+    sync_every: int = 64
+    pattern: Pattern = "contiguous"
+    delta_encoding: Encoding = "fp32"
+    update_encoding: Encoding = "fp32"
+    block_size: int = 256
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    weighting: Weighting = "tokens"
+    max_staleness: int = 1
+    outlier_factor: float = 5.0
+    max_tokens_per_step: int = 1 << 24
+    quorum_min: int = 1
+    quorum_fraction: float = 0.5
+    grace: float = 2.0
+    merge: MergeRule = "keep-progress"
+    alpha: float = 0.5
+    keep_rounds: int = 16
+    keep_versions: int = 2
+
+    def __post_init__(self) -> None:
+        positive_ints = {
+            "fragments": self.fragments,
+            "sync_every": self.sync_every,
+            "block_size": self.block_size,
+            "quorum_min": self.quorum_min,
+            "keep_rounds": self.keep_rounds,
+            "keep_versions": self.keep_versions,
+            "max_tokens_per_step": self.max_tokens_per_step,
+        }
+        for name, value in positive_ints.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RunConfig.{name} must be a positive integer, got {value!r}")
+        if self.fragments > 9999:
+            raise ValueError(f"RunConfig.fragments must be at most 9999, got {self.fragments}")
+        if self.sync_every < self.fragments:
+            raise ValueError(
+                f"RunConfig.sync_every ({self.sync_every}) must be at least fragments "
+                f"({self.fragments}) so that every fragment has its own offset"
+            )
+        if self.max_staleness < 0:
+            raise ValueError(f"RunConfig.max_staleness must be >= 0, got {self.max_staleness}")
+        checks: dict[str, tuple[float, float, float]] = {
+            "outer_lr": (self.outer_lr, 0.0, math.inf),
+            "outer_momentum": (self.outer_momentum, 0.0, 1.0),
+            "outlier_factor": (self.outlier_factor, 1.0, math.inf),
+            "quorum_fraction": (self.quorum_fraction, 0.0, 1.0),
+            "grace": (self.grace, 0.0, math.inf),
+            "alpha": (self.alpha, 0.0, 1.0),
+        }
+        for name, (value, low, high) in checks.items():
+            if not (math.isfinite(value) or high == math.inf) or not low <= value <= high:
+                raise ValueError(f"RunConfig.{name} must be in [{low}, {high}], got {value!r}")
+            if math.isnan(value) or value == math.inf:
+                raise ValueError(f"RunConfig.{name} must be finite, got {value!r}")
+        if self.outer_lr <= 0:
+            raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
+
+
+class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A content-addressed payload: ``blobs/{sha256}``, ``size`` bytes, in ``encoding``."""
+
+    sha256: str
+    size: int
+    encoding: str
+
+
+class ParamSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One parameter of the model: its qualified name, shape and dtype (``"float32"``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """The parameters of fragment ``index``, in the order they are serialized."""
+
+    index: int
+    params: tuple[ParamSpec, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(param.numel for param in self.params)
+
+
+class Manifest(_Object, frozen=True, kw_only=True):
+    """The run's identity, create-once at ``manifest``: who created it, with what config,
+    the model's signature (one ``FragmentSpec`` per fragment) and each fragment's Θ⁰."""
+
+    created_by: str
+    config: RunConfig
+    fragments: tuple[FragmentSpec, ...]
+    theta0: tuple[BlobRef, ...]
+
+
+class CreateClaim(_Object, frozen=True, kw_only=True):
+    """A claim to create the run, at ``create/{attempt}``."""
+
+    learner: str
+
+
+class InitMarker(_Object, frozen=True, kw_only=True):
+    """Θ⁰ of ``fragment`` is uploaded as ``blob`` by the attempt the key names."""
+
+    learner: str
+    fragment: int
+    blob: BlobRef
+
+
+class LeaseBeat(_Object, frozen=True, kw_only=True):
+    """One beat of ``learner``'s lease."""
+
+    learner: str
+
+
+class Snapshot(_Object, frozen=True, kw_only=True):
+    """``learner``'s delta of ``fragment`` for ``round``: ``steps`` local steps and ``tokens``
+    tokens since it was based on ``base_version``. ``norm`` is the writer's claim of the
+    delta's L2 norm (None if not finite); readers recompute it from the blob."""
+
+    learner: str
+    round: int
+    fragment: int
+    base_version: int
+    steps: int
+    tokens: int
+    delta: BlobRef
+    norm: float | None
+
+
+class RoundClaim(_Object, frozen=True, kw_only=True):
+    """The k-th claim to close a round; the key names the round and k."""
+
+    learner: str
+
+
+class Participant(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot accepted into a round with its normalized ``weight``."""
+
+    learner: str
+    weight: float
+    steps: int
+    tokens: int
+    base_version: int
+
+
+class Rejection(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot a round rejected, why, and the steps and tokens dropped with it."""
+
+    learner: str
+    reason: RejectReason
+    steps: int
+    tokens: int
+    detail: str = ""
+
+
+class RoundRecordDraft(_Object, frozen=True, kw_only=True):
+    """A closed round before its blobs exist: who took part with what weight, who was
+    rejected and why, how long the quorum and the grace period took (seconds on the closer's
+    clock), and the mean cosine similarity of the accepted deltas to their mean (None for
+    fewer than two)."""
+
+    round: int
+    fragment: int
+    version: int
+    committed_by: str
+    participants: tuple[Participant, ...]
+    rejected: tuple[Rejection, ...] = ()
+    quorum_seconds: float
+    grace_seconds: float
+    cosine: float | None
+
+
+class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):
+    """The commit point of a round, at ``records/{round}``: the draft plus the new θ of the
+    fragment, the outer optimizer's state and the update U = θ_{v+1} − θ_v learners apply."""
+
+    theta: BlobRef
+    outer: BlobRef
+    update: BlobRef
+
+    @classmethod
+    def committed(
+        cls, draft: RoundRecordDraft, *, theta: BlobRef, outer: BlobRef, update: BlobRef
+    ) -> "RoundRecord":
+        """The record of ``draft`` once its three blobs are in the store."""
+        fields = {name: getattr(draft, name) for name in draft.__struct_fields__}
+        return cls(**fields, theta=theta, outer=outer, update=update)
+
+
+T = TypeVar("T", bound=_Object)
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+class _Header(msgspec.Struct, forbid_unknown_fields=False):
+    format: Any = None
+
+
+def encode(obj: _Object | RunConfig) -> bytes:
+    """Canonical JSON bytes of ``obj``: keys in a fixed order, no whitespace."""
+    return _encoder.encode(obj)
+
+
+def decode(data: bytes, kind: type[T]) -> T:
+    """Decode ``data`` as a ``kind``, strictly; raises ``RecordError`` saying what is wrong."""
+    limit = MAX_MANIFEST_BYTES if kind is Manifest else MAX_RECORD_BYTES
+    name = kind.__name__
+    if len(data) > limit:
+        raise RecordError(f"{name}: {len(data)} bytes is over the {limit}-byte limit")
+    try:
+        header = msgspec.json.decode(data, type=_Header)
+    except msgspec.DecodeError as exc:
+        raise RecordError(f"{name}: not a JSON object: {exc}") from exc
+    if header.format != FORMAT_VERSION:
+        raise RecordError(
+            f"{name}: format {header.format!r} is not one this gradientmail knows "
+            f"({FORMAT_VERSION}); upgrade gradientmail to read this run"
+        )
+    try:
+        return msgspec.json.decode(data, type=kind, strict=True)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise RecordError(f"{name}: {exc}") from exc
