@@ -131,7 +131,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             "max_tokens_per_step": self.max_tokens_per_step,
         }
         for name, value in positive_ints.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if value < 1:
                 raise ValueError(f"RunConfig.{name} must be a positive integer, got {value!r}")
         if self.fragments > 9999:
             raise ValueError(f"RunConfig.fragments must be at most 9999, got {self.fragments}")
@@ -142,7 +142,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             )
         if self.max_staleness < 0:
             raise ValueError(f"RunConfig.max_staleness must be >= 0, got {self.max_staleness}")
-        checks: dict[str, tuple[float, float, float]] = {
+        ranges = {
             "outer_lr": (self.outer_lr, 0.0, math.inf),
             "outer_momentum": (self.outer_momentum, 0.0, 1.0),
             "outlier_factor": (self.outlier_factor, 1.0, math.inf),
@@ -150,11 +150,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             "grace": (self.grace, 0.0, math.inf),
             "alpha": (self.alpha, 0.0, 1.0),
         }
-        for name, (value, low, high) in checks.items():
-            if not (math.isfinite(value) or high == math.inf) or not low <= value <= high:
-                raise ValueError(f"RunConfig.{name} must be in [{low}, {high}], got {value!r}")
-            if math.isnan(value) or value == math.inf:
-                raise ValueError(f"RunConfig.{name} must be finite, got {value!r}")
+        for field, (number, low, high) in ranges.items():
+            if not math.isfinite(number) or not low <= number <= high:
+                raise ValueError(
+                    f"RunConfig.{field} must be finite and in [{low}, {high}], got {number!r}"
+                )
         if self.outer_lr <= 0:
             raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
 
