@@ -1,0 +1,338 @@
+"""Blobs and the tensor codec: content addresses and the bytes a fragment's tensors travel as.
+
+A blob is addressed by the sha256 of its bytes (``digest``); whoever reads one checks the
+bytes against the address it followed (``verify``).
+
+A fragment's tensors travel as one safetensors file (never pickle, never ``torch.load``),
+always as a list in ``FragmentSpec.params`` order. The file's ``__metadata__`` holds one key,
+``gradientmail``, whose value is canonical JSON naming the blob's ``format``
+(``FRAGMENT_FORMAT``), ``encoding``, ``block_size`` and ``fragment``; one key keeps the bytes
+deterministic, so two nodes that encode the same tensors write the same blob. Encodings:
+
+``fp32``
+    Each parameter as an ``F32`` tensor of its shape under its own name. Exact.
+``bf16``
+    Each parameter as a ``BF16`` tensor of its shape (round to nearest even). The error of an
+    element is at most half a bf16 step at that element: ``|x − x̂| ≤ 2⁻⁹·2^⌈log₂|x|⌉``.
+``int8``, ``int4``
+    Blockwise absmax, per tensor: each parameter is flattened and cut into blocks of
+    ``block_size`` elements (the last one may be shorter; a block never straddles two
+    parameters, so a small bias is not quantized with a large weight's scale). A block's scale
+    is ``s = absmax / Q`` with ``Q = 127`` (int8) or ``Q = 7`` (int4); an element is stored as
+    ``q = round(x / s)`` in ``[−Q, Q]`` and decodes to ``q·s``, so its error is at most half a
+    step, ``s / 2`` (up to fp32 rounding). int8 stores ``q`` as an ``I8`` tensor of the
+    parameter's shape; int4 stores ``q + 8`` two to a byte (low nibble first; an odd tail
+    is padded with the nibble 8, i.e. zero) as a flat ``U8`` tensor. The scales are an ``F32``
+    tensor named ``{name}::scale``. A block holding NaN or ±Inf gets the scale NaN and decodes
+    as all NaN, so a non-finite delta stays non-finite and a round still rejects it.
+
+Decoding returns fresh fp32 CPU tensors of the spec's shapes, the caller's to keep or mutate.
+It checks everything against the spec first: the file's framing, the metadata, the set of
+names, every dtype, shape and size, and the range of every quantized value; anything else
+raises ``CodecError``, whose ``reason`` says whether the blob is ``shape`` (well formed, for
+another model or fragment) or ``corrupt``.
+
+Pure: no I/O. Encoding and decoding run on whatever thread calls them; both are vectorized
+torch operations, one pass over each parameter.
+"""
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any, Final, Literal, get_args
+
+import msgspec
+import safetensors
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from gradientmail.errors import CorruptBlob, RecordError
+from gradientmail.protocol.records import Encoding, FragmentSpec
+
+__all__ = [
+    "ENCODINGS",
+    "FRAGMENT_FORMAT",
+    "MAX_HEADER_BYTES",
+    "CodecError",
+    "decode_fragment",
+    "digest",
+    "encode_fragment",
+    "verify",
+]
+
+FRAGMENT_FORMAT: Final = "gradientmail-fragment/1"
+"""The ``format`` a fragment blob's metadata names; another value is not read."""
+MAX_HEADER_BYTES: Final = 16 << 20
+"""The largest safetensors header a reader parses (it names every parameter of a fragment)."""
+ENCODINGS: Final[tuple[Encoding, ...]] = get_args(Encoding)
+
+_METADATA_KEY: Final = "gradientmail"
+_SCALE_SUFFIX: Final = "::scale"
+_LEVELS: Final = {"int8": 127, "int4": 7}
+_STORED_DTYPE: Final = {"fp32": "F32", "bf16": "BF16", "int8": "I8", "int4": "U8"}
+
+
+class CodecError(RecordError):
+    """A blob is not a well-formed encoding of the fragment it is decoded for.
+
+    ``reason`` is ``"shape"`` when the blob is a well-formed fragment blob whose fragment,
+    names, shapes or sizes disagree with the spec (another model or fragment), and
+    ``"corrupt"`` for anything else (not safetensors, unknown format or encoding, wrong
+    dtypes, values out of range). A round rejects the snapshot with that reason.
+    """
+
+    def __init__(self, message: str, *, reason: Literal["corrupt", "shape"] = "corrupt"):
+        super().__init__(message)
+        self.reason: Literal["corrupt", "shape"] = reason
+
+
+def digest(data: bytes) -> str:
+    """The sha256 of ``data`` as 64 lowercase hex digits: the blob's address."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def verify(data: bytes, sha256: str) -> bytes:
+    """Return ``data`` if it hashes to ``sha256``; else raise ``CorruptBlob`` naming both."""
+    actual = digest(data)
+    if actual != sha256:
+        raise CorruptBlob(
+            f"blob {sha256} is corrupt: its {len(data)} bytes hash to {actual}; "
+            "the store holds damaged or foreign content under that key"
+        )
+    return data
+
+
+class _Meta(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    format: str
+    encoding: str
+    block_size: int
+    fragment: int
+
+
+_meta_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def _blocks(numel: int, block_size: int) -> int:
+    return -(-numel // block_size)
+
+
+def _expected(
+    spec: FragmentSpec, encoding: Encoding, block_size: int
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every tensor the blob must hold: name -> (safetensors dtype, shape)."""
+    expected: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for param in spec.params:
+        entries: list[tuple[str, str, tuple[int, ...]]]
+        if encoding in ("fp32", "bf16", "int8"):
+            entries = [(param.name, _STORED_DTYPE[encoding], tuple(param.shape))]
+        else:
+            entries = [(param.name, "U8", (_blocks(param.numel, 2),))]
+        if encoding in _LEVELS:
+            entries.append((param.name + _SCALE_SUFFIX, "F32", (_blocks(param.numel, block_size),)))
+        for name, dtype, shape in entries:
+            if name in expected:
+                raise ValueError(
+                    f"fragment {spec.index}: the tensor name {name!r} occurs twice in a "
+                    f"{encoding} blob; rename the parameter"
+                )
+            expected[name] = (dtype, shape)
+    return expected
+
+
+def _check_tensors(tensors: Sequence[Tensor], spec: FragmentSpec) -> None:
+    if len(tensors) != len(spec.params):
+        raise ValueError(
+            f"fragment {spec.index} has {len(spec.params)} parameters, got {len(tensors)} tensors"
+        )
+    for tensor, param in zip(tensors, spec.params, strict=True):
+        if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
+            raise ValueError(f"{param.name}: expected a floating-point tensor, got {tensor!r:.80}")
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(
+                f"{param.name}: shape {tuple(tensor.shape)} differs from the fragment's "
+                f"{tuple(param.shape)}"
+            )
+
+
+def _quantize(flat: Tensor, levels: int, block_size: int) -> tuple[Tensor, Tensor]:
+    """``(q, scales)`` of a flat fp32 tensor: q as int8 in [-levels, levels]."""
+    numel = flat.numel()
+    blocks = _blocks(numel, block_size)
+    padded = (
+        flat
+        if numel == blocks * block_size
+        else torch.nn.functional.pad(flat, (0, blocks * block_size - numel))
+    )
+    rows = padded.view(blocks, block_size)
+    scales = rows.abs().amax(dim=1).div_(levels)
+    finite = torch.isfinite(scales)
+    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = rows.div(divisor.unsqueeze(1)).round_().clamp_(-levels, levels)
+    if not bool(finite.all()):
+        # A block with NaN/Inf keeps q = 0 and a NaN scale: it decodes as all NaN.
+        q = torch.where(finite.unsqueeze(1), q, torch.zeros_like(q))
+        scales = torch.where(finite, scales, torch.full_like(scales, math.nan))
+    return q.to(torch.int8).reshape(-1)[:numel], scales
+
+
+def _pack4(q: Tensor) -> Tensor:
+    nibbles = (q.to(torch.int16) + 8).to(torch.uint8)
+    if nibbles.numel() % 2:
+        nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8)])
+    pairs = nibbles.view(-1, 2)
+    return pairs[:, 0] | (pairs[:, 1] << 4)
+
+
+def encode_fragment(
+    tensors: Sequence[Tensor], spec: FragmentSpec, encoding: Encoding, *, block_size: int
+) -> bytes:
+    """The blob of ``tensors`` (one per ``spec.params``, in order) in ``encoding``.
+
+    Tensors may live on any device and be of any floating dtype; they are read as fp32 on the
+    CPU and left untouched. The same tensors, spec, encoding and block size always give the
+    same bytes. Raises ``ValueError`` if the tensors do not match the spec (count, shape, not
+    floating point), for an unknown encoding or a ``block_size`` below 1.
+    """
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    _check_tensors(tensors, spec)
+    _expected(spec, encoding, block_size)
+    out: dict[str, Tensor] = {}
+    for tensor, param in zip(tensors, spec.params, strict=True):
+        value = tensor.detach().to(device="cpu", dtype=torch.float32)
+        if encoding == "fp32":
+            out[param.name] = value.contiguous()
+        elif encoding == "bf16":
+            out[param.name] = value.to(torch.bfloat16).contiguous()
+        else:
+            q, scales = _quantize(value.reshape(-1), _LEVELS[encoding], block_size)
+            out[param.name] = q.view(param.shape) if encoding == "int8" else _pack4(q)
+            out[param.name + _SCALE_SUFFIX] = scales.contiguous()
+    meta = _Meta(
+        format=FRAGMENT_FORMAT, encoding=encoding, block_size=block_size, fragment=spec.index
+    )
+    return safetensors.torch.save(
+        out, metadata={_METADATA_KEY: _meta_encoder.encode(meta).decode()}
+    )
+
+
+def _header(data: bytes) -> dict[str, Any]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"expected bytes, got {type(data).__name__}")
+    if len(data) < 8:
+        raise CodecError(f"{len(data)} bytes is too short to be a safetensors file")
+    (size,) = struct.unpack_from("<Q", data)
+    if size > MAX_HEADER_BYTES or 8 + size > len(data):
+        raise CodecError(
+            f"the safetensors header claims {size} bytes; the blob has {len(data)} "
+            f"(limit {MAX_HEADER_BYTES})"
+        )
+    try:
+        header = msgspec.json.decode(bytes(data[8 : 8 + size]), type=dict[str, Any])
+    except msgspec.DecodeError as exc:
+        raise CodecError(f"the safetensors header is not a JSON object: {exc}") from None
+    return header
+
+
+def _meta(header: dict[str, Any], spec: FragmentSpec) -> _Meta:
+    raw = header.get("__metadata__")
+    if not isinstance(raw, dict) or not isinstance(raw.get(_METADATA_KEY), str):
+        raise CodecError(f"not a gradientmail fragment blob: no {_METADATA_KEY!r} metadata")
+    try:
+        meta = msgspec.json.decode(raw[_METADATA_KEY].encode(), type=_Meta, strict=True)
+    except msgspec.DecodeError as exc:
+        raise CodecError(f"malformed fragment metadata: {exc}") from None
+    if meta.format != FRAGMENT_FORMAT:
+        raise CodecError(
+            f"blob format {meta.format!r} is not one this gradientmail reads "
+            f"({FRAGMENT_FORMAT}); upgrade gradientmail"
+        )
+    if meta.encoding not in ENCODINGS:
+        raise CodecError(
+            f"unknown encoding {meta.encoding!r}: expected one of {', '.join(ENCODINGS)}"
+        )
+    if meta.block_size < 1:
+        raise CodecError(f"block size {meta.block_size} is not a positive integer")
+    if meta.fragment != spec.index:
+        raise CodecError(
+            f"the blob holds fragment {meta.fragment}, decoded as fragment {spec.index}",
+            reason="shape",
+        )
+    return meta
+
+
+def _check_header(header: dict[str, Any], expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+    names = set(header) - {"__metadata__"}
+    missing = [name for name in expected if name not in names]
+    extra = sorted(names - set(expected))
+    if missing or extra:
+        raise CodecError(
+            f"the blob's tensors differ from the fragment's: missing {missing[:3]}, "
+            f"unexpected {extra[:3]}",
+            reason="shape",
+        )
+    for name, (dtype, shape) in expected.items():
+        entry = header[name]
+        if not isinstance(entry, dict):
+            raise CodecError(f"{name}: malformed safetensors entry")
+        if entry.get("dtype") != dtype:
+            raise CodecError(f"{name}: dtype {entry.get('dtype')!r}, expected {dtype}")
+        got = entry.get("shape")
+        if not isinstance(got, list) or tuple(got) != shape:
+            raise CodecError(f"{name}: shape {got!r}, expected {list(shape)}", reason="shape")
+
+
+def _dequantize(q: Tensor, scales: Tensor, numel: int, block_size: int) -> Tensor:
+    blocks = scales.numel()
+    values = q.to(torch.float32)
+    if numel != blocks * block_size:
+        values = torch.nn.functional.pad(values, (0, blocks * block_size - numel))
+    return (values.view(blocks, block_size) * scales.unsqueeze(1)).reshape(-1)[:numel]
+
+
+def _unpack4(packed: Tensor, numel: int) -> Tensor:
+    nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[:numel]
+    return nibbles.to(torch.int8) - 8
+
+
+def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:
+    """The tensors of ``spec`` a blob holds: fresh fp32 CPU tensors of the spec's shapes.
+
+    Raises ``CodecError`` (``reason`` ``"shape"`` or ``"corrupt"``) naming what is wrong when
+    ``data`` is not a well-formed blob of this fragment; it never returns partial results.
+    """
+    header = _header(data)
+    meta = _meta(header, spec)
+    encoding: Encoding = meta.encoding  # type: ignore[assignment]  # checked in _meta
+    _check_header(header, _expected(spec, encoding, meta.block_size))
+    try:
+        stored = safetensors.torch.load(bytes(data))
+    except (safetensors.SafetensorError, RuntimeError, ValueError) as exc:
+        raise CodecError(f"malformed safetensors data: {exc}") from None
+    result: list[Tensor] = []
+    for param in spec.params:
+        value = stored[param.name]
+        if encoding == "fp32":
+            result.append(value.clone())
+            continue
+        if encoding == "bf16":
+            result.append(value.to(torch.float32))
+            continue
+        scales = stored[param.name + _SCALE_SUFFIX]
+        if bool((scales < 0).any()) or bool(torch.isinf(scales).any()):
+            raise CodecError(f"{param.name}: a block scale is negative or infinite")
+        if encoding == "int8":
+            q = value.reshape(-1)
+            if q.numel() and int(q.min()) < -_LEVELS["int8"]:
+                raise CodecError(f"{param.name}: int8 value -128 is outside [-127, 127]")
+        else:
+            q = _unpack4(value, param.numel)
+            if q.numel() and int(q.min()) < -_LEVELS["int4"]:
+                raise CodecError(f"{param.name}: int4 nibble 0 is outside [-7, 7]")
+        flat = _dequantize(q, scales, param.numel, meta.block_size)
+        result.append(flat.view(param.shape))
+    return result
