@@ -1,0 +1,1 @@
+"""The demo: a small transformer, a synthetic language of known entropy, and the runner."""
