@@ -1,0 +1,233 @@
+"""A round's aggregation: which snapshots count, with what weight, and their weighted mean.
+
+Given the fragment's current version ``v`` and the round's candidates (each a snapshot with
+its decoded delta, or the reason its blob could not be used), ``aggregate`` rejects, in this
+order of checks, each with a reason:
+
+``corrupt``
+    The caller could not download, verify or decode the delta (``Candidate.problem``), or the
+    snapshot names another round than the one being closed.
+``shape``
+    The delta does not have the fragment's shapes (also the caller's ``problem`` for a blob of
+    another fragment or model), or the snapshot names another fragment.
+``non-finite``
+    The delta holds NaN or ±Inf.
+``stale``
+    The snapshot's base version is older than ``v − max_staleness`` (or newer than ``v``).
+``tokens``
+    It claims fewer than one step, negative tokens, or more than ``max_tokens_per_step``
+    tokens per step.
+``outlier``
+    With three or more snapshots left after the checks above, its delta's L2 norm (recomputed
+    here; ``Snapshot.norm`` is the writer's claim and is not trusted) exceeds
+    ``outlier_factor`` times the median norm of those snapshots.
+
+The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
+equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
+``Σ w_i·Δ_i`` accumulated in fp32 in learner order, so every closer computes the same bits.
+``cosine`` is the mean over accepted deltas of ``cos(Δ_i, mean)`` (0 for a zero vector),
+None for fewer than two.
+
+Pure: no I/O; runs on whatever thread calls it (the syncer runs it in a worker thread).
+"""
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gradientmail.protocol import keys
+from gradientmail.protocol.records import (
+    FragmentSpec,
+    Participant,
+    Rejection,
+    RejectReason,
+    RunConfig,
+    Snapshot,
+)
+
+__all__ = ["Aggregate", "Candidate", "aggregate", "l2_norm"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A snapshot of the round with its decoded ``delta`` (fp32, ``spec.params`` order), or
+    with ``problem``, ``(reason, detail)``, when its blob could not be used (``delta`` None)."""
+
+    snapshot: Snapshot
+    delta: list[Tensor] | None
+    problem: tuple[RejectReason, str] | None = None
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """The outcome of a round: the weighted ``mean`` delta (None if nothing was accepted), the
+    accepted ``participants`` with their weights, the ``rejected`` snapshots with why, and the
+    mean cosine similarity of the accepted deltas to the mean (None for fewer than two)."""
+
+    mean: list[Tensor] | None
+    participants: tuple[Participant, ...]
+    rejected: tuple[Rejection, ...]
+    cosine: float | None
+
+
+def l2_norm(tensors: Sequence[Tensor]) -> float | None:
+    """The L2 norm of ``tensors`` taken as one vector, or None if it is not finite.
+
+    Learners put it in ``Snapshot.norm``; rounds recompute it with the same function.
+    """
+    squares = math.fsum(
+        float(torch.linalg.vector_norm(t.detach().to(torch.float64)) ** 2) for t in tensors
+    )
+    norm = math.sqrt(squares)
+    return norm if math.isfinite(norm) else None
+
+
+def _rejection(snapshot: Snapshot, reason: RejectReason, detail: str) -> Rejection:
+    return Rejection(
+        learner=snapshot.learner,
+        reason=reason,
+        steps=snapshot.steps,
+        tokens=snapshot.tokens,
+        detail=detail,
+    )
+
+
+def _check(
+    candidate: Candidate, version: int, round: int, spec: FragmentSpec, config: RunConfig
+) -> tuple[RejectReason, str] | list[Tensor]:
+    """Why ``candidate`` is rejected before the outlier test, or its delta if it is not."""
+    snapshot = candidate.snapshot
+    if candidate.problem is not None:
+        return candidate.problem
+    if snapshot.round != round:
+        return "corrupt", f"the snapshot names round {snapshot.round}, not {round}"
+    if snapshot.fragment != spec.index:
+        return "shape", f"the snapshot is of fragment {snapshot.fragment}, not {spec.index}"
+    delta = candidate.delta
+    if delta is None:
+        raise ValueError(f"candidate of {snapshot.learner!r} has neither a delta nor a problem")
+    if len(delta) != len(spec.params):
+        return "shape", f"{len(delta)} tensors, the fragment has {len(spec.params)}"
+    for tensor, param in zip(delta, spec.params, strict=True):
+        if tuple(tensor.shape) != tuple(param.shape):
+            return (
+                "shape",
+                f"{param.name}: shape {list(tensor.shape)}, expected {list(param.shape)}",
+            )
+    for tensor, param in zip(delta, spec.params, strict=True):
+        if not bool(torch.isfinite(tensor).all()):
+            return "non-finite", f"{param.name} holds NaN or Inf"
+    if snapshot.base_version < version - config.max_staleness:
+        return "stale", (
+            f"based on version {snapshot.base_version}; the round accepts "
+            f"{max(version - config.max_staleness, 0)} to {version}"
+        )
+    if snapshot.base_version > version:
+        return "stale", f"based on version {snapshot.base_version}, newer than {version}"
+    if snapshot.steps < 1 or snapshot.tokens < 0:
+        return "tokens", f"{snapshot.steps} steps and {snapshot.tokens} tokens"
+    if snapshot.tokens > config.max_tokens_per_step * snapshot.steps:
+        return "tokens", (
+            f"{snapshot.tokens} tokens in {snapshot.steps} steps is over "
+            f"{config.max_tokens_per_step} per step"
+        )
+    return delta
+
+
+def _weights(snapshots: Sequence[Snapshot], config: RunConfig) -> list[float]:
+    if config.weighting == "tokens":
+        raw = [float(s.tokens) for s in snapshots]
+    elif config.weighting == "steps":
+        raw = [float(s.steps) for s in snapshots]
+    else:
+        raw = [1.0] * len(snapshots)
+    total = math.fsum(raw)
+    if total <= 0:
+        return [1.0 / len(snapshots)] * len(snapshots)
+    return [w / total for w in raw]
+
+
+def _cosine(deltas: Sequence[Sequence[Tensor]], mean: Sequence[Tensor]) -> float | None:
+    if len(deltas) < 2:
+        return None
+    mean_norm = l2_norm(mean) or 0.0
+    cosines = []
+    for delta in deltas:
+        norm = l2_norm(delta) or 0.0
+        if norm == 0.0 or mean_norm == 0.0:
+            cosines.append(0.0)
+            continue
+        dot = math.fsum(
+            float(torch.dot(d.reshape(-1).double(), m.reshape(-1).double()))
+            for d, m in zip(delta, mean, strict=True)
+        )
+        cosines.append(max(-1.0, min(1.0, dot / (norm * mean_norm))))
+    return math.fsum(cosines) / len(cosines)
+
+
+def aggregate(
+    version: int, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
+) -> Aggregate:
+    """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``.
+
+    Deterministic: candidates are taken in learner order, whatever order they come in.
+    Raises ``ValueError`` for two candidates of one learner or a candidate with neither a
+    delta nor a problem (the caller's bugs); every fault of a snapshot is a rejection.
+    """
+    round = keys.round_of(spec.index, version + 1, config.fragments)
+    ordered = sorted(candidates, key=lambda c: c.snapshot.learner)
+    learners = [c.snapshot.learner for c in ordered]
+    if len(set(learners)) != len(learners):
+        raise ValueError(f"two candidates of one learner in round {round}: {learners}")
+    rejected: list[Rejection] = []
+    kept: list[tuple[Candidate, list[Tensor], float]] = []
+    for candidate in ordered:
+        checked = _check(candidate, version, round, spec, config)
+        if isinstance(checked, tuple):
+            rejected.append(_rejection(candidate.snapshot, *checked))
+        else:
+            kept.append((candidate, checked, l2_norm(checked) or 0.0))
+    if len(kept) >= 3:
+        median = statistics.median(norm for _, _, norm in kept)
+        limit = config.outlier_factor * median
+        outliers = {id(c) for c, _, norm in kept if norm > limit}
+        for candidate, _, norm in kept:
+            if id(candidate) in outliers:
+                rejected.append(
+                    _rejection(
+                        candidate.snapshot,
+                        "outlier",
+                        f"norm {norm:.6g} is over {config.outlier_factor:g} × the median "
+                        f"{median:.6g}",
+                    )
+                )
+        kept = [entry for entry in kept if id(entry[0]) not in outliers]
+    rejected.sort(key=lambda r: r.learner)
+    if not kept:
+        return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
+    snapshots = [candidate.snapshot for candidate, _, _ in kept]
+    weights = _weights(snapshots, config)
+    mean = [torch.zeros(param.shape, dtype=torch.float32) for param in spec.params]
+    for (_, delta, _), weight in zip(kept, weights, strict=True):
+        for acc, tensor in zip(mean, delta, strict=True):
+            acc.add_(tensor.to(torch.float32), alpha=weight)
+    participants = tuple(
+        Participant(
+            learner=s.learner,
+            weight=weight,
+            steps=s.steps,
+            tokens=s.tokens,
+            base_version=s.base_version,
+        )
+        for s, weight in zip(snapshots, weights, strict=True)
+    )
+    return Aggregate(
+        mean=mean,
+        participants=participants,
+        rejected=tuple(rejected),
+        cosine=_cosine([delta for _, delta, _ in kept], mean),
+    )

@@ -1,0 +1,106 @@
+"""The outer step of a round and the update every learner applies.
+
+The outer optimizer is Nesterov momentum SGD on the pseudo-gradient ``g = −Δ̄`` (Δ̄ the
+round's weighted mean delta), written with the very torch operations of
+``torch.optim.SGD(lr, momentum, nesterov=True)`` (no dampening, no weight decay), so it
+matches it bit for bit in fp32:
+
+    m₁ = g                          (first step: ``momentum`` None)
+    mₜ = μ·mₜ₋₁ + g                 (later steps)
+    θ' = θ − η·(g + μ·mₜ)
+
+With ``μ = 0`` this is plain SGD, θ' = θ − η·g (torch refuses ``nesterov`` with zero
+momentum; the values are the same).
+
+θ' is not committed as is: the update learners download is ``U = θ' − θ`` in the run's
+update encoding, and the committed version is ``θ_{v+1} = θ + decode(encode(U))``. A learner
+holding ``θ_v`` that applies the update with ``apply_update`` computes the same bits, so no
+drift accumulates between learners and the store, whatever the encoding.
+
+A round that accepts no snapshot commits ``θ_{v+1} = θ_v`` with the outer state unchanged:
+``committed_update(θ, θ, …)`` gives its (all-zero) update blob and θ.
+
+Pure: no I/O; runs on whatever thread calls it (the syncer uses a worker thread). Inputs are
+never modified.
+"""
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from gradientmail.protocol.codec import decode_fragment, encode_fragment
+from gradientmail.protocol.records import Encoding, FragmentSpec
+
+__all__ = ["apply_update", "committed_update", "outer_step"]
+
+
+def _same_shapes(what: str, left: Sequence[Tensor], right: Sequence[Tensor]) -> None:
+    if len(left) != len(right):
+        raise ValueError(f"{what}: {len(left)} tensors against {len(right)}")
+    for i, (a, b) in enumerate(zip(left, right, strict=True)):
+        if a.shape != b.shape:
+            raise ValueError(
+                f"{what}: tensor {i} has shape {list(a.shape)} against {list(b.shape)}"
+            )
+
+
+def outer_step(
+    theta: Sequence[Tensor],
+    momentum: Sequence[Tensor] | None,
+    mean_delta: Sequence[Tensor],
+    *,
+    lr: float,
+    momentum_coef: float,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """``(θ', m')``: one Nesterov step from ``theta`` with the pseudo-gradient ``−mean_delta``.
+
+    ``momentum`` None is the first step (the buffer starts as ``g``, as torch's does). All
+    tensors are fp32; new tensors are returned. Raises ``ValueError`` for mismatched tensors,
+    a non-positive or non-finite ``lr`` or a ``momentum_coef`` outside [0, 1].
+    """
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"outer lr must be positive and finite, got {lr!r}")
+    if not 0 <= momentum_coef <= 1:
+        raise ValueError(f"outer momentum must be in [0, 1], got {momentum_coef!r}")
+    _same_shapes("theta and mean_delta", theta, mean_delta)
+    if momentum is not None:
+        _same_shapes("theta and momentum", theta, momentum)
+    raw: list[Tensor] = []
+    buffers: list[Tensor] = []
+    for i, (param, delta) in enumerate(zip(theta, mean_delta, strict=True)):
+        grad = torch.neg(delta)
+        buf = grad.clone() if momentum is None else momentum[i].mul(momentum_coef).add(grad)
+        step = grad.add(buf, alpha=momentum_coef)
+        raw.append(param.add(step, alpha=-lr))
+        buffers.append(buf)
+    return raw, buffers
+
+
+def apply_update(theta: Sequence[Tensor], update: bytes, spec: FragmentSpec) -> list[Tensor]:
+    """``θ + decode(update)``: the next version of a fragment from the update blob of its
+    round. Learners and the syncer both use it, so they hold the same bits. Raises
+    ``CodecError`` for a malformed blob and ``ValueError`` if ``theta`` does not match."""
+    decoded = decode_fragment(update, spec)
+    _same_shapes("theta and the update", theta, decoded)
+    return [param.add(delta) for param, delta in zip(theta, decoded, strict=True)]
+
+
+def committed_update(
+    theta: Sequence[Tensor],
+    raw: Sequence[Tensor],
+    spec: FragmentSpec,
+    encoding: Encoding,
+    *,
+    block_size: int,
+) -> tuple[bytes, list[Tensor]]:
+    """``(update blob, θ_{v+1})``: ``U = raw − θ`` encoded in ``encoding``, and
+    ``θ_{v+1} = θ + decode(U)`` (``apply_update``), the version the round commits.
+
+    Raises ``ValueError`` if the tensors do not match ``spec`` or each other.
+    """
+    _same_shapes("theta and raw", theta, raw)
+    update = [new.sub(old) for old, new in zip(theta, raw, strict=True)]
+    blob = encode_fragment(update, spec, encoding, block_size=block_size)
+    return blob, apply_update(theta, blob, spec)

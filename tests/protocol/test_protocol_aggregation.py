@@ -1,0 +1,267 @@
+"""A round's aggregation: every rejection reason, weights, the mean and the cosine."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gradientmail.protocol.aggregation import Candidate, aggregate, l2_norm
+from gradientmail.protocol.records import (
+    BlobRef,
+    FragmentSpec,
+    ParamSpec,
+    RejectReason,
+    RunConfig,
+    Snapshot,
+)
+
+SPEC = FragmentSpec(
+    index=1,
+    params=(
+        ParamSpec(name="a.weight", shape=(2, 3), dtype="float32"),
+        ParamSpec(name="a.bias", shape=(3,), dtype="float32"),
+    ),
+)
+CONFIG = RunConfig(fragments=2, sync_every=4, max_staleness=1, max_tokens_per_step=100)
+VERSION = 5
+ROUND = VERSION * 2 + 1  # the round taking fragment 1 from version 5 to 6
+REF = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
+
+
+def snapshot(learner: str, **changes: object) -> Snapshot:
+    fields: dict[str, object] = {
+        "learner": learner,
+        "round": ROUND,
+        "fragment": 1,
+        "base_version": VERSION,
+        "steps": 4,
+        "tokens": 40,
+        "delta": REF,
+        "norm": 1.0,
+    }
+    fields.update(changes)
+    return Snapshot(**fields)  # type: ignore[arg-type]
+
+
+def delta(value: float) -> list[torch.Tensor]:
+    return [torch.full((2, 3), value), torch.full((3,), value)]
+
+
+def good(learner: str, value: float = 1.0, **changes: object) -> Candidate:
+    return Candidate(snapshot=snapshot(learner, **changes), delta=delta(value), problem=None)
+
+
+def reasons(result: object) -> dict[str, RejectReason]:
+    return {r.learner: r.reason for r in result.rejected}  # type: ignore[attr-defined]
+
+
+def test_a_clean_round_weighs_by_tokens() -> None:
+    result = aggregate(
+        VERSION, [good("b", 3.0, tokens=30), good("a", 1.0, tokens=10)], SPEC, CONFIG
+    )
+    assert [p.learner for p in result.participants] == ["a", "b"]
+    assert [p.weight for p in result.participants] == [0.25, 0.75]
+    assert result.participants[0].steps == 4
+    assert result.participants[0].tokens == 10
+    assert result.participants[0].base_version == VERSION
+    assert result.rejected == ()
+    assert result.mean is not None
+    for tensor in result.mean:
+        assert tensor.dtype == torch.float32
+        assert torch.allclose(tensor, torch.full_like(tensor, 2.5))
+    assert result.cosine == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("weighting", "expected"),
+    [("tokens", [0.25, 0.75]), ("steps", [0.75, 0.25]), ("equal", [0.5, 0.5])],
+)
+def test_weighting(weighting: str, expected: list[float]) -> None:
+    config = RunConfig(fragments=2, sync_every=4, weighting=weighting)  # type: ignore[arg-type]
+    candidates = [good("a", tokens=10, steps=3), good("b", tokens=30, steps=1)]
+    result = aggregate(VERSION, candidates, SPEC, config)
+    assert [p.weight for p in result.participants] == pytest.approx(expected)
+
+
+def test_zero_tokens_everywhere_falls_back_to_equal_weights() -> None:
+    result = aggregate(VERSION, [good("a", tokens=0), good("b", tokens=0)], SPEC, CONFIG)
+    assert [p.weight for p in result.participants] == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("candidate", "reason", "detail"),
+    [
+        (
+            Candidate(snapshot=snapshot("x"), delta=None, problem=("corrupt", "hash mismatch")),
+            "corrupt",
+            "hash mismatch",
+        ),
+        (
+            Candidate(snapshot=snapshot("x"), delta=None, problem=("shape", "other model")),
+            "shape",
+            "other model",
+        ),
+        (good("x", round=ROUND + 2), "corrupt", "names round"),
+        (good("x", fragment=0), "shape", "fragment 0"),
+        (
+            Candidate(snapshot=snapshot("x"), delta=delta(1.0)[:1], problem=None),
+            "shape",
+            "1 tensors",
+        ),
+        (
+            Candidate(
+                snapshot=snapshot("x"), delta=[torch.ones(3, 2), torch.ones(3)], problem=None
+            ),
+            "shape",
+            "a.weight",
+        ),
+        (good("x", math.nan), "non-finite", "NaN or Inf"),
+        (good("x", math.inf), "non-finite", "NaN or Inf"),
+        (good("x", base_version=VERSION - 2), "stale", "based on version 3"),
+        (good("x", base_version=VERSION + 1), "stale", "newer"),
+        (good("x", steps=0), "tokens", "0 steps"),
+        (good("x", tokens=-1), "tokens", "-1 tokens"),
+        (good("x", steps=2, tokens=201), "tokens", "over 100 per step"),
+    ],
+)
+def test_each_rejection_reason(candidate: Candidate, reason: str, detail: str) -> None:
+    result = aggregate(VERSION, [candidate, good("ok")], SPEC, CONFIG)
+    assert [p.learner for p in result.participants] == ["ok"]
+    (rejection,) = result.rejected
+    assert rejection.learner == "x"
+    assert rejection.reason == reason
+    assert detail in rejection.detail
+    assert rejection.steps == candidate.snapshot.steps
+    assert rejection.tokens == candidate.snapshot.tokens
+    assert result.cosine is None
+
+
+def test_staleness_boundary_is_accepted() -> None:
+    result = aggregate(VERSION, [good("x", base_version=VERSION - 1)], SPEC, CONFIG)
+    assert [p.learner for p in result.participants] == ["x"]
+    assert result.rejected == ()
+
+
+def test_tokens_boundary_is_accepted() -> None:
+    result = aggregate(VERSION, [good("x", steps=2, tokens=200)], SPEC, CONFIG)
+    assert result.rejected == ()
+
+
+def test_outliers_need_three_snapshots() -> None:
+    two = aggregate(VERSION, [good("a", 1.0), good("b", 100.0)], SPEC, CONFIG)
+    assert reasons(two) == {}
+    three = aggregate(VERSION, [good("a", 1.0), good("b", 1.1), good("c", 100.0)], SPEC, CONFIG)
+    assert reasons(three) == {"c": "outlier"}
+    assert "median" in three.rejected[0].detail
+    assert [p.learner for p in three.participants] == ["a", "b"]
+
+
+def test_outlier_norms_are_recomputed_not_trusted() -> None:
+    liar = good("c", 100.0, norm=1.0)
+    result = aggregate(VERSION, [good("a", 1.0, norm=50.0), good("b", 1.0), liar], SPEC, CONFIG)
+    assert reasons(result) == {"c": "outlier"}
+
+
+def test_outliers_are_judged_among_snapshots_that_passed_the_other_checks() -> None:
+    # The NaN snapshot does not count towards the three: two remain, no outlier test.
+    result = aggregate(
+        VERSION, [good("a", 1.0), good("b", 100.0), good("c", math.nan)], SPEC, CONFIG
+    )
+    assert reasons(result) == {"c": "non-finite"}
+
+
+def test_norm_at_the_limit_is_kept() -> None:
+    config = RunConfig(fragments=2, sync_every=4, outlier_factor=2.0)
+    result = aggregate(VERSION, [good("a", 1.0), good("b", 1.0), good("c", 2.0)], SPEC, config)
+    assert reasons(result) == {}
+
+
+def test_everything_rejected_gives_no_mean() -> None:
+    result = aggregate(VERSION, [good("b", math.nan), good("a", steps=0)], SPEC, CONFIG)
+    assert result.mean is None
+    assert result.participants == ()
+    assert [r.learner for r in result.rejected] == ["a", "b"]
+    assert result.cosine is None
+
+
+def test_no_candidates() -> None:
+    result = aggregate(VERSION, [], SPEC, CONFIG)
+    assert result.mean is None
+    assert result.rejected == ()
+
+
+def test_cosine_of_opposite_and_orthogonal_deltas() -> None:
+    ones = delta(1.0)
+    x = Candidate(snapshot=snapshot("x"), delta=[t.clone() for t in ones], problem=None)
+    y = Candidate(snapshot=snapshot("y"), delta=[-t for t in ones], problem=None)
+    result = aggregate(VERSION, [x, y], SPEC, CONFIG)
+    assert result.cosine == 0.0  # the mean is zero
+    e1 = [torch.zeros(2, 3), torch.zeros(3)]
+    e1[0][0, 0] = 1.0
+    e2 = [torch.zeros(2, 3), torch.zeros(3)]
+    e2[1][0] = 1.0
+    result = aggregate(
+        VERSION,
+        [
+            Candidate(snapshot=snapshot("x"), delta=e1, problem=None),
+            Candidate(snapshot=snapshot("y"), delta=e2, problem=None),
+        ],
+        SPEC,
+        CONFIG,
+    )
+    assert result.cosine == pytest.approx(math.sqrt(0.5))
+
+
+def test_caller_bugs_raise() -> None:
+    with pytest.raises(ValueError, match="two candidates"):
+        aggregate(VERSION, [good("a"), good("a")], SPEC, CONFIG)
+    with pytest.raises(ValueError, match="neither a delta nor a problem"):
+        aggregate(
+            VERSION, [Candidate(snapshot=snapshot("a"), delta=None, problem=None)], SPEC, CONFIG
+        )
+
+
+def test_l2_norm() -> None:
+    assert l2_norm([torch.tensor([3.0]), torch.tensor([[4.0]])]) == 5.0
+    assert l2_norm([torch.tensor([math.nan])]) is None
+    assert l2_norm([torch.zeros(0)]) == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(-10, 10, width=32), st.integers(1, 5), st.integers(0, 400)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_order_does_not_matter_and_weights_sum_to_one(
+    entries: list[tuple[float, int, int]], rng: object
+) -> None:
+    candidates = [
+        good(f"l{i}", value, steps=steps, tokens=tokens)
+        for i, (value, steps, tokens) in enumerate(entries)
+    ]
+    first = aggregate(VERSION, candidates, SPEC, CONFIG)
+    shuffled = list(candidates)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    second = aggregate(VERSION, shuffled, SPEC, CONFIG)
+    assert first.participants == second.participants
+    assert first.rejected == second.rejected
+    assert len(first.participants) + len(first.rejected) == len(candidates)
+    if first.participants:
+        assert math.fsum(p.weight for p in first.participants) == pytest.approx(1.0)
+        assert first.mean is not None
+        assert second.mean is not None
+        for a, b in zip(first.mean, second.mean, strict=True):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        weights = {p.learner: p.weight for p in first.participants}
+        expected = math.fsum(
+            weights[c.snapshot.learner] * float(c.delta[0][0, 0])  # type: ignore[index]
+            for c in candidates
+            if c.snapshot.learner in weights
+        )
+        assert float(first.mean[0][0, 0]) == pytest.approx(expected, rel=1e-5, abs=1e-5)
