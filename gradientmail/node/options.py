@@ -1,0 +1,68 @@
+"""One node's timings and roles: everything about a node that is not the run's to decide."""
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["NodeOptions"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeOptions:
+    """How one node paces itself. Every duration is in seconds on the node's clock.
+
+    poll_interval
+        How often the receive loop lists new round records and the syncer re-reads the
+        round it is closing or following.
+    lease_every, lease_timeout
+        The node beats its lease every ``lease_every``; others count it gone when its beat
+        has not changed for ``lease_timeout`` (which must exceed ``lease_every``).
+    claim_timeout
+        A follower takes over a claimed round when no record lands this long after the
+        round's first snapshot (or after it began following, whichever is later).
+    creation_timeout
+        A node waiting for another to create the run takes over creation when no Θ⁰
+        fragment lands for this long.
+    close_timeout
+        Closing with flush gives up once nothing has landed for this long.
+    syncer
+        Whether this node takes part in closing rounds.
+    max_retry_delay
+        The longest backoff between retries of a transient store failure.
+
+    Raises ``ValueError`` naming the option when a value is out of range.
+    """
+
+    poll_interval: float = 1.0
+    lease_every: float = 2.0
+    lease_timeout: float = 10.0
+    claim_timeout: float = 30.0
+    creation_timeout: float = 30.0
+    close_timeout: float = 60.0
+    syncer: bool = True
+    max_retry_delay: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "poll_interval",
+            "lease_every",
+            "lease_timeout",
+            "claim_timeout",
+            "creation_timeout",
+            "close_timeout",
+            "max_retry_delay",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"NodeOptions.{name} must be a number of seconds, got {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(
+                    f"NodeOptions.{name} must be a positive, finite number of seconds, "
+                    f"got {value!r}"
+                )
+        if self.lease_timeout <= self.lease_every:
+            raise ValueError(
+                f"NodeOptions.lease_timeout ({self.lease_timeout}) must exceed lease_every "
+                f"({self.lease_every}), or a live node would be judged gone between beats"
+            )
+        if not isinstance(self.syncer, bool):
+            raise TypeError(f"NodeOptions.syncer must be a bool, got {self.syncer!r}")

@@ -1,0 +1,344 @@
+"""The typed layer over a mailbox: the only place that turns a run's bytes into records.
+
+``Store`` wraps one ``Mailbox`` for one node. Every operation
+
+- retries ``MailboxUnavailable`` with backoff (``mailbox.retrying``) on the node's clock, up
+  to ``max_retry_delay`` between tries, forever unless the call says otherwise; every other
+  error propagates at once;
+- decodes what it reads strictly (``RecordError`` for a malformed object) and verifies every
+  blob against its sha256 (``CorruptBlob``);
+- counts the requests it makes by kind and the bytes it moves, for ``Store.stats``.
+
+Create-once writes whose reply may have been lost are settled here, once: a
+``put_if_absent`` that failed transiently and whose retry then finds the key taken reads the
+object back, and the write counts as ours when the bytes are ours (claims and records name
+their writer, so equal bytes cannot be someone else's).
+
+Runs in the node's tasks on the event loop; hashing of large payloads goes to a worker
+thread (``anyio.to_thread``). Cancellation interrupts the request in progress; a cancelled
+create-once write may or may not have landed (the caller's next read tells).
+"""
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import anyio.to_thread
+
+from gradientmail.clock import Clock, MonotonicClock
+from gradientmail.errors import CorruptBlob, MailboxUnavailable
+from gradientmail.mailbox import Mailbox, retrying
+from gradientmail.protocol import keys
+from gradientmail.protocol.records import (
+    BlobRef,
+    CreateClaim,
+    InitMarker,
+    LeaseBeat,
+    Manifest,
+    RoundClaim,
+    RoundRecord,
+    Snapshot,
+    decode,
+    encode,
+)
+
+__all__ = ["Store", "StoreStats", "sha256"]
+
+_log = logging.getLogger("gradientmail.store")
+
+T = TypeVar("T")
+
+_HASH_INLINE_BYTES = 1 << 16
+"""Payloads up to this size are hashed on the event loop; larger ones in a worker thread."""
+
+
+def sha256(data: bytes) -> str:
+    """The lowercase hex sha256 of ``data``: the name of its blob."""
+    return hashlib.sha256(data).hexdigest()
+
+
+async def _hash(data: bytes) -> str:
+    if len(data) <= _HASH_INLINE_BYTES:
+        return sha256(data)
+    return await anyio.to_thread.run_sync(sha256, data)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """What one store has moved: bytes written and read, and requests by kind (``put``,
+    ``get``, ``list``, ``delete``; retries included)."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    requests: Mapping[str, int] = field(default_factory=dict)
+
+
+class Store:
+    """Typed, counted, retried access to one run's objects in ``mailbox``.
+
+    ``attempts`` bounds the tries of each operation (None: retry transient failures until
+    the operation succeeds or is cancelled). The store does not own the mailbox: whoever
+    opened it closes it.
+    """
+
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        *,
+        clock: Clock | None = None,
+        max_retry_delay: float = 30.0,
+        attempts: int | None = None,
+    ) -> None:
+        self.mailbox = mailbox
+        self._clock = clock if clock is not None else MonotonicClock()
+        self._max_delay = max_retry_delay
+        self._attempts = attempts
+        self._bytes_up = 0
+        self._bytes_down = 0
+        self._requests = {"put": 0, "get": 0, "list": 0, "delete": 0}
+
+    @property
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            bytes_up=self._bytes_up, bytes_down=self._bytes_down, requests=dict(self._requests)
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Store({self.mailbox!r}, up={self._bytes_up}, down={self._bytes_down}, "
+            f"requests={self._requests})"
+        )
+
+    # -- raw, counted, retried operations -------------------------------------------------
+
+    async def _retry(self, op: Callable[[], Awaitable[T]], attempts: int | None) -> T:
+        return await retrying(
+            op,
+            clock=self._clock,
+            max_delay=self._max_delay,
+            attempts=attempts if attempts is not None else self._attempts,
+        )
+
+    async def get(self, key: str, *, attempts: int | None = None) -> bytes | None:
+        """The bytes under ``key`` or None."""
+
+        async def op() -> bytes | None:
+            self._requests["get"] += 1
+            data = await self.mailbox.get(key)
+            if data is not None:
+                self._bytes_down += len(data)
+            return data
+
+        return await self._retry(op, attempts)
+
+    async def list_keys(
+        self, prefix: str, *, after: str = "", attempts: int | None = None
+    ) -> Sequence[str]:
+        """Every key under ``prefix`` after ``after``, in byte order."""
+
+        async def op() -> Sequence[str]:
+            self._requests["list"] += 1
+            return await self.mailbox.list(prefix, after=after)
+
+        return await self._retry(op, attempts)
+
+    async def delete(self, keys_: Iterable[str], *, attempts: int | None = None) -> None:
+        """Remove ``keys_`` (missing ones are fine)."""
+        batch = list(keys_)
+        if not batch:
+            return
+
+        async def op() -> None:
+            self._requests["delete"] += 1
+            await self.mailbox.delete(batch)
+
+        await self._retry(op, attempts)
+
+    async def create(self, key: str, data: bytes, *, attempts: int | None = None) -> bool:
+        """Create ``key`` holding ``data``; True iff the object now there is this write's.
+
+        When a try failed transiently (its object may have landed) and a later try finds the
+        key taken, the object is read back: equal bytes mean the lost try created it.
+        """
+        ambiguous = False
+
+        async def op() -> bool:
+            nonlocal ambiguous
+            self._requests["put"] += 1
+            try:
+                created = await self.mailbox.put_if_absent(key, data)
+            except MailboxUnavailable:
+                ambiguous = True
+                raise
+            if created:
+                self._bytes_up += len(data)
+            return created
+
+        if await self._retry(op, attempts):
+            return True
+        if not ambiguous:
+            return False
+        return await self.get(key, attempts=attempts) == data
+
+    # -- blobs ------------------------------------------------------------------------------
+
+    async def put_blob(self, data: bytes, encoding: str) -> BlobRef:
+        """Store ``data`` under its sha256 (a no-op when it is there) and return its ref."""
+        digest = await _hash(data)
+        await self.create(keys.blob(digest), data)
+        return BlobRef(sha256=digest, size=len(data), encoding=encoding)
+
+    async def get_blob(self, ref: BlobRef) -> bytes | None:
+        """The bytes of ``ref``, verified; None when the blob is gone (collected).
+
+        Raises ``CorruptBlob`` when the bytes do not hash to ``ref.sha256``.
+        """
+        data = await self.get(keys.blob(ref.sha256))
+        if data is None:
+            return None
+        digest = await _hash(data)
+        if digest != ref.sha256 or len(data) != ref.size:
+            raise CorruptBlob(
+                f"blob {ref.sha256[:16]}… holds {len(data)} bytes hashing to {digest[:16]}…; "
+                "the store's copy is damaged"
+            )
+        return data
+
+    # -- the manifest and creation ----------------------------------------------------------
+
+    async def manifest(self) -> Manifest | None:
+        data = await self.get(keys.MANIFEST)
+        return None if data is None else decode(data, Manifest)
+
+    async def create_manifest(self, manifest: Manifest) -> Manifest:
+        """Write ``manifest`` unless one exists; return the run's manifest (ours or the
+        winner's of a race)."""
+        if await self.create(keys.MANIFEST, encode(manifest)):
+            return manifest
+        winner = await self.manifest()
+        if winner is None:
+            raise MailboxUnavailable("the manifest was reported present but cannot be read")
+        return winner
+
+    async def create_claims(self) -> list[tuple[int, CreateClaim]]:
+        """The creation claims in attempt order."""
+        claims = []
+        for key in await self.list_keys(keys.CREATE):
+            attempt = keys.parse_create_claim(key)
+            data = None if attempt is None else await self.get(key)
+            if attempt is not None and data is not None:
+                claims.append((attempt, decode(data, CreateClaim)))
+        return claims
+
+    async def claim_creation(self, attempt: int, learner: str) -> bool:
+        return await self.create(keys.create_claim(attempt), encode(CreateClaim(learner=learner)))
+
+    async def put_init_marker(self, attempt: int, marker: InitMarker) -> None:
+        await self.create(keys.init_marker(attempt, marker.fragment), encode(marker))
+
+    async def init_markers(self, attempt: int) -> list[str]:
+        return [
+            key
+            for key in await self.list_keys(keys.init_prefix(attempt))
+            if keys.parse_init_marker(key) is not None
+        ]
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def beat(self, learner: str, beat: int) -> bool:
+        return await self.create(keys.lease(learner, beat), encode(LeaseBeat(learner=learner)))
+
+    async def own_beats(self, learner: str, *, attempts: int | None = None) -> list[int]:
+        """The beats of ``learner``'s lease present, oldest first."""
+        beats = []
+        for key in await self.list_keys(keys.lease_prefix(learner), attempts=attempts):
+            parsed = keys.parse_lease(key)
+            if parsed is not None:
+                beats.append(parsed[1])
+        return beats
+
+    async def leases(self) -> dict[str, int]:
+        """Every learner holding a lease, with its newest beat."""
+        newest: dict[str, int] = {}
+        for key in await self.list_keys(keys.LEASES):
+            parsed = keys.parse_lease(key)
+            if parsed is not None:
+                learner, beat = parsed
+                newest[learner] = max(beat, newest.get(learner, -1))
+        return newest
+
+    # -- snapshots, claims, records -----------------------------------------------------------
+
+    async def put_snapshot(self, snapshot: Snapshot) -> bool:
+        return await self.create(keys.snapshot(snapshot.round, snapshot.learner), encode(snapshot))
+
+    async def snapshot_learners(self, round: int) -> list[str]:
+        """The learners with a snapshot in ``round`` (a listing; no bodies read)."""
+        learners = []
+        for key in await self.list_keys(keys.snapshots_prefix(round)):
+            parsed = keys.parse_snapshot(key)
+            if parsed is not None and parsed[0] == round:
+                learners.append(parsed[1])
+        return learners
+
+    async def snapshots(self, round: int) -> list[Snapshot]:
+        """The snapshots of ``round`` that decode and name their key's round and learner.
+
+        A malformed one is logged and left out: it cannot take part, and it must not stop the
+        round.
+        """
+        found = []
+        for learner in await self.snapshot_learners(round):
+            data = await self.get(keys.snapshot(round, learner))
+            if data is None:
+                continue
+            try:
+                snapshot = decode(data, Snapshot)
+            except Exception as exc:
+                _log.warning("round %d: ignoring %s's malformed snapshot: %s", round, learner, exc)
+                continue
+            if snapshot.round != round or snapshot.learner != learner:
+                _log.warning("round %d: ignoring %s's misfiled snapshot", round, learner)
+                continue
+            found.append(snapshot)
+        return found
+
+    async def round_claims(self, round: int) -> list[tuple[int, str]]:
+        """``(k, claimant)`` of every claim on ``round``, in order."""
+        claims = []
+        for key in await self.list_keys(keys.claims_prefix(round)):
+            parsed = keys.parse_claim(key)
+            if parsed is None or parsed[0] != round:
+                continue
+            data = await self.get(key)
+            if data is not None:
+                claims.append((parsed[1], decode(data, RoundClaim).learner))
+        return claims
+
+    async def claim_round(self, round: int, k: int, learner: str) -> bool:
+        return await self.create(keys.round_claim(round, k), encode(RoundClaim(learner=learner)))
+
+    async def record(self, round: int) -> RoundRecord | None:
+        data = await self.get(keys.record(round))
+        return None if data is None else decode(data, RoundRecord)
+
+    async def put_record(self, record: RoundRecord) -> RoundRecord:
+        """Commit ``record`` unless the round has one; return the round's record."""
+        if await self.create(keys.record(record.round), encode(record)):
+            return record
+        theirs = await self.record(record.round)
+        if theirs is None:
+            raise MailboxUnavailable(f"record {record.round} reported present but unreadable")
+        return theirs
+
+    async def record_rounds(self, *, after: int = -1) -> list[int]:
+        """The rounds with a record, after ``after``, in order."""
+        start = keys.record(after) if after >= 0 else ""
+        rounds = []
+        for key in await self.list_keys(keys.RECORDS, after=start):
+            round = keys.parse_record(key)
+            if round is not None:
+                rounds.append(round)
+        return rounds

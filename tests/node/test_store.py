@@ -1,0 +1,94 @@
+"""The typed store: verified blobs, strict records, counted requests, ambiguous writes."""
+
+import pytest
+
+from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
+from gradientmail.mailbox import MemoryMailbox
+from gradientmail.protocol import keys
+from gradientmail.store import Store, sha256
+
+pytestmark = pytest.mark.anyio
+
+
+class LostReplies(MemoryMailbox):
+    """Writes land, but the first ``lose`` replies to ``put_if_absent`` are lost."""
+
+    def __init__(self, lose: int) -> None:
+        super().__init__()
+        self.lose = lose
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        created = await super().put_if_absent(key, data)
+        if self.lose:
+            self.lose -= 1
+            raise MailboxUnavailable("reply lost")
+        return created
+
+
+class Fast:
+    """A clock whose sleeps return at once, so retries cost no time."""
+
+    def now(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        return None
+
+
+async def test_blobs_round_trip_verified_and_counted() -> None:
+    store = Store(MemoryMailbox())
+    ref = await store.put_blob(b"payload", "fp32")
+    assert ref.sha256 == sha256(b"payload")
+    assert ref.size == 7
+    assert await store.get_blob(ref) == b"payload"
+    stats = store.stats
+    assert stats.bytes_up == 7
+    assert stats.bytes_down == 7
+    assert stats.requests["put"] == 1
+    assert stats.requests["get"] == 1
+
+
+async def test_a_damaged_blob_raises_and_a_gone_one_reads_none() -> None:
+    box = MemoryMailbox()
+    store = Store(box)
+    ref = await store.put_blob(b"payload", "fp32")
+    await box.delete([keys.blob(ref.sha256)])
+    assert await store.get_blob(ref) is None
+    await box.put_if_absent(keys.blob(ref.sha256), b"tampered")
+    with pytest.raises(CorruptBlob):
+        await store.get_blob(ref)
+
+
+async def test_a_lost_reply_to_our_own_claim_counts_as_ours() -> None:
+    store = Store(LostReplies(lose=1), clock=Fast())
+    assert await store.claim_round(3, 0, "a")
+    assert await store.round_claims(3) == [(0, "a")]
+
+
+async def test_a_lost_reply_never_steals_someone_elses_claim() -> None:
+    box = LostReplies(lose=0)
+    assert await Store(box).claim_round(3, 0, "b")
+    box.lose = 1
+    assert not await Store(box, clock=Fast()).claim_round(3, 0, "a")
+
+
+async def test_a_malformed_record_is_a_record_error() -> None:
+    box = MemoryMailbox()
+    await box.put_if_absent(keys.record(0), b"{not json")
+    with pytest.raises(RecordError):
+        await Store(box).record(0)
+
+
+async def test_listings_parse_the_layout() -> None:
+    box = MemoryMailbox()
+    store = Store(box)
+    await store.beat("a", 1)
+    await store.beat("a", 2)
+    await store.beat("b", 7)
+    await box.put_if_absent("leases/odd-key", b"x")
+    assert await store.leases() == {"a": 2, "b": 7}
+    assert await store.own_beats("a") == [1, 2]
+    for round in (0, 1, 2):
+        await box.put_if_absent(keys.record(round), b"{}")
+    assert await store.record_rounds() == [0, 1, 2]
+    assert await store.record_rounds(after=0) == [1, 2]
