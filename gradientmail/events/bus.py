@@ -38,7 +38,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from gradientmail.events.kinds import Event, EventsDropped, kind_name
 
-__all__ = ["BusStatistics", "EventBus", "Sink", "SinkStatistics"]
+__all__ = ["BusStatistics", "EventBus", "Sink", "SinkStatistics", "sink_name"]
 
 log = logging.getLogger("gradientmail.events")
 
@@ -80,12 +80,17 @@ class BusStatistics:
     sinks: tuple[SinkStatistics, ...]
 
 
-def _sink_name(sink: object) -> str:
+def sink_name(sink: object) -> str:
+    """How logs and ``EventsDropped`` name ``sink``: its ``name`` attribute if it has one,
+    else its qualified name (a function's, or an object's class's), less any ``<locals>``
+    prefix."""
     name = getattr(sink, "name", None)
     if isinstance(name, str):
         return name
     qualname = getattr(sink, "__qualname__", None)
-    return qualname if isinstance(qualname, str) else type(sink).__qualname__
+    if not isinstance(qualname, str):
+        qualname = type(sink).__qualname__
+    return qualname.rsplit("<locals>.", 1)[-1]
 
 
 def _check_buffer(buffer: int, what: str) -> None:
@@ -359,7 +364,7 @@ class EventBus:
         self._finished = anyio.Event()
         self._bind_loop()
         sink_routes = tuple(
-            _Route(_sink_name(sink), sink, self._buffer, self._learner) for sink in self._sinks
+            _Route(sink_name(sink), sink, self._buffer, self._learner) for sink in self._sinks
         )
         self._routes = (*sink_routes, *self._routes)
         try:

@@ -20,7 +20,7 @@ import msgspec
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from gradientmail.events.bus import Sink
+from gradientmail.events.bus import Sink, sink_name
 from gradientmail.events.kinds import (
     AwaitingCreator,
     Closed,
@@ -275,7 +275,7 @@ class Combined:
             if not callable(sink):
                 raise TypeError(f"combined() takes callables taking one event, got {sink!r}")
         self._sinks = tuple(sinks)
-        self.name = "combined(" + ", ".join(_name(sink) for sink in self._sinks) + ")"
+        self.name = "combined(" + ", ".join(sink_name(sink) for sink in self._sinks) + ")"
 
     def __repr__(self) -> str:
         return f"<Combined {self.name}>"
@@ -290,7 +290,7 @@ class Combined:
                 log.exception(
                     "%s: event sink %s failed on %s; it keeps receiving later events",
                     event.learner,
-                    _name(sink),
+                    sink_name(sink),
                     kind_name(event),
                 )
 
@@ -304,15 +304,7 @@ class Combined:
                 elif callable(close):
                     close()
             except Exception:
-                log.exception("event sink %s failed to close", _name(sink))
-
-
-def _name(sink: object) -> str:
-    name = getattr(sink, "name", None)
-    if isinstance(name, str):
-        return name
-    qualname = getattr(sink, "__qualname__", None)
-    return qualname if isinstance(qualname, str) else type(sink).__qualname__
+                log.exception("event sink %s failed to close", sink_name(sink))
 
 
 def combined(*sinks: Sink) -> Combined:
