@@ -1,0 +1,296 @@
+"""The learner's side of a round: how a new version merges with local progress, and the
+accounting of every local step until a round carries it or it is dropped.
+
+The merge (``merged``), when version ``v+1`` of a fragment arrives (``θ`` below) and the
+learner holds ``local``, having published ``snapshot`` (its fragment at publishing time) on
+top of ``base`` (the version it had applied, ``θ_v``), under the ``keep-progress`` rule:
+
+``included``
+    ``local ← θ + (local − snapshot)``: the round carried the snapshot's progress; the
+    progress made since (the lag) is kept on top.
+``late``
+    The round did not carry the snapshot (not published in time, lost, or absent):
+    ``local ← θ + (local − base)``; all the progress since the base is kept and goes out with
+    the fragment's next snapshot.
+``rejected``
+    The round judged the snapshot bad: ``local ← θ``; everything since the base is dropped.
+
+Under the ``alpha`` rule, ``local ← α·local + (1 − α)·θ`` whatever the outcome (the
+accounting still follows the outcome).
+
+The accounting (``Ledger``, one ``FragmentLedger`` per fragment) is an immutable value with
+pure transitions, folded by the learner in this order of events: local steps (every step
+counts for every fragment), publishes and failed publishes, and every committed record of
+the run in round order. For every fragment, at all times::
+
+    committed + dropped + since_base == total        (steps, and tokens)
+
+where ``committed`` is what rounds included, ``dropped`` what was rejected or given up at
+close, and ``since_base`` what is still local (the in-flight snapshot's steps are part of
+it). So every local step ends in exactly one round's participants or one drop report.
+
+Pure: no I/O. Which thread or task folds a ledger is the node's business; the value itself
+is immutable and safe to share.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from gradientmail.protocol.records import MergeRule, RejectReason, RoundRecord
+
+__all__ = [
+    "Dropped",
+    "FragmentLedger",
+    "InFlight",
+    "Ledger",
+    "Outcome",
+    "Resolution",
+    "Tally",
+    "merged",
+]
+
+Outcome = Literal["included", "rejected", "late"]
+"""What a round did with a learner's snapshot (see the module docstring)."""
+
+
+def merged(
+    outcome: Outcome,
+    *,
+    local: Sequence[Tensor],
+    theta: Sequence[Tensor],
+    snapshot: Sequence[Tensor] | None,
+    base: Sequence[Tensor] | None,
+    rule: MergeRule,
+    alpha: float,
+) -> list[Tensor]:
+    """The learner's new fragment after a round (see the module docstring); new tensors.
+
+    ``snapshot`` is needed for ``included`` and ``base`` for ``late`` under ``keep-progress``;
+    raises ``ValueError`` if the one needed is None, for mismatched tensors, an unknown
+    outcome or rule, or ``alpha`` outside [0, 1].
+    """
+    if len(local) != len(theta):
+        raise ValueError(f"local has {len(local)} tensors, theta {len(theta)}")
+    for i, (a, b) in enumerate(zip(local, theta, strict=True)):
+        if a.shape != b.shape:
+            raise ValueError(f"tensor {i}: local shape {list(a.shape)}, theta {list(b.shape)}")
+    if rule == "alpha":
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+        return [
+            torch.add(g.mul(1.0 - alpha), x, alpha=alpha) for x, g in zip(local, theta, strict=True)
+        ]
+    if rule != "keep-progress":
+        raise ValueError(f"unknown merge rule {rule!r}: use 'keep-progress' or 'alpha'")
+    if outcome == "rejected":
+        return [g.clone() for g in theta]
+    if outcome == "included":
+        reference, name = snapshot, "snapshot"
+    elif outcome == "late":
+        reference, name = base, "base"
+    else:
+        raise ValueError(f"unknown outcome {outcome!r}")
+    if reference is None or len(reference) != len(theta):
+        raise ValueError(f"a {outcome} merge needs the {name}, one tensor per parameter")
+    return [g.add(x.sub(r)) for x, g, r in zip(local, theta, reference, strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A number of local steps and the tokens they consumed."""
+
+    steps: int = 0
+    tokens: int = 0
+
+    def __add__(self, other: "Tally") -> "Tally":
+        return Tally(self.steps + other.steps, self.tokens + other.tokens)
+
+    def __sub__(self, other: "Tally") -> "Tally":
+        return Tally(self.steps - other.steps, self.tokens - other.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A published snapshot awaiting its round: ``round`` and the steps it covers."""
+
+    round: int
+    covers: Tally
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentLedger:
+    """One fragment's accounting: every local step so far (``total``), split into those
+    rounds included (``committed``), those dropped, and those still local (``since_base``,
+    which holds the ``in_flight`` snapshot's)."""
+
+    fragment: int
+    total: Tally = Tally()
+    committed: Tally = Tally()
+    dropped: Tally = Tally()
+    since_base: Tally = Tally()
+    in_flight: InFlight | None = None
+
+    @property
+    def balanced(self) -> bool:
+        """The invariant ``committed + dropped + since_base == total``."""
+        return self.committed + self.dropped + self.since_base == self.total
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What a record did with this learner's in-flight snapshot of ``fragment`` for
+    ``round`` (committed as ``version``).
+
+    ``steps`` and ``tokens`` are what moved: into ``committed`` when ``included``, into
+    ``dropped`` when ``rejected`` (the snapshot's and the lag's: the merge resets the
+    fragment to the round's θ), and back to the next snapshot when ``late`` (the snapshot's).
+    ``lag`` is the number of local steps taken after the snapshot. ``reason`` is the
+    rejection's, else None.
+    """
+
+    outcome: Outcome
+    fragment: int
+    round: int
+    version: int
+    steps: int
+    tokens: int
+    lag: int
+    reason: RejectReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """``steps`` and ``tokens`` of ``fragment`` that no round will carry, and why."""
+
+    fragment: int
+    steps: int
+    tokens: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """A learner's step accounting, one ``FragmentLedger`` per fragment (see the module
+    docstring). Every transition returns a new ledger and leaves this one as it was."""
+
+    fragments: tuple[FragmentLedger, ...]
+
+    @classmethod
+    def new(cls, fragments: int) -> "Ledger":
+        """The ledger of a learner that has taken no step, for ``fragments`` fragments."""
+        if fragments < 1:
+            raise ValueError(f"a run has at least one fragment, got {fragments}")
+        return cls(tuple(FragmentLedger(fragment=f) for f in range(fragments)))
+
+    @classmethod
+    def start(cls, fragments: int) -> "Ledger":
+        """Same as ``new``."""
+        return cls.new(fragments)
+
+    def __getitem__(self, fragment: int) -> FragmentLedger:
+        return self.fragments[self._index(fragment)]
+
+    def _index(self, fragment: int) -> int:
+        if not 0 <= fragment < len(self.fragments):
+            raise ValueError(f"fragment {fragment} is not in [0, {len(self.fragments)})")
+        return fragment
+
+    def _with(self, entry: FragmentLedger) -> "Ledger":
+        fragments = list(self.fragments)
+        fragments[entry.fragment] = entry
+        return Ledger(tuple(fragments))
+
+    def stepped(self, tokens: int) -> "Ledger":
+        """One local step that consumed ``tokens`` (>= 0); it counts for every fragment."""
+        if tokens < 0:
+            raise ValueError(f"a step consumes a non-negative number of tokens, got {tokens}")
+        step = Tally(1, tokens)
+        return Ledger(
+            tuple(
+                replace(f, total=f.total + step, since_base=f.since_base + step)
+                for f in self.fragments
+            )
+        )
+
+    def published(self, fragment: int, round: int) -> "Ledger":
+        """A snapshot of ``fragment`` for ``round`` went out; it covers every step since the
+        base. Raises ``ValueError`` if one is already in flight or there is no step to cover.
+        """
+        entry = self[fragment]
+        if entry.in_flight is not None:
+            raise ValueError(
+                f"fragment {fragment} already has a snapshot in flight for round "
+                f"{entry.in_flight.round}; wait for its record or its failure"
+            )
+        if entry.since_base.steps < 1:
+            raise ValueError(f"fragment {fragment} has no local step since its base to publish")
+        return self._with(replace(entry, in_flight=InFlight(round, entry.since_base)))
+
+    def publish_failed(self, fragment: int) -> "Ledger":
+        """The in-flight snapshot of ``fragment`` never reached the store: it is forgotten
+        and its steps go out with the next one. Raises ``ValueError`` if none is in flight."""
+        entry = self[fragment]
+        if entry.in_flight is None:
+            raise ValueError(f"fragment {fragment} has no snapshot in flight")
+        return self._with(replace(entry, in_flight=None))
+
+    def recorded(self, record: RoundRecord, learner: str) -> tuple["Ledger", Resolution | None]:
+        """Fold the committed ``record`` (every record of the run, in round order).
+
+        Resolves this learner's in-flight snapshot of the record's fragment when the record
+        is for its round (``included`` if a participant, ``rejected`` if rejected, ``late``
+        if absent) or for a later round (``late``); anything else leaves the ledger as is
+        and returns None.
+        """
+        entry = self[record.fragment]
+        flight = entry.in_flight
+        if flight is None or record.round < flight.round:
+            return self, None
+        lag = entry.since_base.steps - flight.covers.steps
+        outcome: Outcome = "late"
+        rejection = None
+        if record.round == flight.round:
+            if any(p.learner == learner for p in record.participants):
+                outcome = "included"
+            else:
+                rejection = next((r for r in record.rejected if r.learner == learner), None)
+                if rejection is not None:
+                    outcome = "rejected"
+        moved = flight.covers
+        if outcome == "included":
+            entry = replace(
+                entry,
+                committed=entry.committed + moved,
+                since_base=entry.since_base - moved,
+                in_flight=None,
+            )
+        elif outcome == "rejected":
+            moved = entry.since_base
+            entry = replace(
+                entry, dropped=entry.dropped + moved, since_base=Tally(), in_flight=None
+            )
+        else:
+            entry = replace(entry, in_flight=None)
+        resolution = Resolution(
+            outcome=outcome,
+            fragment=record.fragment,
+            round=flight.round,
+            version=record.version,
+            steps=moved.steps,
+            tokens=moved.tokens,
+            lag=lag,
+            reason=None if rejection is None else rejection.reason,
+        )
+        return self._with(entry), resolution
+
+    def dropped(self, fragment: int, reason: str) -> tuple["Ledger", Dropped]:
+        """Give up the local steps of ``fragment`` (at close): ``since_base`` moves to
+        ``dropped`` and an in-flight snapshot is forgotten."""
+        entry = self[fragment]
+        moved = entry.since_base
+        entry = replace(entry, dropped=entry.dropped + moved, since_base=Tally(), in_flight=None)
+        return self._with(entry), Dropped(fragment, moved.steps, moved.tokens, reason)
