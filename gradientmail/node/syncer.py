@@ -444,7 +444,7 @@ async def _close(
     snapshots = await rt.store.snapshots(round)
     observer.saw([s.learner for s in snapshots])
     candidates = [await _candidate(rt, s, fragment, spec) for s in snapshots]
-    result = await anyio.to_thread.run_sync(aggregate, version, candidates, spec, config)
+    result = await anyio.to_thread.run_sync(aggregate, current.version, candidates, spec, config)
     draft = RoundRecordDraft(
         round=round,
         fragment=fragment,

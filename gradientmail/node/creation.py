@@ -1,0 +1,201 @@
+"""Creating a run, or joining the one in the store.
+
+``open_run`` returns the run's manifest and the newest committed θ of every fragment:
+
+- No manifest: take ``create/0000`` (``CreateClaim``). The holder uploads Θ⁰, this model's
+  current weights, fragment by fragment (the blob, then its ``init`` marker), then writes the
+  manifest (``CreatingRun``). Everyone else waits (``AwaitingCreator``); when no init marker
+  lands for ``creation_timeout`` seconds on the waiter's clock, it takes the next claim and
+  creates (``TookOverCreation``). The manifest is create-once, so a race between creators is
+  settled there: the loser joins the winner's run.
+- Joining: a given config must equal the manifest's; the model's signature must match the
+  manifest's (``RunMismatch`` naming the first difference; nothing is written). The newest
+  committed version of every fragment is then read (``load_newest``).
+
+Runs in the task entering the node, before any other task starts. Transient store failures
+are retried with backoff; cancellation stops it between requests and writes nothing more.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anyio.to_thread
+from torch import Tensor
+
+from gradientmail.clock import Clock
+from gradientmail.errors import RunMismatch
+from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
+from gradientmail.node.lease import Emit
+from gradientmail.node.options import NodeOptions
+from gradientmail.protocol import keys
+from gradientmail.protocol.codec import decode_fragment, encode_fragment
+from gradientmail.protocol.fragments import mismatch, signature
+from gradientmail.protocol.records import (
+    BlobRef,
+    FragmentSpec,
+    InitMarker,
+    Manifest,
+    RoundRecord,
+    RunConfig,
+)
+from gradientmail.store import Store
+
+__all__ = ["Newest", "check_config", "load_newest", "open_run"]
+
+NamedParams = Sequence[tuple[str, Tensor]]
+
+
+def check_config(run: RunConfig, ours: RunConfig | None) -> None:
+    """Raise ``RunMismatch`` naming the first field where ``ours`` differs from the run's."""
+    if ours is None or ours == run:
+        return
+    for name in run.__struct_fields__:
+        theirs, mine = getattr(run, name), getattr(ours, name)
+        if theirs != mine:
+            raise RunMismatch(
+                f"config field {name!r}: the run has {theirs!r}, this node passed {mine!r}; "
+                "pass config=None to take the run's config, or start a new run"
+            )
+
+
+def _check_model(manifest: Manifest, named: NamedParams | None) -> None:
+    if named is None:
+        return
+    config = manifest.config
+    try:
+        ours = signature(named, config.fragments, config.pattern)
+    except ValueError as exc:
+        raise RunMismatch(f"this model cannot be split as the run's is: {exc}") from exc
+    problem = mismatch(manifest.fragments, ours)
+    if problem is not None:
+        raise RunMismatch(problem)
+
+
+async def open_run(
+    store: Store,
+    learner: str,
+    named: NamedParams | None,
+    config: RunConfig | None,
+    options: NodeOptions,
+    clock: Clock,
+    emit: Emit,
+) -> Manifest:
+    """The run's manifest, after creating the run if there is none (see the module docstring).
+
+    A syncer-only node (``named`` None) cannot create a run: it waits for a learner to.
+    Raises ``RunMismatch`` when the model or the config contradict the run.
+    """
+    watching: tuple[int, str] | None = None
+    progress = (-1, 0.0)
+    while True:
+        manifest = await store.manifest()
+        if manifest is not None:
+            check_config(manifest.config, config)
+            _check_model(manifest, named)
+            return manifest
+        claims = await store.create_claims()
+        now = clock.now()
+        attempt: int | None = None
+        if not claims and named is not None:
+            if await store.claim_creation(0, learner):
+                attempt = 0
+        elif claims:
+            last, claim = claims[-1]
+            if claim.learner == learner and named is not None:
+                attempt = last
+            else:
+                if watching != (last, claim.learner):
+                    watching = (last, claim.learner)
+                    progress = (-1, now)
+                    emit(AwaitingCreator(learner, tuple(c.learner for _, c in claims)))
+                markers = len(await store.init_markers(last))
+                if markers != progress[0]:
+                    progress = (markers, now)
+                elif (
+                    named is not None
+                    and now - progress[1] >= options.creation_timeout
+                    and await store.claim_creation(last + 1, learner)
+                ):
+                    emit(TookOverCreation(learner, now - progress[1]))
+                    attempt = last + 1
+        if attempt is not None and named is not None:
+            manifest = await _create(store, learner, named, config or RunConfig(), attempt, emit)
+            check_config(manifest.config, config)
+            _check_model(manifest, named)
+            return manifest
+        await clock.sleep(options.poll_interval)
+
+
+async def _create(
+    store: Store,
+    learner: str,
+    named: NamedParams,
+    config: RunConfig,
+    attempt: int,
+    emit: Emit,
+) -> Manifest:
+    specs = signature(named, config.fragments, config.pattern)
+    by_name = dict(named)
+    emit(CreatingRun(learner, config.fragments))
+    theta0: list[BlobRef] = []
+    for spec in specs:
+        tensors = [by_name[param.name] for param in spec.params]
+        data = await anyio.to_thread.run_sync(_encode_fp32, tensors, spec)
+        ref = await store.put_blob(data, "fp32")
+        await store.put_init_marker(
+            attempt, InitMarker(learner=learner, fragment=spec.index, blob=ref)
+        )
+        theta0.append(ref)
+    ours = Manifest(created_by=learner, config=config, fragments=specs, theta0=tuple(theta0))
+    return await store.create_manifest(ours)
+
+
+def _encode_fp32(tensors: Sequence[Tensor], spec: FragmentSpec) -> bytes:
+    return encode_fragment(tensors, spec, "fp32", block_size=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Newest:
+    """The newest committed version of every fragment: its θ (fp32, CPU, in spec order), its
+    version, and the record that made it (None for Θ⁰); ``round`` is the newest committed
+    round (-1 on a fresh run)."""
+
+    round: int
+    versions: tuple[int, ...]
+    thetas: tuple[tuple[Tensor, ...], ...]
+    records: tuple[RoundRecord | None, ...]
+
+
+async def load_newest(store: Store, manifest: Manifest, clock: Clock, poll: float) -> Newest:
+    """Read the newest committed θ of every fragment.
+
+    A θ blob collected between the listing and the read means newer records exist: the
+    listing is taken again. Raises ``RecordError`` / ``CorruptBlob`` for damaged objects.
+    """
+    config = manifest.config
+    while True:
+        rounds = await store.record_rounds()
+        newest: list[RoundRecord | None] = [None] * config.fragments
+        for round in rounds[-config.fragments :]:
+            record = await store.record(round)
+            if record is None:
+                break
+            newest[keys.fragment_of(round, config.fragments)] = record
+        else:
+            thetas = []
+            for fragment, record in enumerate(newest):
+                ref = manifest.theta0[fragment] if record is None else record.theta
+                data = await store.get_blob(ref)
+                if data is None:
+                    break
+                spec = manifest.fragments[fragment]
+                decoded = await anyio.to_thread.run_sync(decode_fragment, data, spec)
+                thetas.append(tuple(decoded))
+            else:
+                return Newest(
+                    round=rounds[-1] if rounds else -1,
+                    versions=tuple(0 if r is None else r.version for r in newest),
+                    thetas=tuple(thetas),
+                    records=tuple(newest),
+                )
+        await clock.sleep(poll)

@@ -1,0 +1,71 @@
+"""The lease task: beats ``leases/{learner}/{beat}`` while the node runs, deletes it at the end.
+
+The first beat continues after the newest beat already in the store (a node restarted with
+the same id never reuses a beat number, so observers see its lease renewed, not stale).
+Each new beat deletes the one before it. When the task is cancelled (the node is closing),
+it deletes every beat of its own in a shielded scope bounded by ``RELEASE_TIMEOUT`` seconds
+and reports ``LeaseReleased`` or ``ReleaseFailed``; others then see the lease gone at once.
+
+A transient store failure while beating is retried with backoff; a beat that cannot be
+written for ``lease_timeout`` lets observers judge this node gone, which is the truth.
+"""
+
+from collections.abc import Callable
+from typing import TypeAlias
+
+import anyio
+from anyio.abc import TaskStatus
+
+from gradientmail.clock import Clock
+from gradientmail.errors import GradientmailError
+from gradientmail.events.kinds import Event, LeaseReleased, ReleaseFailed
+from gradientmail.protocol import keys
+from gradientmail.store import Store
+
+__all__ = ["RELEASE_TIMEOUT", "run_lease"]
+
+RELEASE_TIMEOUT = 10.0
+"""The longest a node spends deleting its lease at close."""
+
+Emit: TypeAlias = Callable[[Event], None]
+
+
+async def run_lease(
+    store: Store,
+    learner: str,
+    every: float,
+    clock: Clock,
+    emit_released: Emit,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Beat until cancelled, then release (see the module docstring). Reports started once
+    the first beat is in the store."""
+    try:
+        existing = await store.own_beats(learner)
+        beat = existing[-1] + 1 if existing else 0
+        await store.beat(learner, beat)
+        await store.delete(keys.lease(learner, old) for old in existing)
+        task_status.started()
+        while True:
+            await clock.sleep(every)
+            beat += 1
+            await store.beat(learner, beat)
+            await store.delete([keys.lease(learner, beat - 1)])
+    finally:
+        await release(store, learner, emit_released)
+
+
+async def release(store: Store, learner: str, emit: Emit) -> None:
+    """Delete every beat of ``learner`` (shielded, bounded); report how it went."""
+    with anyio.move_on_after(RELEASE_TIMEOUT, shield=True) as scope:
+        try:
+            beats = await store.own_beats(learner, attempts=3)
+            await store.delete((keys.lease(learner, b) for b in beats), attempts=3)
+        except GradientmailError as exc:
+            emit(ReleaseFailed(learner, exc))
+            return
+    if scope.cancelled_caught:
+        emit(ReleaseFailed(learner, TimeoutError(f"no reply within {RELEASE_TIMEOUT} s")))
+    else:
+        emit(LeaseReleased(learner))

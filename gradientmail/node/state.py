@@ -1,0 +1,39 @@
+"""``NodeState``: what a node has done so far, as one immutable value."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["NodeState"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A snapshot of one node, taken on the event-loop thread by ``Node.state``.
+
+    round
+        The newest round whose record this node has seen (-1: none yet).
+    versions
+        The version of each fragment the model holds (the last one applied).
+    aligned_round
+        The newest round whose version the model holds (-1: Θ⁰ only).
+    steps, tokens
+        Local steps and tokens counted by ``step()`` since this node started.
+    rounds_committed
+        Rounds whose record this node's syncer wrote.
+    bytes_published, bytes_downloaded
+        Bytes this node wrote to and read from the store (every kind of object).
+    requests
+        Requests this node made to the store, by kind (put, get, list, delete), retries
+        included.
+    """
+
+    learner: str
+    round: int
+    versions: tuple[int, ...]
+    aligned_round: int
+    steps: int
+    tokens: int
+    rounds_committed: int
+    bytes_published: int
+    bytes_downloaded: int
+    requests: Mapping[str, int] = field(default_factory=dict)

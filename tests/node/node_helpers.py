@@ -1,0 +1,167 @@
+"""Helpers for the node's tests: a tiny model, its training step, and what runs check."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import torch
+from torch import nn
+
+from gradientmail.events import (
+    Event,
+    RoundCommitted,
+    SnapshotPublished,
+    StepsDropped,
+)
+from gradientmail.mailbox import Mailbox
+from gradientmail.node import Node, NodeOptions
+from gradientmail.protocol import keys
+from gradientmail.protocol.codec import decode_fragment
+from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, decode
+from gradientmail.store import Store
+
+torch.set_num_threads(1)
+
+FAST = NodeOptions(
+    poll_interval=0.02,
+    lease_every=0.1,
+    lease_timeout=1.0,
+    claim_timeout=2.0,
+    creation_timeout=1.0,
+    close_timeout=10.0,
+    max_retry_delay=0.2,
+)
+CONFIG = RunConfig(fragments=2, sync_every=4, grace=0.3, keep_versions=1000, keep_rounds=1000)
+
+
+def tiny_model(seed: int = 0, hidden: int = 16) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+
+class Trainer:
+    """Plain SGD on a fixed synthetic regression task, one batch per step."""
+
+    def __init__(self, model: nn.Module, seed: int) -> None:
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(256, 8, generator=generator)
+        self.y = self.x.sum(dim=1, keepdim=True).sin()
+        self.at = 0
+
+    def step(self) -> float:
+        batch = slice(self.at % 256, self.at % 256 + 16)
+        self.at += 16
+        self.optimizer.zero_grad()
+        loss = nn.functional.mse_loss(self.model(self.x[batch]), self.y[batch])
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+
+@dataclass
+class Recorder:
+    """A sink keeping every event it is given."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list[Event]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+async def train(
+    node: Node, model: nn.Module, seed: int, until_round: int, limit: float = 60.0
+) -> None:
+    """Train until the node has seen ``until_round``'s record (or ``limit`` seconds pass)."""
+    trainer = Trainer(model, seed)
+    with anyio.fail_after(limit):
+        while node.state.round < until_round:
+            await anyio.to_thread.run_sync(trainer.step)
+            await node.step(tokens=16)
+            # One simulated millisecond of compute per step keeps three learners in step
+            # with the syncers' polling on a loaded machine.
+            await anyio.sleep(0.001)
+
+
+async def records(mailbox: Mailbox) -> list[RoundRecord]:
+    """Every committed round record, in order; asserts they are contiguous from 0."""
+    store = Store(mailbox)
+    rounds = await store.record_rounds()
+    assert rounds == list(range(len(rounds))), f"records are not contiguous: {rounds}"
+    found = []
+    for round in rounds:
+        record = await store.record(round)
+        assert record is not None
+        found.append(record)
+    return found
+
+
+async def committed_theta(mailbox: Mailbox, fragment: int, version: int) -> list[torch.Tensor]:
+    store = Store(mailbox)
+    data = await mailbox.get(keys.MANIFEST)
+    assert data is not None
+    manifest = decode(data, Manifest)
+    if version == 0:
+        ref = manifest.theta0[fragment]
+    else:
+        record = await store.record(keys.round_of(fragment, version, manifest.config.fragments))
+        assert record is not None
+        ref = record.theta
+    blob = await store.get_blob(ref)
+    assert blob is not None
+    return decode_fragment(blob, manifest.fragments[fragment])
+
+
+async def assert_holds_committed(
+    mailbox: Mailbox, model: nn.Module, versions: Sequence[int]
+) -> None:
+    """``model``'s weights are, fragment by fragment, the committed θ of ``versions``."""
+    data = await mailbox.get(keys.MANIFEST)
+    assert data is not None
+    manifest = decode(data, Manifest)
+    params = dict(model.named_parameters())
+    for fragment, version in enumerate(versions):
+        theta = await committed_theta(mailbox, fragment, version)
+        for spec, value in zip(manifest.fragments[fragment].params, theta, strict=True):
+            assert torch.equal(params[spec.name].detach(), value), (
+                f"{spec.name} (fragment {fragment}) differs from version {version}"
+            )
+
+
+def assert_steps_accounted(
+    learner: str, steps: int, tokens: int, events: Sequence[Event], history: Sequence[RoundRecord]
+) -> None:
+    """Every step (and token) of ``learner`` is, for each fragment, in exactly one committed
+    round's participants or in one drop report."""
+    fragments = {record.fragment for record in history} | {
+        e.fragment for e in events if isinstance(e, SnapshotPublished | StepsDropped)
+    }
+    for fragment in sorted(fragments):
+        committed = [
+            p
+            for record in history
+            if record.fragment == fragment
+            for p in record.participants
+            if p.learner == learner
+        ]
+        dropped = [
+            e
+            for e in events
+            if isinstance(e, StepsDropped) and e.learner == learner and e.fragment == fragment
+        ]
+        counted = sum(p.steps for p in committed) + sum(e.steps for e in dropped)
+        assert counted == steps, f"{learner} fragment {fragment}: {counted} of {steps} steps"
+        counted_tokens = sum(p.tokens for p in committed) + sum(e.tokens for e in dropped)
+        assert counted_tokens == tokens, f"{learner} fragment {fragment}: tokens"
+
+
+def commits_by_round(events: Sequence[Event]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for event in events:
+        if isinstance(event, RoundCommitted):
+            counts[event.record.round] = counts.get(event.record.round, 0) + 1
+    return counts
