@@ -70,9 +70,9 @@ class SinkStatistics:
 
 @dataclass(frozen=True, slots=True)
 class BusStatistics:
-    """The bus as a whole: events ``emit`` accepted, events waiting for the dispatcher
-    (``pending``), events refused because the bus was closing (``refused``), and each sink
-    and subscriber."""
+    """The bus as a whole: events emitted before closing began (``emitted``, those the full
+    intake dropped included), events waiting for the dispatcher (``pending``), events
+    refused because the bus was closing (``refused``), and each sink and subscriber."""
 
     emitted: int
     pending: int
