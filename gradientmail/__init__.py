@@ -1,0 +1,21 @@
+"""gradientmail: train one PyTorch model on many machines that share nothing but a bucket."""
+
+from gradientmail.errors import (
+    CorruptBlob,
+    GradientmailError,
+    MailboxUnavailable,
+    NodeFailed,
+    RecordError,
+    RunMismatch,
+)
+from gradientmail.protocol.records import RunConfig
+
+__all__ = [
+    "CorruptBlob",
+    "GradientmailError",
+    "MailboxUnavailable",
+    "NodeFailed",
+    "RecordError",
+    "RunConfig",
+    "RunMismatch",
+]
