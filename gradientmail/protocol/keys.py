@@ -51,6 +51,7 @@ __all__ = [
     "parse_record",
     "parse_snapshot",
     "record",
+    "round_claim",
     "round_of",
     "round_prefix",
     "snapshot",
@@ -69,6 +70,7 @@ CLAIMS = "claims/"
 
 _LEARNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_DIGITS = re.compile(r"[0-9]+")
 
 
 def check_learner(learner: str) -> str:
@@ -86,11 +88,19 @@ def check_learner(learner: str) -> str:
 
 
 def _number(text: str, width: int) -> int | None:
-    return int(text) if len(text) == width and text.isdigit() else None
+    return int(text) if len(text) == width and _DIGITS.fullmatch(text) else None
+
+
+def _digits(value: int, width: int, what: str) -> str:
+    """``value`` zero-padded to ``width`` digits; ``ValueError`` if it does not fit, since a
+    wider or negative number would break the byte order of listings."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 10**width:
+        raise ValueError(f"{what} must be an integer in [0, {10**width}), got {value!r}")
+    return f"{value:0{width}d}"
 
 
 def create_claim(attempt: int) -> str:
-    return f"{CREATE}{attempt:04d}"
+    return f"{CREATE}{_digits(attempt, 4, 'attempt')}"
 
 
 def parse_create_claim(key: str) -> int | None:
@@ -100,11 +110,11 @@ def parse_create_claim(key: str) -> int | None:
 
 
 def init_prefix(attempt: int) -> str:
-    return f"{INIT}{attempt:04d}/"
+    return f"{INIT}{_digits(attempt, 4, 'attempt')}/"
 
 
 def init_marker(attempt: int, fragment: int) -> str:
-    return f"{init_prefix(attempt)}{fragment:04d}"
+    return f"{init_prefix(attempt)}{_digits(fragment, 4, 'fragment')}"
 
 
 def parse_init_marker(key: str) -> tuple[int, int] | None:
@@ -121,7 +131,7 @@ def lease_prefix(learner: str) -> str:
 
 
 def lease(learner: str, beat: int) -> str:
-    return f"{lease_prefix(learner)}{beat:012d}"
+    return f"{lease_prefix(learner)}{_digits(beat, 12, 'beat')}"
 
 
 def parse_lease(key: str) -> tuple[str, int] | None:
@@ -134,7 +144,7 @@ def parse_lease(key: str) -> tuple[str, int] | None:
 
 
 def round_prefix(round: int) -> str:
-    return f"{ROUNDS}{round:010d}/"
+    return f"{ROUNDS}{_digits(round, 10, 'round')}/"
 
 
 def snapshots_prefix(round: int) -> str:
@@ -161,7 +171,8 @@ def claims_prefix(round: int) -> str:
 
 
 def round_claim(round: int, k: int) -> str:
-    return f"{claims_prefix(round)}{k:04d}"
+    """The key of the ``k``-th claim to close ``round``."""
+    return f"{claims_prefix(round)}{_digits(k, 4, 'claim number')}"
 
 
 def parse_claim(key: str) -> tuple[int, int] | None:
@@ -174,7 +185,7 @@ def parse_claim(key: str) -> tuple[int, int] | None:
 
 
 def record(round: int) -> str:
-    return f"{RECORDS}{round:010d}"
+    return f"{RECORDS}{_digits(round, 10, 'round')}"
 
 
 def parse_record(key: str) -> int | None:
@@ -195,13 +206,20 @@ def parse_blob(key: str) -> str | None:
     return rest if rest != key and _SHA256.fullmatch(rest) is not None else None
 
 
+def _check_round(round: int, fragments: int) -> None:
+    if round < 0 or fragments < 1:
+        raise ValueError(f"no round {round} in a run of {fragments} fragments")
+
+
 def fragment_of(round: int, fragments: int) -> int:
     """The fragment round ``round`` updates."""
+    _check_round(round, fragments)
     return round % fragments
 
 
 def version_of(round: int, fragments: int) -> int:
     """The version of its fragment that round ``round`` produces (Θ⁰ is version 0)."""
+    _check_round(round, fragments)
     return round // fragments + 1
 
 

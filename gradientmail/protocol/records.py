@@ -12,7 +12,7 @@ Pure: no I/O.
 """
 
 import math
-from typing import Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -23,6 +23,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_RECORD_BYTES",
     "BlobRef",
+    "Count",
     "CreateClaim",
     "Encoding",
     "FragmentSpec",
@@ -39,6 +40,7 @@ __all__ = [
     "RoundRecord",
     "RoundRecordDraft",
     "RunConfig",
+    "Sha256",
     "Snapshot",
     "Weighting",
     "decode",
@@ -63,6 +65,12 @@ RejectReason = Literal[
     "corrupt", "shape", "non-finite", "stale", "outlier", "tokens", "unsigned", "bad-signature"
 ]
 """Why a round rejected a snapshot; each is explained in ``docs/protocol.md``."""
+
+
+Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
+"""A round, fragment, version, size or dimension: decoding rejects a negative one."""
+Sha256: TypeAlias = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+"""A blob's address: 64 lowercase hex digits."""
 
 
 class _Object(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
@@ -162,16 +170,16 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
     """A content-addressed payload: ``blobs/{sha256}``, ``size`` bytes, in ``encoding``."""
 
-    sha256: str
-    size: int
+    sha256: Sha256
+    size: Count
     encoding: str
 
 
 class ParamSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One parameter of the model: its qualified name, shape and dtype (``"float32"``)."""
 
-    name: str
-    shape: tuple[int, ...]
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    shape: tuple[Count, ...]
     dtype: str
 
     @property
@@ -182,7 +190,7 @@ class ParamSpec(msgspec.Struct, frozen=True, kw_only=True):
 class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The parameters of fragment ``index``, in the order they are serialized."""
 
-    index: int
+    index: Count
     params: tuple[ParamSpec, ...]
 
     @property
@@ -210,7 +218,7 @@ class InitMarker(_Object, frozen=True, kw_only=True):
     """Θ⁰ of ``fragment`` is uploaded as ``blob`` by the attempt the key names."""
 
     learner: str
-    fragment: int
+    fragment: Count
     blob: BlobRef
 
 
@@ -223,12 +231,14 @@ class LeaseBeat(_Object, frozen=True, kw_only=True):
 class Snapshot(_Object, frozen=True, kw_only=True):
     """``learner``'s delta of ``fragment`` for ``round``: ``steps`` local steps and ``tokens``
     tokens since it was based on ``base_version``. ``norm`` is the writer's claim of the
-    delta's L2 norm (None if not finite); readers recompute it from the blob."""
+    delta's L2 norm (None if not finite); readers recompute it from the blob. ``steps`` and
+    ``tokens`` are not range-checked when decoding: a round rejects implausible ones with the
+    reason ``tokens``, which names the learner."""
 
     learner: str
-    round: int
-    fragment: int
-    base_version: int
+    round: Count
+    fragment: Count
+    base_version: Count
     steps: int
     tokens: int
     delta: BlobRef
@@ -267,9 +277,9 @@ class RoundRecordDraft(_Object, frozen=True, kw_only=True):
     clock), and the mean cosine similarity of the accepted deltas to their mean (None for
     fewer than two)."""
 
-    round: int
-    fragment: int
-    version: int
+    round: Count
+    fragment: Count
+    version: Count
     committed_by: str
     participants: tuple[Participant, ...]
     rejected: tuple[Rejection, ...] = ()
@@ -291,7 +301,7 @@ class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):
         cls, draft: RoundRecordDraft, *, theta: BlobRef, outer: BlobRef, update: BlobRef
     ) -> "RoundRecord":
         """The record of ``draft`` once its three blobs are in the store."""
-        fields = {name: getattr(draft, name) for name in draft.__struct_fields__}
+        fields = {name: getattr(draft, name) for name in RoundRecordDraft.__struct_fields__}
         return cls(**fields, theta=theta, outer=outer, update=update)
 
 
