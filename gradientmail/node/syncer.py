@@ -174,17 +174,28 @@ def quorum_learners(live: frozenset[str], publishers: frozenset[str]) -> frozens
 @dataclass(frozen=True, slots=True)
 class CloseView:
     """What the closer of a round knows at ``now``: who has a snapshot in it, the live
-    learners, and when the quorum was first reached (None: not yet)."""
+    learners, when the quorum was first reached (None: not yet), and when it first saw a
+    snapshot in one of the next ``fragments - 1`` rounds while this one had none (None: it
+    has not)."""
 
     snapshots: frozenset[str]
     learners: frozenset[str]
     quorum_at: float | None
     now: float
+    passed_at: float | None = None
 
 
 def decide_close(view: CloseView, config: RunConfig) -> Literal["waiting", "grace", "close"]:
-    """``waiting`` for the quorum, in ``grace`` after it, or ``close`` now."""
+    """``waiting`` for the quorum, in ``grace`` after it, or ``close`` now.
+
+    A round nobody published to closes empty (its fragment unchanged) once a later round
+    has had a snapshot for ``grace`` seconds: the learners publishing there have moved past
+    this round, and waiting for one that left would stall the run. This is what lets the
+    last node's flush rounds close when its own progress skipped a fragment.
+    """
     count = len(view.snapshots)
+    if count == 0 and view.passed_at is not None and view.now - view.passed_at >= config.grace:
+        return "close"
     if count < config.quorum_min or count < config.quorum_fraction * len(view.learners):
         return "waiting"
     if view.learners <= view.snapshots:
@@ -407,6 +418,7 @@ async def _close(
     round = state.next_round
     config = rt.config
     quorum_at: float | None = None
+    passed_at: float | None = None
     while True:
         record = await rt.store.record(round)
         if record is not None:
@@ -415,12 +427,18 @@ async def _close(
         published = await rt.store.snapshot_learners(round)
         observer.saw(published)
         live = await observer.look(rt)
+        if not published and passed_at is None:
+            for later in range(round + 1, round + config.fragments):
+                if await rt.store.snapshot_learners(later):
+                    passed_at = rt.clock.now()
+                    break
         now = rt.clock.now()
         view = CloseView(
             snapshots=frozenset(published),
             learners=quorum_learners(live, observer.publishers),
             quorum_at=quorum_at,
             now=now,
+            passed_at=passed_at,
         )
         decision = decide_close(view, config)
         if decision != "waiting" and quorum_at is None:

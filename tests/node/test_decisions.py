@@ -131,3 +131,21 @@ def test_options_reject_a_lease_timeout_within_one_beat() -> None:
         NodeOptions(syncer="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="poll_interval"):
         NodeOptions(poll_interval="1")  # type: ignore[arg-type]
+
+
+def test_an_empty_round_closes_once_a_later_one_had_snapshots_for_grace() -> None:
+    def empty(passed_at: float | None, now: float) -> str:
+        return decide_close(
+            CloseView(
+                snapshots=frozenset(),
+                learners=frozenset({"a"}),
+                quorum_at=None,
+                now=now,
+                passed_at=passed_at,
+            ),
+            CONFIG,
+        )
+
+    assert empty(None, 1e6) == "waiting"
+    assert empty(10.0, 14.9) == "waiting"
+    assert empty(10.0, 15.0) == "close"
