@@ -142,7 +142,14 @@ def _git_commit() -> str:
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "gradientmail/events", "benchmarks"],
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--",
+                "gradientmail/events",
+                "benchmarks/bench_events.py",
+            ],
             cwd=ROOT,
             capture_output=True,
             text=True,
