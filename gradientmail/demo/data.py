@@ -29,8 +29,8 @@ from torch import Tensor, nn
 __all__ = ["Corpus", "MarkovSource", "evaluate", "synthetic", "text_file"]
 
 
-def _generator(seed: int, purpose: str, index: int = 0) -> torch.Generator:
-    digest = hashlib.sha256(f"{seed}/{purpose}/{index}".encode()).digest()
+def _generator(seed: int, purpose: str, index: int = 0, stream: int = 0) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}/{purpose}/{index}/{stream}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
 
 
@@ -184,7 +184,8 @@ class Corpus(Protocol):
     ``vocab_size`` tokens; ``floor`` the lowest reachable mean cross-entropy of a
     ``[:, :-1] -> [:, 1:]`` prediction over ``length + 1``-token sequences (None when
     unknown); ``train(shard, ...)`` an endless, reproducible stream of batches private to one
-    shard; ``evaluation(...)`` a fixed list of batches shared by every learner.
+    shard (``stream`` numbers independent streams of one shard, e.g. one per resumed session);
+    ``evaluation(...)`` a fixed list of batches shared by every learner.
     """
 
     @property
@@ -199,7 +200,9 @@ class Corpus(Protocol):
     @property
     def description(self) -> str: ...
 
-    def train(self, shard: int, *, batch_size: int, length: int) -> Iterator[Tensor]: ...
+    def train(
+        self, shard: int, *, batch_size: int, length: int, stream: int = 0
+    ) -> Iterator[Tensor]: ...
 
     def evaluation(self, *, batches: int, batch_size: int, length: int) -> list[Tensor]: ...
 
@@ -218,8 +221,10 @@ class SyntheticCorpus:
             f"{source.successors.shape[1]} successors per state, seed {seed}"
         )
 
-    def train(self, shard: int, *, batch_size: int, length: int) -> Iterator[Tensor]:
-        generator = _generator(self.seed, "train", shard)
+    def train(
+        self, shard: int, *, batch_size: int, length: int, stream: int = 0
+    ) -> Iterator[Tensor]:
+        generator = _generator(self.seed, "train", shard, stream)
         while True:
             yield self.source.sample(batch_size, length + 1, generator)
 
@@ -252,7 +257,9 @@ class TextCorpus:
     def _windows(self, tokens: Tensor, starts: Tensor, length: int) -> Tensor:
         return tokens[starts[:, None] + torch.arange(length + 1)]
 
-    def train(self, shard: int, *, batch_size: int, length: int) -> Iterator[Tensor]:
+    def train(
+        self, shard: int, *, batch_size: int, length: int, stream: int = 0
+    ) -> Iterator[Tensor]:
         size = len(self.tokens_train) // self.shards
         part = self.tokens_train[shard % self.shards * size : (shard % self.shards + 1) * size]
         if len(part) <= length + 1:
@@ -260,7 +267,7 @@ class TextCorpus:
                 f"shard {shard} of the text has {len(part)} bytes, fewer than one sequence of "
                 f"{length + 1}; use a longer file or fewer learners"
             )
-        generator = _generator(self.seed, "train", shard)
+        generator = _generator(self.seed, "train", shard, stream)
         while True:
             starts = torch.randint(0, len(part) - length - 1, (batch_size,), generator=generator)
             yield self._windows(part, starts, length)

@@ -84,6 +84,8 @@ def test_shards_are_distinct_reproducible_streams_and_evaluation_is_shared() -> 
     assert not torch.equal(first[1], first[2])
     again = corpus.train(1, batch_size=4, length=32)
     assert torch.equal(next(again), first[1])
+    other_stream = corpus.train(1, batch_size=4, length=32, stream=1)
+    assert not torch.equal(next(other_stream), first[1])
     evaluation = corpus.evaluation(batches=2, batch_size=4, length=32)
     assert all(
         torch.equal(x, y)

@@ -1,0 +1,271 @@
+"""The ``gradientmail`` command: argument parsing, dispatch, and how failures are reported.
+
+Exit status: 0 success; 1 the run or the store is not usable (the message says why and what
+to do); 2 a usage error (argparse's own); 130 interrupted by Ctrl-C where that is not the
+normal way to stop. Expected failures (``CliError``, gradientmail's own errors, filesystem
+errors, an S3 error such as a missing bucket) print one line, no traceback, unless
+``--debug`` is given; anything else is a bug and shows its traceback.
+"""
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gradientmail.cli._errors import CliError
+from gradientmail.errors import GradientmailError, MailboxUnavailable, RunMismatch
+
+__all__ = ["main", "parser"]
+
+# Commands import what they need when they run, so that parsing (and ``--help``) stays fast.
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return value
+
+
+def _status(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gradientmail.cli.status import status
+
+    try:
+        anyio.run(
+            lambda: status(
+                args.url,
+                last=args.last,
+                as_json=args.json,
+                watch=args.watch,
+                interval=args.interval,
+                lease_timeout=args.lease_timeout,
+            )
+        )
+    except KeyboardInterrupt:
+        if not args.watch:
+            raise
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gradientmail.cli.export import export
+
+    sources = anyio.run(export, args.url, args.out)
+    for source in sources:
+        origin = "Θ⁰ (no round yet)" if source.round is None else f"round {source.round}"
+        print(
+            f"fragment {source.fragment}: version {source.version} from {origin}, "
+            f"{source.tensors} tensors, {source.parameters:,} parameters"
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _syncer(args: argparse.Namespace) -> int:
+    from gradientmail.cli.syncer import syncer
+
+    return syncer(args.url, learner=args.learner, backend=args.backend)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gradientmail.demo.runner import run_demo, settings_from
+
+    return run_demo(settings_from(args))
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser; each subcommand sets ``handler``."""
+    top = argparse.ArgumentParser(
+        prog="gradientmail",
+        description="Train one PyTorch model on many machines that share nothing but a bucket.",
+    )
+    top.add_argument("--debug", action="store_true", help="show a traceback for every failure")
+    commands = top.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser(
+        "demo",
+        help="train a small transformer with several learner processes on a local store",
+        description="Start (or resume) a real run: LEARNERS learner processes train a ~1M "
+        "parameter transformer on their own shards of a synthetic language of known entropy "
+        "(or of a text file), synchronizing through the store; a live view shows progress, "
+        "and a summary table and a plot of evaluation loss follow.",
+    )
+    demo.add_argument(
+        "--store",
+        default="gradientmail-demo",
+        help="mailbox URL or directory of the run (default: ./gradientmail-demo)",
+    )
+    demo.add_argument(
+        "--learners", type=_positive_int, default=3, help="learner processes (default 3)"
+    )
+    demo.add_argument(
+        "--steps", type=_positive_int, default=240, help="local steps per learner (default 240)"
+    )
+    demo.add_argument(
+        "--batch-size", type=_positive_int, default=16, help="sequences per step (default 16)"
+    )
+    demo.add_argument(
+        "--context", type=_positive_int, default=64, help="tokens per sequence (default 64)"
+    )
+    demo.add_argument(
+        "--fragments", type=_positive_int, default=4, help="model fragments (default 4)"
+    )
+    demo.add_argument(
+        "--sync-every",
+        type=_positive_int,
+        default=40,
+        help="local steps between syncs of a fragment (default 40)",
+    )
+    demo.add_argument(
+        "--encoding",
+        choices=("fp32", "bf16", "int8", "int4"),
+        default="fp32",
+        help="encoding of deltas and updates (default fp32)",
+    )
+    demo.add_argument(
+        "--lr", type=_positive_float, default=3e-3, help="inner AdamW learning rate (default 3e-3)"
+    )
+    demo.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="train on the bytes of this text file instead of the synthetic language",
+    )
+    demo.add_argument(
+        "--model",
+        choices=("tiny", "small", "medium"),
+        default="small",
+        help="model size: tiny (~30k), small (~1M, default), medium (~10M)",
+    )
+    demo.add_argument(
+        "--seed", type=int, default=0, help="seed of the language, the model and the data streams"
+    )
+    demo.add_argument(
+        "--backend",
+        choices=("asyncio", "trio"),
+        default="asyncio",
+        help="event loop of the learner processes",
+    )
+    demo.add_argument(
+        "--eval-every",
+        type=_positive_float,
+        default=5.0,
+        help="seconds between evaluations of the global model (default 5)",
+    )
+    demo.add_argument(
+        "--no-live", action="store_true", help="print plain progress lines instead of the live view"
+    )
+    demo.set_defaults(handler=_demo)
+
+    status = commands.add_parser(
+        "status",
+        help="show a run: manifest, fragments, recent rounds, leases, totals",
+        description="Read the run at URL and show its manifest, the newest version of each "
+        "fragment, the newest rounds, the round in flight, the leases and totals.",
+    )
+    status.add_argument("url", help="mailbox URL or directory of the run")
+    status.add_argument("--last", type=int, default=10, help="rounds to list (default 10)")
+    status.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of tables"
+    )
+    status.add_argument(
+        "--watch", action="store_true", help="refresh until Ctrl-C and judge which leases are live"
+    )
+    status.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=2.0,
+        help="seconds between refreshes (default 2)",
+    )
+    status.add_argument(
+        "--lease-timeout",
+        type=_positive_float,
+        default=10.0,
+        help="a lease whose beat has not changed for this long is not live (default 10)",
+    )
+    status.set_defaults(handler=_status)
+
+    syncer = commands.add_parser(
+        "syncer",
+        help="host a syncer-only node (closes rounds) until Ctrl-C or SIGTERM",
+        description="Join the run at URL as a node without a model that only closes rounds; "
+        "events go to stdout as JSON lines. SIGINT or SIGTERM stops it cleanly.",
+    )
+    syncer.add_argument("url", help="mailbox URL or directory of the run")
+    syncer.add_argument(
+        "--learner", default=None, help="this node's id (default: syncer-<host>-<pid>)"
+    )
+    syncer.add_argument(
+        "--backend",
+        choices=("asyncio", "trio"),
+        default="asyncio",
+        help="event loop (default asyncio)",
+    )
+    syncer.set_defaults(handler=_syncer)
+
+    export = commands.add_parser(
+        "export",
+        help="write the run's newest committed model to a safetensors file",
+        description="Assemble the newest committed version of every fragment into one "
+        "safetensors file with the model's parameter names and dtypes.",
+    )
+    export.add_argument("url", help="mailbox URL or directory of the run")
+    export.add_argument("--out", type=Path, required=True, help="the safetensors file to write")
+    export.set_defaults(handler=_export)
+    return top
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+def _expected(error: BaseException) -> bool:
+    if isinstance(error, CliError | GradientmailError | OSError):
+        return True
+    botocore = sys.modules.get("botocore.exceptions")
+    return botocore is not None and isinstance(error, botocore.ClientError | botocore.BotoCoreError)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, CliError):
+        return str(error)
+    if isinstance(error, MailboxUnavailable):
+        return f"the store is out of reach: {error}"
+    if isinstance(error, RunMismatch):
+        return f"this does not match the run in the store: {error}"
+    return f"{type(error).__name__}: {error}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    args = parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        leaves = _leaves(error)
+        if not all(_expected(leaf) for leaf in leaves):
+            raise
+        if args.debug:
+            traceback.print_exception(error)
+        for leaf in leaves:
+            print(f"gradientmail: error: {_describe(leaf)}", file=sys.stderr)
+        return 1
