@@ -1,5 +1,6 @@
 """gradientmail: train one PyTorch model on many machines that share nothing but a bucket."""
 
+from gradientmail import events
 from gradientmail.errors import (
     CorruptBlob,
     GradientmailError,
@@ -18,4 +19,5 @@ __all__ = [
     "RecordError",
     "RunConfig",
     "RunMismatch",
+    "events",
 ]
