@@ -33,6 +33,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import torch
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from torch import Tensor
 
@@ -297,6 +298,29 @@ class Node:
                     StepsDropped(self.learner, fragment, dropped.steps, dropped.tokens, reason)
                 )
 
+    async def _start(self, tg: TaskGroup) -> None:
+        """Start the node's tasks in ``tg``: the lease first (its first beat lands before
+        anything else runs), then receive and publish (learners) and the syncer."""
+        rt = self._rt
+        await tg.start(run_lease, rt.store, rt.learner, rt.options.lease_every, rt.clock, rt.emit)
+        cell = self._cell
+        if cell is not None:
+            send, receive = anyio.create_memory_object_stream[Job](max_buffer_size=math.inf)
+            self._jobs = send
+            tg.start_soon(
+                self._guard, "receive", lambda: run_receive(rt, cell, self._pin, self._wake)
+            )
+            tg.start_soon(
+                self._guard, "publisher", lambda: run_publisher(rt, cell, receive, self._wake)
+            )
+        if rt.options.syncer:
+            tg.start_soon(self._guard, "syncer", lambda: run_syncer(rt))
+
+    def _stop(self, tg: TaskGroup) -> None:
+        if self._jobs is not None:
+            self._jobs.close()
+        tg.cancel_scope.cancel()
+
     async def _flush(self) -> None:
         """Close with flush (see the module docstring)."""
         self._emit(Closing(self.learner, flushing=True))
@@ -368,6 +392,13 @@ class StepHandle:
         anyio.from_thread.run(self._node.step, tokens)
 
 
+async def _dispatch(bus: EventBus, *, task_status: TaskStatus[None]) -> None:
+    """The bus's dispatcher, shielded: a cancelled node still reports how it closed (the
+    drops, the lease release); ``bus.aclose()`` in the node's last cleanup stops it."""
+    with anyio.CancelScope(shield=True):
+        await bus.run(task_status=task_status)
+
+
 def _named(model: torch.nn.Module | None) -> list[tuple[str, Tensor]] | None:
     if model is None:
         return None
@@ -430,32 +461,12 @@ async def node(
         store = Store(box, clock=clock, max_retry_delay=options.max_retry_delay)
         error: Exception | None = None
         async with anyio.create_task_group() as events_tg:
-            await events_tg.start(bus.run)
+            await events_tg.start(_dispatch, bus)
             try:
                 manifest = await open_run(store, learner, named, config, options, clock, bus.emit)
                 node_ = await _join(store, manifest, learner, named, options, clock, bus)
                 async with anyio.create_task_group() as tg:
-                    rt = node_._rt
-                    await tg.start(run_lease, store, learner, options.lease_every, clock, rt.emit)
-                    send: MemoryObjectSendStream[Job] | None = None
-                    if node_._cell is not None:
-                        send, receive = anyio.create_memory_object_stream[Job](
-                            max_buffer_size=math.inf
-                        )
-                        node_._jobs = send
-                        cell = node_._cell
-                        tg.start_soon(
-                            node_._guard,
-                            "receive",
-                            lambda: run_receive(rt, cell, node_._pin, node_._wake),
-                        )
-                        tg.start_soon(
-                            node_._guard,
-                            "publisher",
-                            lambda: run_publisher(rt, cell, receive, node_._wake),
-                        )
-                    if options.syncer:
-                        tg.start_soon(node_._guard, "syncer", lambda: run_syncer(rt))
+                    await node_._start(tg)
                     try:
                         yield node_
                     except Exception as exc:
@@ -465,14 +476,12 @@ async def node(
                         node_._drop_unpublished("cancelled")
                         raise
                     else:
-                        try:
-                            await node_._flush()
-                        except Exception as exc:
-                            error = exc
+                        await node_._flush()
                     finally:
-                        if send is not None:
-                            send.close()
-                        tg.cancel_scope.cancel()
+                        node_._stop(tg)
+            except Exception as exc:
+                # Raised outside the task groups, not as a one-member ExceptionGroup.
+                error = error or exc
             finally:
                 with anyio.CancelScope(shield=True):
                     await bus.aclose()

@@ -1,6 +1,6 @@
 """Helpers for the node's tests: a tiny model, its training step, and what runs check."""
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -85,6 +85,15 @@ async def train(
             # One simulated millisecond of compute per step keeps three learners in step
             # with the syncers' polling on a loaded machine.
             await anyio.sleep(0.001)
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], limit: float = 30.0) -> None:
+    """Poll ``condition`` every 10 ms until it holds; fail after ``limit`` seconds."""
+    with anyio.fail_after(limit):
+        while True:
+            if await condition():
+                return
+            await anyio.sleep(0.01)
 
 
 async def records(mailbox: Mailbox) -> list[RoundRecord]:
