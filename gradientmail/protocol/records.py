@@ -1,6 +1,7 @@
 """The objects of a run in the store, as frozen msgspec structs encoded as JSON.
 
-Every object carries ``format`` (``FORMAT_VERSION``). Decoding is strict about types and
+Every object carries ``format`` (``FORMAT_VERSION``), and in a signed run a ``signature``
+(``protocol.signing``; absent from the encoding otherwise). Decoding is strict about types and
 sizes: an object over its size limit, not JSON, of the wrong shape or of a format version
 this code does not know raises ``RecordError`` naming what was wrong. Unknown extra fields
 are ignored, so a newer writer can add optional fields without breaking older readers.
@@ -75,6 +76,9 @@ Sha256: TypeAlias = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 
 class _Object(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
     format: int = FORMAT_VERSION
+    signature: str | msgspec.UnsetType = msgspec.UNSET
+    """In a signed run, the HMAC-SHA256 of the object (``protocol.signing``); absent (and
+    not encoded) otherwise."""
 
 
 class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
@@ -200,12 +204,16 @@ class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 class Manifest(_Object, frozen=True, kw_only=True):
     """The run's identity, create-once at ``manifest``: who created it, with what config,
-    the model's signature (one ``FragmentSpec`` per fragment) and each fragment's Θ⁰."""
+    the model's signature (one ``FragmentSpec`` per fragment), each fragment's Θ⁰, and in a
+    signed run the id of its key."""
 
     created_by: str
     config: RunConfig
     fragments: tuple[FragmentSpec, ...]
     theta0: tuple[BlobRef, ...]
+    key_id: str | msgspec.UnsetType = msgspec.UNSET
+    """In a signed run, the id of its run key (``protocol.signing.RunKey.key_id``), which
+    reveals nothing of the key; absent in an unsigned run."""
 
 
 class CreateClaim(_Object, frozen=True, kw_only=True):
