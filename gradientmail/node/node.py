@@ -174,9 +174,9 @@ class Node:
 
     async def run_in_thread(self, fn: Callable[["StepHandle"], T]) -> T:
         """Run the synchronous ``fn(handle)`` in a worker thread and return its result;
-        ``handle.step(tokens)`` does what ``step`` does, from that thread. Cancelling the
-        caller waits for ``fn`` to return (a thread cannot be interrupted); ``handle.step``
-        raises once the node is closing, which ends a well-behaved loop."""
+        ``handle.step(tokens)`` does what ``step`` does, from that thread. A thread cannot
+        be interrupted: cancelling the caller takes effect at the thread's next
+        ``handle.step``, which raises the cancellation out of ``fn``."""
         return await anyio.to_thread.run_sync(fn, StepHandle(self))
 
     def __repr__(self) -> str:
@@ -388,7 +388,10 @@ class StepHandle:
         return self._node
 
     def step(self, tokens: int = 0) -> None:
-        """``Node.step`` from the worker thread: blocks it until the step is done."""
+        """``Node.step`` from the worker thread: blocks it until the step is done. Raises
+        the event loop's cancellation exception once the task that called
+        ``run_in_thread`` is cancelled, which ends the training loop (let it propagate)."""
+        anyio.from_thread.check_cancelled()
         anyio.from_thread.run(self._node.step, tokens)
 
 

@@ -1,0 +1,132 @@
+"""The node's lifecycle: a synchronous trainer in a thread, events, cancellation, failure."""
+
+import threading
+
+import anyio
+import anyio.lowlevel
+import pytest
+from node_helpers import (
+    CONFIG,
+    FAST,
+    Recorder,
+    Trainer,
+    assert_holds_committed,
+    assert_steps_accounted,
+    records,
+    tiny_model,
+    train,
+    wait_until,
+)
+
+import gradientmail.node as gm_node
+from gradientmail.errors import NodeFailed
+from gradientmail.events import Closed, Closing, FragmentAligned, LeaseReleased, StepsDropped
+from gradientmail.mailbox import MemoryMailbox
+from gradientmail.store import Store
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_synchronous_trainer_runs_in_a_thread_and_events_stream() -> None:
+    box = MemoryMailbox()
+    sink = Recorder()
+    model = tiny_model()
+    seen: list[object] = []
+    async with gm_node.node(
+        model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]
+    ) as node, anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            async with node.events() as events:
+                async for event in events:
+                    seen.append(event)
+                    if isinstance(event, FragmentAligned) and event.version >= 3:
+                        return
+
+        tg.start_soon(watch)
+        await anyio.lowlevel.checkpoint()
+        trainer = Trainer(model, seed=1)
+
+        def loop(handle: gm_node.StepHandle) -> int:
+            while handle.node.state.round < 8:
+                trainer.step()
+                handle.step(16)
+            return handle.node.state.steps
+
+        steps = await node.run_in_thread(loop)
+    assert steps == node.state.steps > 0
+    assert any(isinstance(e, FragmentAligned) and e.version >= 3 for e in seen)
+    history = await records(box)
+    await assert_holds_committed(box, model, node.state.versions)
+    assert_steps_accounted("solo", node.state.steps, node.state.tokens, sink.events, history)
+
+
+async def test_cancelling_mid_training_leaves_nothing_behind() -> None:
+    box = MemoryMailbox()
+    sink = Recorder()
+    tasks_before = len(anyio.get_running_tasks())
+    threads_before = {t.ident for t in threading.enumerate()}
+    model = tiny_model()
+    with anyio.CancelScope() as scope:
+        async with gm_node.node(
+            model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]
+        ) as node:
+            trainer = Trainer(model, seed=1)
+
+            def loop(handle: gm_node.StepHandle) -> None:
+                while True:
+                    trainer.step()
+                    handle.step(16)
+                    if handle.node.state.round >= 3:
+                        anyio.from_thread.run_sync(scope.cancel)
+
+            await node.run_in_thread(loop)
+    assert scope.cancelled_caught
+    assert len(anyio.get_running_tasks()) == tasks_before
+    # Worker threads go back to anyio's pool, idle; none runs node code afterwards.
+    for thread in threading.enumerate():
+        if thread.ident not in threads_before:
+            assert "worker" in thread.name.lower() or thread.name.startswith("Trio thread")
+    assert await Store(box).leases() == {}
+    assert sink.of(LeaseReleased)
+    assert not sink.of(Closing)
+    history = await records(box)
+    state = node.state
+    assert any(isinstance(e, StepsDropped) for e in sink.events) or state.steps == 0
+    # In-flight snapshots may still be committed after the drop report; count only what
+    # the node had not handed over.
+    assert all(r.round <= state.round + 2 for r in history)
+
+
+async def test_a_failed_task_is_raised_by_the_next_step() -> None:
+    class Broken(MemoryMailbox):
+        armed = False
+
+        async def list(self, prefix: str, *, after: str = "") -> list[str]:  # type: ignore[override]
+            if self.armed and prefix == "records/":
+                raise RuntimeError("the store broke in a way nobody expected")
+            return list(await super().list(prefix, after=after))
+
+    box = Broken()
+    model = tiny_model()
+    with pytest.raises(NodeFailed) as failed:
+        async with gm_node.node(model, box, learner="solo", config=CONFIG, options=FAST) as node:
+            await train(node, model, seed=1, until_round=1)
+            box.armed = True
+
+            async def never() -> bool:
+                await node.step(16)
+                return False
+
+            await wait_until(never, limit=10)
+    assert isinstance(failed.value.__cause__, RuntimeError)
+
+
+async def test_a_node_with_nothing_to_flush_closes_at_once() -> None:
+    box = MemoryMailbox()
+    sink = Recorder()
+    async with gm_node.node(
+        tiny_model(), box, learner="idle", config=CONFIG, options=FAST, sinks=[sink]
+    ):
+        pass
+    assert [e.round for e in sink.of(Closed)] == [-1]  # type: ignore[attr-defined]
