@@ -32,9 +32,10 @@ async def test_a_synchronous_trainer_runs_in_a_thread_and_events_stream() -> Non
     sink = Recorder()
     model = tiny_model()
     seen: list[object] = []
-    async with gm_node.node(
-        model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]
-    ) as node, anyio.create_task_group() as tg:
+    async with (
+        gm_node.node(model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]) as node,
+        anyio.create_task_group() as tg,
+    ):
 
         async def watch() -> None:
             async with node.events() as events:
@@ -109,7 +110,8 @@ async def test_a_failed_task_is_raised_by_the_next_step() -> None:
 
     box = Broken()
     model = tiny_model()
-    with pytest.raises(NodeFailed) as failed:
+
+    async def run() -> None:
         async with gm_node.node(model, box, learner="solo", config=CONFIG, options=FAST) as node:
             await train(node, model, seed=1, until_round=1)
             box.armed = True
@@ -119,6 +121,9 @@ async def test_a_failed_task_is_raised_by_the_next_step() -> None:
                 return False
 
             await wait_until(never, limit=10)
+
+    with pytest.raises(NodeFailed) as failed:
+        await run()
     assert isinstance(failed.value.__cause__, RuntimeError)
 
 

@@ -1,0 +1,51 @@
+"""Garbage collection: old snapshots, claims and unreferenced θ/outer/update blobs go;
+round records stay; a node joining afterwards still finds everything it needs."""
+
+import anyio
+import msgspec
+import pytest
+
+import gradientmail.node as gm_node
+from gradientmail.mailbox import MemoryMailbox
+from gradientmail.protocol import keys
+from gradientmail.protocol.records import Manifest, decode
+from node_helpers import CONFIG, FAST, assert_holds_committed, records, tiny_model, train
+
+pytestmark = pytest.mark.anyio
+
+SMALL = msgspec.structs.replace(CONFIG, keep_rounds=4, keep_versions=2)
+
+
+async def test_old_objects_are_collected_and_records_kept() -> None:
+    box = MemoryMailbox()
+
+    async def member(name: str, seed: int) -> None:
+        model = tiny_model(seed)
+        async with gm_node.node(model, box, learner=name, config=SMALL, options=FAST) as node:
+            await train(node, model, seed=seed, until_round=16)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(member, "a", 0)
+        tg.start_soon(member, "b", 1)
+
+    history = await records(box)  # contiguous from round 0: no record was deleted
+    last = history[-1].round
+    present = set(await box.list(""))
+    for round in range(last - SMALL.keep_rounds + 1):
+        assert not [k for k in present if k.startswith(keys.round_prefix(round))], round
+
+    manifest_bytes = await box.get(keys.MANIFEST)
+    assert manifest_bytes is not None
+    manifest = decode(manifest_bytes, Manifest)
+    kept: set[str] = {ref.sha256 for ref in manifest.theta0}
+    window = SMALL.keep_versions * SMALL.fragments
+    for record in history[-window:]:
+        kept |= {record.theta.sha256, record.outer.sha256, record.update.sha256}
+    for record in history[: len(history) - window]:
+        for ref in (record.theta, record.outer, record.update):
+            if ref.sha256 not in kept:
+                assert keys.blob(ref.sha256) not in present, f"round {record.round}"
+
+    late = tiny_model(5)
+    async with gm_node.node(late, box, learner="late", options=FAST) as node:
+        await assert_holds_committed(box, late, node.state.versions)
