@@ -142,14 +142,17 @@ class SharedQueue(Generic[Item]):
         try:
             return await self._receive.receive()
         except anyio.EndOfStream:
-            failure, self._failure = self._failure, None
-            if failure is not None:
-                raise failure from None
-            raise StopAsyncIteration from None
+            pass
         except anyio.ClosedResourceError:
             raise RuntimeError(
                 "this shared_queue's block was left; iterate it inside its 'async with'"
             ) from None
+        # Raised outside the except clause so that the failure keeps its own cause and
+        # context, untouched by the EndOfStream that revealed it.
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+        raise StopAsyncIteration
 
     def __repr__(self) -> str:
         waiting = self._receive.statistics().current_buffer_used
