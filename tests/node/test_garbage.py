@@ -4,12 +4,12 @@ round records stay; a node joining afterwards still finds everything it needs.""
 import anyio
 import msgspec
 import pytest
+from node_helpers import CONFIG, FAST, assert_holds_committed, records, tiny_model, train
 
 import gradientmail.node as gm_node
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import Manifest, decode
-from node_helpers import CONFIG, FAST, assert_holds_committed, records, tiny_model, train
 
 pytestmark = pytest.mark.anyio
 
