@@ -1,4 +1,19 @@
-"""Every async test runs under asyncio and trio (anyio's pytest plugin)."""
+"""Every async test runs under asyncio and trio (anyio's pytest plugin).
+
+S3 tests talk HTTP to a real moto server on 127.0.0.1: ``moto_server`` (one per session)
+yields its endpoint URL, ``s3_bucket`` a fresh bucket on it per test, and ``moto_servers``
+starts dedicated ones that a test may pause, stop and restart.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -6,3 +21,131 @@ import pytest
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class MotoServer:
+    """A ``python -m moto.server`` subprocess on 127.0.0.1 (state lives in its memory)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port if port is not None else _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server and wait until it accepts connections."""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"moto server on port {self.port} exited at start")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto server on port {self.port} did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Kill the server (its objects are lost) and reap it."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are still accepted by the kernel, nothing is answered."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: a paused server answers again, its objects intact."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
+        if self._process is None:
+            raise RuntimeError(f"moto server on port {self.port} is not running")
+        os.kill(self._process.pid, number)
+
+
+@pytest.fixture(scope="session")
+def aws_credentials() -> Iterator[None]:
+    # The mailbox reads the standard AWS chain; these stop it at the environment, before
+    # any shared file or instance-metadata lookup.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        patch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        patch.delenv("AWS_PROFILE", raising=False)
+        patch.delenv("AWS_SESSION_TOKEN", raising=False)
+        patch.setenv("AWS_CONFIG_FILE", os.devnull)
+        patch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        yield
+
+
+@pytest.fixture(scope="session")
+def moto_server(aws_credentials: None) -> Iterator[str]:
+    """The endpoint URL ``http://127.0.0.1:PORT`` of a moto server shared by the session."""
+    server = MotoServer()
+    server.start()
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _moto_admin(moto_server: str) -> Iterator[Any]:
+    """A plain synchronous botocore client on ``moto_server`` for setting up fixtures."""
+    import botocore.session
+
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=moto_server, region_name="us-east-1"
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def s3_bucket(_moto_admin: Any) -> Iterator[str]:
+    """A fresh empty bucket on ``moto_server`` for one test, emptied and removed afterwards
+    (moto keeps objects in memory)."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    _moto_admin.create_bucket(Bucket=name)
+    yield name
+    for page in _moto_admin.get_paginator("list_objects_v2").paginate(Bucket=name):
+        objects = [{"Key": item["Key"]} for item in page.get("Contents", ())]
+        if objects:
+            _moto_admin.delete_objects(Bucket=name, Delete={"Objects": objects, "Quiet": True})
+    _moto_admin.delete_bucket(Bucket=name)
+
+
+@pytest.fixture
+def moto_servers(aws_credentials: None) -> Iterator[Callable[[], MotoServer]]:
+    """Start dedicated moto servers (``moto_servers()`` returns one, started) that the test
+    may pause, stop or restart; all are stopped at the end of the test."""
+    started: list[MotoServer] = []
+
+    def start() -> MotoServer:
+        server = MotoServer()
+        started.append(server)
+        server.start()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()

@@ -1,0 +1,357 @@
+"""S3-compatible object storage as a mailbox: AWS S3, Cloudflare R2, MinIO, Hugging Face
+Storage Buckets, moto.
+
+Transport
+---------
+Natively async over aiobotocore with its httpx backend, on asyncio and trio alike (aiohttp
+runs on asyncio only, and measured no faster here, so there is one code path). aiobotocore's
+httpx session sends an in-memory body as an iterator over its *lines*, with an event-loop
+checkpoint per line: a 64 MiB random PUT took about 50 s instead of 1 s. ``_WholeBodySession``
+hands httpx the bytes in one piece instead.
+
+Consistency assumed of the store
+--------------------------------
+Strong read-after-write and list-after-write, an atomic ``If-None-Match: *`` on PUT and
+``ListObjectsV2`` in UTF-8 byte order. ``StartAfter`` is sent but not relied on (Hugging
+Face's gateway accepts and ignores it): ``list`` also cuts at ``after`` itself. See
+``docs/mailbox.md`` for the stores known to qualify and those that do not.
+
+Failure modes
+-------------
+A refused connection, a connect or read timeout and a connection dropped mid-request or
+mid-response become ``MailboxUnavailable`` once botocore's standard retry mode has made its
+attempts (three by default, with short jittered backoff), so an unreachable store is reported
+within seconds. A 412 ``PreconditionFailed`` is the create-once contract: ``put_if_absent``
+returns False. A 409 ``ConditionalRequestConflict`` (another conditional write on the same
+key was in flight, outcome unknown) is retried three times, then raised as
+``MailboxUnavailable``. Every other ``ClientError`` (a missing bucket, access denied,
+throttling that outlasts the retries) propagates unchanged. A payload above 5 GiB raises
+``ValueError`` before anything is sent. A bulk delete reports per-key failures in a 200
+response; the first is raised as a ``ClientError``.
+"""
+
+import io
+import logging
+from collections.abc import Iterable, Sequence
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import anyio
+from aiobotocore.config import AioConfig
+from aiobotocore.httpxsession import HttpxSession
+from aiobotocore.session import get_session
+from botocore.exceptions import (
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+)
+
+from gradientmail.errors import MailboxUnavailable
+from gradientmail.mailbox._base import MAX_KEY_BYTES, check_key, check_prefix
+
+__all__ = ["MAX_OBJECT_BYTES", "S3Mailbox"]
+
+MAX_OBJECT_BYTES = 5 * 2**30
+"""The largest single PUT S3 accepts; larger payloads need more fragments, not multipart."""
+
+_DELETE_CHUNK = 1000
+_CONFLICT_ATTEMPTS = 3
+_TRANSIENT = (ConnectionError, HTTPClientError, IncompleteReadError)
+
+_log = logging.getLogger("gradientmail.mailbox.s3")
+
+RequestChecksums = Literal["when_supported", "when_required"]
+
+# botocore's parsed service models (a few MB of JSON, read-only once loaded), shared by the
+# mailboxes of this process so that only the first one pays for loading them.
+_shared_loader: Any = None
+
+
+def _session() -> Any:
+    global _shared_loader
+    session = get_session()
+    if _shared_loader is None:
+        _shared_loader = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", _shared_loader)
+    return session
+
+
+class _WholeBodySession(HttpxSession):  # type: ignore[misc]  # aiobotocore is untyped
+    """aiobotocore's httpx session, handing httpx an in-memory body as one ``bytes``.
+
+    The stock session iterates an ``io.BytesIO`` body (what botocore makes of ``bytes``)
+    line by line with a checkpoint per line, which makes large random payloads crawl.
+    The original body is put back afterwards, so botocore's retries can rewind it.
+    """
+
+    async def send(self, request: Any) -> Any:
+        body = request.body
+        if not isinstance(body, io.BytesIO):
+            return await super().send(request)
+        start = body.tell()
+        whole = body.getvalue()
+        request.body = whole[start:] if start else whole
+        try:
+            return await super().send(request)
+        finally:
+            request.body = body
+
+
+def _error_code(exc: ClientError) -> str | None:
+    code = exc.response.get("Error", {}).get("Code")
+    return str(code) if code is not None else None
+
+
+def _normalized_prefix(prefix: str) -> str:
+    stripped = prefix.strip("/")
+    if not stripped:
+        return ""
+    check_prefix(stripped)
+    return stripped + "/"
+
+
+class S3Mailbox:
+    """Keys live under ``prefix`` in ``bucket``; credentials come from the standard AWS
+    chain (environment, shared files, instance roles) and are never logged.
+
+    Parameters
+    ----------
+    bucket
+        An existing bucket; a missing one surfaces as ``ClientError`` (``NoSuchBucket``).
+    prefix
+        Scopes the mailbox inside the bucket (``"runs/a"`` and ``"runs/a/"`` are the same);
+        empty for the whole bucket.
+    endpoint_url
+        None for AWS; the service URL for R2, MinIO, moto or any other S3-compatible store.
+    region
+        Signing region; None lets botocore resolve it from the environment.
+    max_concurrency
+        Requests in flight at once (an anyio ``CapacityLimiter``), also the connection pool size.
+    request_checksums
+        ``"when_supported"`` sends a SHA-256 of every uploaded object for the store to verify
+        and validates response checksums; ``"when_required"`` sends only the checksums S3
+        mandates, for stores that reject flexible checksums (Hugging Face Storage Buckets).
+    connect_timeout, read_timeout
+        Seconds per connection attempt and per socket read; each attempt of botocore's
+        standard retries gets them anew.
+
+    Under trio, aiobotocore cannot query EC2 instance or container metadata, so credentials
+    must come from the environment or the shared files; entering raises ``RuntimeError``
+    saying so when the chain reaches a metadata lookup.
+
+    The client, its connection pool and the limiter exist between ``__aenter__`` and
+    ``__aexit__``, in the event loop that entered; operations outside that raise
+    ``RuntimeError``. Leaving closes every connection (shielded from cancellation) and leaves
+    no task behind. Each operation is a cancellation point; a cancelled ``put_if_absent``
+    may or may not have created its object.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        max_concurrency: int = 8,
+        request_checksums: RequestChecksums = "when_supported",
+        connect_timeout: float = 3.0,
+        read_timeout: float = 20.0,
+    ) -> None:
+        if not bucket or "/" in bucket:
+            raise ValueError(f"invalid bucket name {bucket!r}: give the bare name, no '/'")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        if request_checksums not in ("when_supported", "when_required"):
+            raise ValueError(
+                f"request_checksums must be 'when_supported' or 'when_required', "
+                f"not {request_checksums!r}"
+            )
+        self._bucket = bucket
+        self._prefix = _normalized_prefix(prefix)
+        self._endpoint_url = endpoint_url
+        self._region = region
+        self._max_concurrency = max_concurrency
+        self._checksums: RequestChecksums = request_checksums
+        self._config = AioConfig(
+            http_session_cls=_WholeBodySession,
+            # Loading the models is blocking file I/O: aiobotocore does it in a worker thread.
+            warm_up_loader_caches=True,
+            retries={"mode": "standard"},
+            max_pool_connections=max_concurrency,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            s3={"addressing_style": "path"},
+            request_checksum_calculation=request_checksums,
+            response_checksum_validation=request_checksums,
+        )
+        self._stack: AsyncExitStack | None = None
+        self._client: Any = None
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    @property
+    def prefix(self) -> str:
+        """The normalized prefix: empty, or ending in ``/``."""
+        return self._prefix
+
+    async def __aenter__(self) -> Self:
+        if self._stack is not None:
+            raise RuntimeError(f"{self!r} is already open; a mailbox is entered once at a time")
+        stack = AsyncExitStack()
+        try:
+            self._client = await stack.enter_async_context(
+                _session().create_client(
+                    "s3",
+                    endpoint_url=self._endpoint_url,
+                    region_name=self._region,
+                    config=self._config,
+                )
+            )
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+            if isinstance(exc, HTTPClientError):
+                # Creating the client does no I/O but the credential chain's metadata
+                # lookups, which aiobotocore can only make on asyncio.
+                raise RuntimeError(
+                    f"{self!r} could not resolve AWS credentials ({exc}); give them through "
+                    "the environment or the shared credentials file (instance and container "
+                    "metadata credentials are not available under trio)"
+                ) from exc
+            raise
+        self._stack = stack
+        self._limiter = anyio.CapacityLimiter(self._max_concurrency)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        self._client = None
+        self._limiter = None
+        if stack is not None:
+            with anyio.CancelScope(shield=True):
+                await stack.aclose()
+
+    def __repr__(self) -> str:
+        where = self._endpoint_url or "aws"
+        state = "open" if self._stack is not None else "closed"
+        return f"S3Mailbox(s3://{self._bucket}/{self._prefix} at {where}, {state})"
+
+    def _open(self) -> tuple[Any, anyio.CapacityLimiter]:
+        if self._client is None or self._limiter is None:
+            raise RuntimeError(f"{self!r} is not open: use it inside 'async with'")
+        return self._client, self._limiter
+
+    def _full_key(self, key: str) -> str:
+        check_key(key)
+        full = self._prefix + key
+        if len(full.encode("utf-8")) > MAX_KEY_BYTES:
+            raise ValueError(
+                f"invalid mailbox key {key!r}: with the mailbox prefix {self._prefix!r} it "
+                f"exceeds S3's {MAX_KEY_BYTES}-byte key limit; use a shorter prefix or key"
+            )
+        return full
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        full = self._full_key(key)
+        if len(data) > MAX_OBJECT_BYTES:
+            raise ValueError(
+                f"{key!r}: {len(data)} bytes exceeds S3's 5 GiB single-object limit; "
+                "use more fragments"
+            )
+        client, limiter = self._open()
+        extra = {"ChecksumAlgorithm": "SHA256"} if self._checksums == "when_supported" else {}
+        body = data if isinstance(data, bytes) else bytes(data)
+        for _ in range(_CONFLICT_ATTEMPTS):
+            try:
+                async with limiter:
+                    await client.put_object(
+                        Bucket=self._bucket, Key=full, Body=body, IfNoneMatch="*", **extra
+                    )
+            except ClientError as exc:
+                code = _error_code(exc)
+                if code == "PreconditionFailed":
+                    return False
+                if code != "ConditionalRequestConflict":
+                    raise
+                _log.info("conditional write of %r conflicted; retrying", key)
+            except _TRANSIENT as exc:
+                raise MailboxUnavailable(f"put {key!r}: {exc}") from exc
+            else:
+                return True
+        raise MailboxUnavailable(
+            f"put {key!r}: conditional write conflicted {_CONFLICT_ATTEMPTS} times"
+        )
+
+    async def get(self, key: str) -> bytes | None:
+        full = self._full_key(key)
+        client, limiter = self._open()
+        try:
+            async with limiter:
+                try:
+                    response = await client.get_object(Bucket=self._bucket, Key=full)
+                except ClientError as exc:
+                    if _error_code(exc) == "NoSuchKey":
+                        return None
+                    raise
+                async with response["Body"] as stream:
+                    data: bytes = await stream.read()
+                    return data
+        except _TRANSIENT as exc:
+            raise MailboxUnavailable(f"get {key!r}: {exc}") from exc
+
+    async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
+        check_prefix(prefix)
+        client, limiter = self._open()
+        request: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._prefix + prefix}
+        if after:
+            request["StartAfter"] = self._prefix + after
+        keys: list[str] = []
+        try:
+            while True:
+                async with limiter:
+                    page = await client.list_objects_v2(**request)
+                for item in page.get("Contents", ()):
+                    full = item.get("Key")
+                    if full is None or not full.startswith(self._prefix):
+                        continue
+                    key = full[len(self._prefix) :]
+                    # The store may ignore StartAfter; on one that honours it this cuts nothing.
+                    if key > after:
+                        keys.append(key)
+                token = page.get("NextContinuationToken")
+                if not page.get("IsTruncated") or not token:
+                    return keys
+                request["ContinuationToken"] = token
+        except _TRANSIENT as exc:
+            raise MailboxUnavailable(f"list {prefix!r}: {exc}") from exc
+
+    async def delete(self, keys: Iterable[str]) -> None:
+        full_keys = [self._full_key(key) for key in keys]
+        if not full_keys:
+            return
+        client, limiter = self._open()
+        for start in range(0, len(full_keys), _DELETE_CHUNK):
+            chunk = full_keys[start : start + _DELETE_CHUNK]
+            try:
+                async with limiter:
+                    response = await client.delete_objects(
+                        Bucket=self._bucket,
+                        Delete={"Objects": [{"Key": key} for key in chunk], "Quiet": True},
+                    )
+            except _TRANSIENT as exc:
+                raise MailboxUnavailable(f"delete {len(chunk)} keys: {exc}") from exc
+            # Per-key failures arrive in a 200 response, not as an exception.
+            if errors := response.get("Errors"):
+                raise ClientError({"Error": errors[0]}, "DeleteObjects")

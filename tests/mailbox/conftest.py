@@ -1,0 +1,42 @@
+"""The contract suite's fixtures: one ``mailbox`` per backend (memory, local, s3), entered."""
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from gradientmail.mailbox import LocalMailbox, Mailbox, MemoryMailbox, S3Mailbox
+
+BACKENDS = ("memory", "local", "s3")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # aiobotocore warns once per process that plain httpx is deprecated in favour of its
+    # fork httpx2; both work, and which one is installed is not this suite's subject.
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(
+                pytest.mark.filterwarnings(
+                    "ignore:aiobotocore's httpx backend now prefers httpx2:DeprecationWarning"
+                )
+            )
+
+
+@pytest.fixture(params=BACKENDS)
+def make_mailbox(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Mailbox]:
+    """Builds (without entering) a fresh, empty mailbox of the parametrized backend."""
+    if request.param == "memory":
+        return MemoryMailbox
+    if request.param == "local":
+        return lambda: LocalMailbox(tmp_path / "mailbox")
+    endpoint: str = request.getfixturevalue("moto_server")
+    bucket: str = request.getfixturevalue("s3_bucket")
+    # A prefix, so that every test also checks that it scopes keys and is stripped.
+    return lambda: S3Mailbox(bucket, "run/", endpoint_url=endpoint, max_concurrency=32)
+
+
+@pytest.fixture
+async def mailbox(make_mailbox: Callable[[], Mailbox]) -> AsyncIterator[Mailbox]:
+    async with make_mailbox() as opened:
+        yield opened

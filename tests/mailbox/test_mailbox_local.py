@@ -1,0 +1,197 @@
+"""LocalMailbox beyond the shared contract: real processes racing, the on-disk layout,
+durability and the temporary area."""
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradientmail.mailbox import LocalMailbox, check_key
+from gradientmail.mailbox.local import key_of, key_path
+
+RACERS = 4
+KEYS = 40
+
+RACER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import anyio
+    from gradientmail.mailbox import LocalMailbox
+
+    directory, me, go, keys = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+
+    async def main() -> None:
+        async with LocalMailbox(directory) as mailbox:
+            (go.parent / f"ready-{me}").touch()
+            while not go.exists():
+                await anyio.sleep(0.001)
+            for index in range(keys):
+                won = await mailbox.put_if_absent(f"race/{index}", me.encode() * 1000)
+                print(index, int(won), flush=True)
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.anyio
+async def test_racing_processes_create_each_key_exactly_once(tmp_path: Path) -> None:
+    directory = tmp_path / "mailbox"
+    go = tmp_path / "go"
+    script = tmp_path / "racer.py"
+    script.write_text(RACER)
+    outputs: dict[int, str] = {}
+
+    async def race(rank: int) -> None:
+        command = [sys.executable, str(script), str(directory), f"p{rank}", str(go), str(KEYS)]
+        outputs[rank] = (await anyio.run_process(command)).stdout.decode()
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as group:
+            for rank in range(RACERS):
+                group.start_soon(race, rank)
+            # All four wait on one signal once started, so that their puts overlap.
+            while True:
+                if len([path async for path in anyio.Path(tmp_path).glob("ready-*")]) == RACERS:
+                    break
+                await anyio.sleep(0.01)
+            await anyio.Path(go).touch()
+
+    winners: dict[int, list[str]] = {index: [] for index in range(KEYS)}
+    for rank, stdout in outputs.items():
+        lines = stdout.split()
+        assert len(lines) == 2 * KEYS
+        for index, won in zip(lines[::2], lines[1::2], strict=True):
+            if won == "1":
+                winners[int(index)].append(f"p{rank}")
+    async with LocalMailbox(directory) as mailbox:
+        for index, won in winners.items():
+            assert len(won) == 1, f"key race/{index} created by {won}"
+            assert await mailbox.get(f"race/{index}") == won[0].encode() * 1000
+        assert len(await mailbox.list("race/")) == KEYS
+    assert [path async for path in anyio.Path(directory / "tmp").iterdir()] == []
+
+
+keys = st.lists(
+    st.text(
+        alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="/\\\x00"),
+        min_size=1,
+        max_size=300,
+    ).filter(lambda segment: segment not in (".", "..")),
+    min_size=1,
+    max_size=4,
+).map("/".join)
+
+
+@given(keys)
+def test_the_layout_maps_every_key_to_a_path_and_back(key: str) -> None:
+    if len(key.encode()) > 1024:
+        return
+    check_key(key)
+    names = key_path(key)
+    assert key_of(names) == key
+    assert names[-1].endswith("%")
+    assert all(not name.endswith("%") or name.endswith("%+") for name in names[:-1])
+    assert all(len(name.encode()) <= 255 for name in names)
+
+
+def test_the_layout_of_a_key_and_the_keys_below_it() -> None:
+    assert key_path("a") == ("a%",)
+    assert key_path("a/b") == ("a", "b%")
+    assert key_path("100%/x") == ("100%25", "x%")
+    long = "x" * 500
+    assert key_path(long) == ("x" * 240 + "%+", "x" * 240 + "%+", "x" * 20 + "%")
+
+
+@pytest.mark.anyio
+async def test_objects_live_under_objects_and_temporaries_never_show(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path, durable=True) as mailbox:
+        # Keys that look like the mailbox's own directories are ordinary keys.
+        for key in ("tmp", "tmp/x", "objects", ".tmp", "a%", "a%+/b"):
+            assert await mailbox.put_if_absent(key, key.encode())
+        (tmp_path / "tmp" / "half-written").write_bytes(b"partial")
+        assert await mailbox.list("") == [".tmp", "a%", "a%+/b", "objects", "tmp", "tmp/x"]
+        for key in ("tmp", "tmp/x", "objects", ".tmp", "a%", "a%+/b"):
+            assert await mailbox.get(key) == key.encode()
+    assert sorted([path.name async for path in anyio.Path(tmp_path).iterdir()]) == [
+        "objects",
+        "tmp",
+    ]
+
+
+@pytest.mark.anyio
+async def test_delete_removes_the_directories_it_empties(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path, durable=True) as mailbox:
+        await mailbox.put_if_absent("rounds/1/snapshots/a", b"a")
+        await mailbox.put_if_absent("rounds/1/snapshots/b", b"b")
+        await mailbox.put_if_absent("rounds/2/claims/0", b"c")
+        await mailbox.delete(["rounds/1/snapshots/a", "rounds/1/snapshots/b"])
+        assert sorted(path.name for path in (tmp_path / "objects" / "rounds").iterdir()) == ["2"]
+        await mailbox.delete(["rounds/2/claims/0"])
+        assert list((tmp_path / "objects").iterdir()) == []
+        assert await mailbox.put_if_absent("rounds/1/snapshots/a", b"again")
+
+
+@pytest.mark.anyio
+async def test_puts_and_deletes_racing_on_one_directory(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path) as mailbox:
+
+        async def churn(worker: int) -> None:
+            for index in range(100):
+                key = f"shared/dir/{worker}-{index}"
+                assert await mailbox.put_if_absent(key, b"x")
+                assert await mailbox.get(key) == b"x"
+                await mailbox.delete([key])
+
+        async with anyio.create_task_group() as group:
+            for worker in range(6):
+                group.start_soon(churn, worker)
+        assert await mailbox.list("") == []
+
+
+@pytest.mark.anyio
+async def test_stale_temporaries_are_removed_on_entry(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path):
+        pass
+    stale = tmp_path / "tmp" / "stale"
+    fresh = tmp_path / "tmp" / "fresh"
+    stale.write_bytes(b"left by a killed process")
+    fresh.write_bytes(b"being written")
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    async with LocalMailbox(tmp_path):
+        pass
+    assert not stale.exists()
+    assert fresh.exists()
+
+
+@pytest.mark.anyio
+async def test_operations_work_without_entering(tmp_path: Path) -> None:
+    mailbox = LocalMailbox(tmp_path / "never-entered")
+    assert await mailbox.list("") == []
+    assert await mailbox.get("k") is None
+    assert await mailbox.put_if_absent("k", b"v")
+    assert await mailbox.list("") == ["k"]
+    assert "never-entered" in repr(mailbox)
+
+
+@pytest.mark.anyio
+async def test_listing_ten_thousand_keys_reads_no_file(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path) as mailbox:
+        objects = tmp_path / "objects" / "many"
+        objects.mkdir(parents=True)
+        # Written directly: this test is about listing, and the put path is tested above.
+        for index in range(10_000):
+            (objects / f"{index:05d}%").write_bytes(b"")
+        started = time.perf_counter()
+        listed = await mailbox.list("many/", after="many/00099")
+        elapsed = time.perf_counter() - started
+    assert listed == [f"many/{index:05d}" for index in range(100, 10_000)]
+    assert elapsed < 5.0

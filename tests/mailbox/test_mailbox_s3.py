@@ -1,0 +1,351 @@
+"""S3Mailbox beyond the shared contract: failure modes, limits, speed and resource hygiene.
+
+Against moto where moto can play the part (a stopped or paused server, a missing bucket),
+against a scripted HTTP endpoint where it cannot (409 conflicts, dropped connections,
+per-key delete errors, a gateway that ignores StartAfter, requests held in flight).
+"""
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from _mailbox_fake_s3 import Request, fake_s3, response, s3_error
+from botocore.exceptions import ClientError
+
+import gradientmail.mailbox.s3 as s3_module
+from gradientmail.mailbox import MailboxUnavailable, S3Mailbox, retrying
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("aws_credentials")]
+
+# A stopped store must be reported within this many seconds, not hang.
+BOUND = 10.0
+
+
+def quick(endpoint: str, bucket: str = "bucket", *, max_concurrency: int = 8) -> S3Mailbox:
+    """A mailbox with short timeouts, so that a silent server costs seconds, not minutes."""
+    return S3Mailbox(
+        bucket,
+        "run",
+        endpoint_url=endpoint,
+        max_concurrency=max_concurrency,
+        connect_timeout=0.5,
+        read_timeout=0.5,
+    )
+
+
+async def test_a_large_put_is_as_fast_as_a_plain_http_put(moto_server: str, s3_bucket: str) -> None:
+    data = os.urandom(64 * 2**20)
+    async with httpx.AsyncClient(timeout=120) as plain:
+        started = time.perf_counter()
+        reply = await plain.put(f"{moto_server}/{s3_bucket}/baseline", content=data)
+        baseline = time.perf_counter() - started
+    assert reply.status_code == 200
+    async with S3Mailbox(s3_bucket, "run", endpoint_url=moto_server) as mailbox:
+        started = time.perf_counter()
+        assert await mailbox.put_if_absent("large", data)
+        elapsed = time.perf_counter() - started
+        assert await mailbox.get("large") == data
+    # Line-by-line sending made this about 50 times the baseline; hashing the body for
+    # the signature and the checksum costs well under 2 times.
+    print(f"64 MiB PUT: plain {baseline:.2f} s, mailbox {elapsed:.2f} s")
+    assert elapsed < 10 * baseline
+
+
+async def test_a_stopped_server_is_unavailable_within_a_bound(
+    moto_servers: Callable[[], Any],
+) -> None:
+    server = moto_servers()
+    bucket = "stopped"
+    async with quick(server.endpoint, bucket) as mailbox:
+        server.stop()
+        operations = [
+            lambda: mailbox.put_if_absent("k", b"x"),
+            lambda: mailbox.get("k"),
+            lambda: mailbox.list(""),
+            lambda: mailbox.delete(["k"]),
+        ]
+        for operation in operations:
+            started = time.monotonic()
+            with anyio.fail_after(BOUND), pytest.raises(MailboxUnavailable):
+                await operation()
+            assert time.monotonic() - started < BOUND
+
+
+async def test_retrying_outlasts_a_paused_server(moto_servers: Callable[[], Any]) -> None:
+    server = moto_servers()
+    async with quick(server.endpoint, "paused") as mailbox:
+        with pytest.raises(ClientError, match="NoSuchBucket"):
+            await mailbox.get("k")
+        await _create_bucket(server.endpoint, "paused")
+        assert await mailbox.put_if_absent("k", b"before")
+
+        failures: list[float] = []
+        failed = anyio.Event()
+        outcome: list[bytes | None] = []
+
+        async def read() -> bytes | None:
+            try:
+                return await mailbox.get("k")
+            except MailboxUnavailable:
+                failures.append(time.monotonic())
+                failed.set()
+                raise
+
+        async def keep_reading() -> None:
+            outcome.append(await retrying(read, max_delay=1.0))
+
+        server.pause()
+        paused = time.monotonic()
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                group.start_soon(keep_reading)
+                await failed.wait()
+                server.resume()
+        assert outcome == [b"before"]
+        assert failures[0] - paused < BOUND
+
+
+async def _create_bucket(endpoint: str, name: str) -> None:
+    async with httpx.AsyncClient() as plain:
+        assert (await plain.put(f"{endpoint}/{name}")).status_code == 200
+
+
+async def test_other_client_errors_propagate_unchanged(moto_server: str) -> None:
+    async with S3Mailbox("no-such-bucket-here", endpoint_url=moto_server) as mailbox:
+        with pytest.raises(ClientError) as caught:
+            await mailbox.put_if_absent("k", b"x")
+    assert caught.value.response["Error"]["Code"] == "NoSuchBucket"
+
+
+async def test_a_conflict_is_retried_three_times_then_unavailable() -> None:
+    async def conflict(request: Request) -> bytes:
+        return s3_error(409, "Conflict", "ConditionalRequestConflict")
+
+    async with fake_s3(conflict) as (endpoint, log), quick(endpoint) as mailbox:
+        with anyio.fail_after(BOUND), pytest.raises(MailboxUnavailable, match="conflicted 3"):
+            await mailbox.put_if_absent("k", b"x")
+    puts = [request for request in log.requests if request.method == "PUT"]
+    assert len(puts) == 3
+    assert all("/bucket/run/k" in request.target for request in puts)
+    assert all(request.headers.get("if-none-match") == "*" for request in puts)
+
+
+async def test_a_precondition_failure_means_not_created() -> None:
+    async def exists(request: Request) -> bytes:
+        return s3_error(412, "Precondition Failed", "PreconditionFailed")
+
+    async with fake_s3(exists) as (endpoint, _), quick(endpoint) as mailbox:
+        assert await mailbox.put_if_absent("k", b"x") is False
+
+
+@pytest.mark.parametrize("behaviour", ["hang-up", "silence"])
+async def test_dropped_and_silent_connections_are_unavailable(behaviour: str) -> None:
+    async def misbehave(request: Request) -> bytes | None:
+        if behaviour == "silence":
+            await anyio.sleep_forever()
+        return None
+
+    async with fake_s3(misbehave) as (endpoint, log), quick(endpoint) as mailbox:
+        for operation in (lambda: mailbox.get("k"), lambda: mailbox.put_if_absent("k", b"x")):
+            with anyio.fail_after(BOUND), pytest.raises(MailboxUnavailable):
+                await operation()
+    # botocore's standard retries made more than one attempt at each.
+    assert len(log.requests) > 2
+
+
+async def test_per_key_delete_errors_are_raised() -> None:
+    async def partial_failure(request: Request) -> bytes:
+        assert request.method == "POST"
+        assert request.target.endswith("?delete")
+        body = (
+            b'<?xml version="1.0" encoding="UTF-8"?><DeleteResult>'
+            b"<Error><Key>run/b</Key><Code>AccessDenied</Code><Message>no</Message></Error>"
+            b"</DeleteResult>"
+        )
+        return response(200, "OK", body)
+
+    async with fake_s3(partial_failure) as (endpoint, _), quick(endpoint) as mailbox:
+        with pytest.raises(ClientError) as caught:
+            await mailbox.delete(["a", "b"])
+    assert caught.value.response["Error"]["Code"] == "AccessDenied"
+    assert caught.value.response["Error"]["Key"] == "run/b"
+
+
+async def test_deletes_go_in_chunks_of_a_thousand() -> None:
+    async def deleted(request: Request) -> bytes:
+        body = b'<?xml version="1.0" encoding="UTF-8"?><DeleteResult></DeleteResult>'
+        return response(200, "OK", body)
+
+    async with fake_s3(deleted) as (endpoint, log), quick(endpoint) as mailbox:
+        await mailbox.delete(f"k/{index}" for index in range(2500))
+    counts = [request.body.count(b"<Key>") for request in log.requests]
+    assert counts == [1000, 1000, 500]
+
+
+async def test_list_cuts_at_after_when_the_store_ignores_start_after() -> None:
+    def listing(keys: list[str]) -> bytes:
+        contents = "".join(
+            f"<Contents><Key>{key}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>"
+            f'<ETag>"e"</ETag><Size>1</Size><StorageClass>STANDARD</StorageClass></Contents>'
+            for key in keys
+        )
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>bucket</Name><Prefix>run/</Prefix><KeyCount>{len(keys)}</KeyCount>"
+            f"<MaxKeys>1000</MaxKeys><IsTruncated>false</IsTruncated>{contents}"
+            "</ListBucketResult>"
+        ).encode()
+
+    async def ignores_start_after(request: Request) -> bytes:
+        return response(200, "OK", listing(["run/a/1", "run/a/2", "run/a/3"]))
+
+    async with fake_s3(ignores_start_after) as (endpoint, log), quick(endpoint) as mailbox:
+        assert list(await mailbox.list("a/", after="a/1")) == ["a/2", "a/3"]
+    assert "start-after=run%2Fa%2F1" in log.requests[0].target
+
+
+async def test_requests_in_flight_are_bounded_by_max_concurrency() -> None:
+    in_flight = 0
+    peak = 0
+    full = anyio.Event()
+    release = anyio.Event()
+
+    async def held(request: Request) -> bytes:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if in_flight == 3:
+            full.set()
+        await release.wait()
+        in_flight -= 1
+        return s3_error(404, "Not Found", "NoSuchKey")
+
+    async with fake_s3(held) as (endpoint, log), quick(endpoint, max_concurrency=3) as mailbox:
+        got: list[bytes | None] = []
+
+        async def get(index: int) -> None:
+            got.append(await mailbox.get(f"k/{index}"))
+
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as group:
+                for index in range(12):
+                    group.start_soon(get, index)
+                await full.wait()
+                # Give a fourth request every chance to show up before letting them go.
+                await anyio.sleep(0.2)
+                assert in_flight == 3
+                release.set()
+    assert peak == 3
+    assert got == [None] * 12
+    assert len(log.requests) == 12
+
+
+async def test_payloads_over_the_object_limit_are_refused_before_sending(
+    moto_server: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Allocating 5 GiB in a test is not an option; the check reads the module's limit.
+    monkeypatch.setattr(s3_module, "MAX_OBJECT_BYTES", 10)
+    async with S3Mailbox(s3_bucket, endpoint_url=moto_server) as mailbox:
+        with pytest.raises(ValueError, match="use more fragments"):
+            await mailbox.put_if_absent("k", b"x" * 11)
+        assert await mailbox.get("k") is None
+        assert await mailbox.put_if_absent("k", b"x" * 10)
+
+
+async def test_a_prefix_scopes_the_mailbox(moto_server: str, s3_bucket: str) -> None:
+    async with (
+        S3Mailbox(s3_bucket, "one", endpoint_url=moto_server) as one,
+        S3Mailbox(s3_bucket, "/one/two/", endpoint_url=moto_server) as two,
+        S3Mailbox(s3_bucket, "", endpoint_url=moto_server) as whole,
+    ):
+        assert two.prefix == "one/two/"
+        assert await one.put_if_absent("k", b"1")
+        assert await two.put_if_absent("k", b"2")
+        assert list(await one.list("")) == ["k", "two/k"]
+        assert list(await two.list("")) == ["k"]
+        assert list(await whole.list("")) == ["one/k", "one/two/k"]
+        assert await whole.get("one/two/k") == b"2"
+
+
+async def test_keys_too_long_with_the_prefix_are_refused(moto_server: str, s3_bucket: str) -> None:
+    async with S3Mailbox(s3_bucket, "p" * 100, endpoint_url=moto_server) as mailbox:
+        with pytest.raises(ValueError, match="1024-byte key limit"):
+            await mailbox.put_if_absent("k" * 1000, b"x")
+
+
+def _sockets() -> int:
+    fds = os.listdir("/proc/self/fd")
+    count = 0
+    for fd in fds:
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts sockets through /proc")
+async def test_closing_leaves_no_task_or_connection_behind() -> None:
+    async def missing(request: Request) -> bytes:
+        await anyio.sleep(0.05)
+        return s3_error(404, "Not Found", "NoSuchKey")
+
+    tasks = {task.id for task in anyio.get_running_tasks()}
+    sockets = _sockets()
+    async with fake_s3(missing) as (endpoint, log), quick(endpoint, max_concurrency=4) as mailbox:
+        async with anyio.create_task_group() as group:
+            for index in range(8):
+                group.start_soon(mailbox.get, f"k/{index}")
+        # The pool keeps its connections (and the server its ends of them) open.
+        assert _sockets() >= sockets + 2 * log.connections
+    assert log.connections == 4
+    assert {task.id for task in anyio.get_running_tasks()} == tasks
+    assert _sockets() == sockets
+
+
+async def test_operations_need_the_mailbox_open(moto_server: str, s3_bucket: str) -> None:
+    mailbox = S3Mailbox(s3_bucket, endpoint_url=moto_server)
+    with pytest.raises(RuntimeError, match="not open"):
+        await mailbox.get("k")
+    async with mailbox:
+        assert "open" in repr(mailbox)
+        with pytest.raises(RuntimeError, match="already open"):
+            await mailbox.__aenter__()
+    with pytest.raises(RuntimeError, match="not open"):
+        await mailbox.list("")
+
+
+async def test_credentials_are_never_logged(
+    moto_server: str,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "SECRETdoNotLog0123456789abcdefghijklmnop"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    caplog.set_level(logging.DEBUG)
+    async with S3Mailbox(s3_bucket, endpoint_url=moto_server) as mailbox:
+        assert await mailbox.put_if_absent("k", b"x")
+        assert await mailbox.get("k") == b"x"
+        assert "SECRET" not in repr(mailbox)
+    assert caplog.records, "debug logging was captured"
+    assert secret not in caplog.text
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="bucket"):
+        S3Mailbox("", "p")
+    with pytest.raises(ValueError, match="bucket"):
+        S3Mailbox("a/b", "p")
+    with pytest.raises(ValueError, match="max_concurrency"):
+        S3Mailbox("bucket", max_concurrency=0)
+    with pytest.raises(ValueError, match="request_checksums"):
+        S3Mailbox("bucket", request_checksums="always")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid mailbox prefix"):
+        S3Mailbox("bucket", "a/../b")
