@@ -4,14 +4,21 @@
 and ``S3Mailbox`` (any S3-compatible store), each an async context manager. ``open(url)``
 builds one from a URL. See ``docs/mailbox.md`` for the contract and the consistency assumed
 of the store.
+
+``S3Mailbox`` is imported on first use: aiobotocore takes about a second to import, which
+users of the other backends need not pay.
 """
+
+from typing import TYPE_CHECKING
 
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._base import MAX_KEY_BYTES, Mailbox, check_key, check_prefix, retrying
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.mailbox.memory import MemoryMailbox
-from gradientmail.mailbox.s3 import MAX_OBJECT_BYTES, S3Mailbox
 from gradientmail.mailbox.url import open
+
+if TYPE_CHECKING:
+    from gradientmail.mailbox.s3 import MAX_OBJECT_BYTES, S3Mailbox
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -26,3 +33,13 @@ __all__ = [
     "open",
     "retrying",
 ]
+
+_LAZY = frozenset({"MAX_OBJECT_BYTES", "S3Mailbox"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from gradientmail.mailbox import s3
+
+        return getattr(s3, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

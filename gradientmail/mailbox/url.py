@@ -1,12 +1,15 @@
 """``open(url)``: a mailbox from one string, for command lines and configuration files."""
 
 import os
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from gradientmail.mailbox._base import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.mailbox.memory import MemoryMailbox
-from gradientmail.mailbox.s3 import RequestChecksums, S3Mailbox
+
+if TYPE_CHECKING:
+    from gradientmail.mailbox.s3 import RequestChecksums, S3Mailbox
 
 __all__ = ["ACCEPTED_FORMS", "open"]
 
@@ -60,7 +63,9 @@ def open(url: str) -> Mailbox:
     raise _malformed(url, f"unknown scheme {parts.scheme!r}")
 
 
-def _s3(url: str) -> S3Mailbox:
+def _s3(url: str) -> "S3Mailbox":
+    from gradientmail.mailbox.s3 import S3Mailbox
+
     parts = urlsplit(url)
     if not parts.netloc or parts.fragment:
         raise _malformed(url, "s3:// needs a bucket and takes no '#fragment'")
