@@ -18,6 +18,16 @@ from typing import Any
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # aiobotocore warns, once per process, that plain httpx is deprecated as its backend in
+    # favour of the fork httpx2. Both work; under ``filterwarnings = error`` the warning
+    # would fail whichever S3 test happens to create the first client.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:aiobotocore's httpx backend now prefers httpx2:DeprecationWarning",
+    )
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

@@ -10,19 +10,6 @@ from gradientmail.mailbox import LocalMailbox, Mailbox, MemoryMailbox, S3Mailbox
 BACKENDS = ("memory", "local", "s3")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # aiobotocore warns once per process that plain httpx is deprecated in favour of its
-    # fork httpx2; both work, and which one is installed is not this suite's subject.
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.path).parents:
-            item.add_marker(
-                pytest.mark.filterwarnings(
-                    "ignore:aiobotocore's httpx backend now prefers httpx2:DeprecationWarning"
-                )
-            )
-
-
 @pytest.fixture(params=BACKENDS)
 def make_mailbox(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Mailbox]:
     """Builds (without entering) a fresh, empty mailbox of the parametrized backend."""
