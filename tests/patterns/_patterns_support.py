@@ -101,6 +101,14 @@ def unavailable() -> BaseException:
     return MailboxUnavailable("injected: connection reset")
 
 
+async def listed(mailbox: MemoryMailbox, prefix: str, count: int, seconds: float = 10.0) -> None:
+    """Wait until ``mailbox`` holds ``count`` keys under ``prefix``."""
+    with anyio.fail_after(seconds):
+        # Polled: the store is what other nodes share, and it notifies nobody.
+        while len(await mailbox.list(prefix)) != count:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+
+
 async def eventually(condition: Callable[[], bool], seconds: float = 10.0) -> None:
     """Wait until ``condition()`` holds, failing the test after ``seconds``."""
     with anyio.fail_after(seconds):

@@ -5,7 +5,7 @@ from functools import partial
 
 import anyio
 import pytest
-from _patterns_support import FaultyMailbox, QuickClock, eventually, first, unavailable
+from _patterns_support import FaultyMailbox, QuickClock, eventually, first, listed, unavailable
 
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.patterns import Barrier
@@ -33,7 +33,7 @@ async def test_opens_for_everyone_once_all_parties_arrived() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(node, "a")
         tg.start_soon(node, "b")
-        await eventually(lambda: len(mailbox._objects) == 2)
+        await listed(mailbox, "barriers/start/", 2)
         # Two of three have arrived: both must still be waiting, however long they poll.
         await anyio.sleep(POLL * 4)
         assert results == {}
@@ -139,7 +139,7 @@ async def test_cancelling_a_wait_leaves_no_task_behind(limit: float | None) -> N
         async with anyio.create_task_group() as tg:
             barrier = Barrier(mailbox, "a", poll_interval=POLL)
             tg.start_soon(partial(barrier.wait, "cancel", parties=2, timeout=limit))
-            await eventually(lambda: bool(mailbox._objects))
+            await listed(mailbox, "barriers/cancel/", 1)
             scope.cancel()
     assert scope.cancelled_caught
     assert {task.id for task in anyio.get_running_tasks()} == before
