@@ -2,8 +2,8 @@
 
 ``MemoryMailbox`` (tests, one process), ``LocalMailbox`` (a directory: the embedded default)
 and ``S3Mailbox`` (any S3-compatible store), each an async context manager. ``open(url)``
-builds one from a URL. See ``docs/mailbox.md`` for the contract and the consistency assumed
-of the store.
+builds one from a URL; ``FaultyMailbox`` wraps any of them to inject failures. See
+``docs/mailbox.md`` for the contract and the consistency assumed of the store.
 
 ``S3Mailbox`` is imported on first use: aiobotocore takes about a second to import, which
 users of the other backends need not pay.
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._base import MAX_KEY_BYTES, Mailbox, check_key, check_prefix, retrying
+from gradientmail.mailbox.faults import FaultCounts, Faults, FaultyMailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.mailbox.memory import MemoryMailbox
 from gradientmail.mailbox.url import open
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_KEY_BYTES",
     "MAX_OBJECT_BYTES",
+    "FaultCounts",
+    "Faults",
+    "FaultyMailbox",
     "LocalMailbox",
     "Mailbox",
     "MailboxUnavailable",
