@@ -9,9 +9,11 @@ from gradientmail.errors import (
     RecordError,
     RunMismatch,
 )
+from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.records import RunConfig
 
 __all__ = [
+    "Barrier",
     "CorruptBlob",
     "GradientmailError",
     "MailboxUnavailable",
@@ -20,4 +22,5 @@ __all__ = [
     "RunConfig",
     "RunMismatch",
     "events",
+    "shared_queue",
 ]
