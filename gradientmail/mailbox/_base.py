@@ -115,10 +115,16 @@ async def retrying(
 ) -> T:
     """Run ``op`` until it returns, sleeping on ``clock`` after each ``MailboxUnavailable``.
 
-    Delays start at 0.5 s and double up to ``max_delay``. Any other exception propagates at
-    once. With ``attempts``, the last ``MailboxUnavailable`` propagates after that many tries.
-    Cancellation interrupts the sleep or the operation and propagates.
+    Delays start at 0.5 s (or ``max_delay`` if smaller) and double up to ``max_delay``. Any
+    other exception propagates at once. With ``attempts``, the last ``MailboxUnavailable``
+    propagates after that many tries. Cancellation interrupts the sleep or the operation and
+    propagates. Raises ``ValueError`` for a ``max_delay`` that is not positive or an
+    ``attempts`` below 1.
     """
+    if not max_delay > 0:
+        raise ValueError(f"max_delay must be a positive number of seconds, not {max_delay!r}")
+    if attempts is not None and attempts < 1:
+        raise ValueError(f"attempts must be at least 1 (or None for no limit), not {attempts!r}")
     clock = clock if clock is not None else MonotonicClock()
     delay = min(0.5, max_delay)
     tries = 0
