@@ -1,0 +1,585 @@
+"""Convergence and bytes: gradientmail against synchronous data-parallel training.
+
+The demo's transformer (its ``tiny`` shape, about 28k parameters, so that the whole matrix
+fits the time budget on two cores) learns the demo's Markov language, whose entropy floor is
+known exactly. Every arm sees the same sequences: learner ``k`` trains on shard ``k`` of the
+corpus, and data-parallel's step ``t`` is the union of the learners' step-``t`` batches.
+
+- ``dp``: one process, batch ``K × b``, the reference. Its bytes are what a ring all-reduce
+  of fp32 gradients would move per learner, ``2 (K − 1) / K × 4 × params`` per step:
+  computed, not measured.
+- ``gm-{encoding}-H{H}``: ``K`` learner processes and one dedicated syncer process on a
+  ``LocalMailbox``, ``F`` fragments, deltas and updates in ``encoding``. A learner's bytes
+  are measured by its node (``node.state``: bytes written and read) from the moment all
+  learners have joined to the end of its closing flush; the syncer's are reported apart.
+- ``single``: one learner, batch ``b``, the same steps (a quarter of the tokens).
+
+Every arm uses AdamW (the inner optimizer for gradientmail) with the same learning-rate
+schedule (linear warm-up, cosine decay to a tenth). Final evaluation loss is measured on a
+fixed held-out set; excess is that minus the floor. Each gradientmail learner evaluates its
+local model; the final figure is the mean over learners after the closing flush (they then
+hold the same committed versions).
+
+Usage: ``.venv/bin/python benchmarks/bench_convergence.py [--quick] [--results DIR]``.
+The learner and syncer processes run this file with ``--worker``.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+
+NAME = "convergence"
+K = 4
+FRAGMENTS = 4
+BATCH = 16
+CONTEXT = 32
+LR = 3e-3
+WARMUP_FRACTION = 0.05
+EVAL_BATCHES = 4
+EVAL_BATCH_SIZE = 64
+FINAL_EVAL_BATCHES = 16
+TARGETS: tuple[dict[str, Any], ...] = (
+    {"arm": "gm-int8-H50", "excess_ratio_max": 1.10, "bytes_ratio_min": 150.0},
+    {"arm": "gm-int4-H100", "excess_ratio_max": 1.20, "bytes_ratio_min": 400.0},
+)
+PUBLISHED_GAP_PERCENT = 2.0
+"""Streaming DiLoCo's relative loss gap to data-parallel at 4 replicas, small model."""
+
+
+def plan(quick: bool) -> dict[str, Any]:
+    """Steps, seeds and the gradientmail matrix (the quick variant: one short seed, int8
+    at H=20 only)."""
+    if quick:
+        return {
+            "steps": 60,
+            "seeds": [0],
+            "sync_every": [20],
+            "encodings": ["int8"],
+            "eval_every": 20,
+        }
+    return {
+        "steps": 400,
+        "seeds": [0, 1, 2],
+        "sync_every": [25, 50, 100],
+        "encodings": ["fp32", "int8", "int4"],
+        "eval_every": 50,
+    }
+
+
+def model_config() -> Any:
+    from gradientmail.demo.model import GPTConfig
+
+    return GPTConfig.tiny(vocab_size=64, context=CONTEXT)
+
+
+def lr_at(step: int, steps: int) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to LR / 10."""
+    warmup = max(1, int(steps * WARMUP_FRACTION))
+    if step < warmup:
+        return LR * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(
+    model: Any,
+    batches: Iterator[Any],
+    *,
+    steps: int,
+    eval_every: int,
+    evaluation: list[Any],
+    after_step: Callable[[], None] = lambda: None,
+) -> list[list[float]]:
+    """``steps`` AdamW steps on ``batches``, calling ``after_step`` after each; the
+    evaluation loss every ``eval_every`` steps, as ``[step, loss]`` pairs (step 0 first)."""
+    import torch
+
+    from gradientmail.demo.data import evaluate
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    curve = [[0.0, evaluate(model, evaluation)]]
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps)
+        loss = model.loss(next(batches))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        after_step()
+        if (step + 1) % eval_every == 0 and step + 1 < steps:
+            curve.append([float(step + 1), evaluate(model, evaluation)])
+    return curve
+
+
+def _union(streams: list[Iterator[Any]]) -> Iterator[Any]:
+    import torch
+
+    while True:
+        yield torch.cat([next(stream) for stream in streams])
+
+
+def run_local(arm: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """The ``dp`` or ``single`` arm, in this process on one thread."""
+    import torch
+
+    from gradientmail.demo.data import evaluate, synthetic
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    corpus = synthetic(length=CONTEXT, seed=seed)
+    evaluation = corpus.evaluation(batches=EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT)
+    final_set = corpus.evaluation(
+        batches=FINAL_EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT
+    )
+    model = GPT(model_config(), seed=seed)
+    learners = K if arm == "dp" else 1
+    streams = [corpus.train(k, batch_size=BATCH, length=CONTEXT) for k in range(learners)]
+    started = time.perf_counter()
+    curve = train(
+        model,
+        _union(streams),
+        steps=settings["steps"],
+        eval_every=settings["eval_every"],
+        evaluation=evaluation,
+    )
+    seconds = time.perf_counter() - started
+    final = evaluate(model, final_set)
+    params = model.num_parameters()
+    assert corpus.floor is not None
+    result: dict[str, Any] = {
+        "final_loss": final,
+        "excess": final - corpus.floor,
+        "floor": corpus.floor,
+        "curve": [*curve, [float(settings["steps"]), final]],
+        "tokens_per_step": learners * BATCH * CONTEXT,
+        "seconds": seconds,
+        "params": params,
+    }
+    if arm == "dp":
+        result["bytes_per_learner_computed"] = 2 * (K - 1) / K * 4 * params * settings["steps"]
+    return result
+
+
+# -- gradientmail: the worker processes -------------------------------------------------
+
+
+def _options(*, syncer: bool) -> Any:
+    from gradientmail.node import NodeOptions
+
+    return NodeOptions(
+        poll_interval=0.05,
+        lease_every=0.5,
+        lease_timeout=5.0,
+        claim_timeout=10.0,
+        creation_timeout=20.0,
+        close_timeout=30.0,
+        syncer=syncer,
+    )
+
+
+def run_config(sync_every: int, encoding: str) -> Any:
+    from gradientmail.protocol.records import RunConfig
+
+    return RunConfig(
+        fragments=FRAGMENTS,
+        sync_every=sync_every,
+        delta_encoding=encoding,  # type: ignore[arg-type]
+        update_encoding=encoding,  # type: ignore[arg-type]
+        grace=1.0,
+    )
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what} after {timeout} s")
+        time.sleep(0.01)
+
+
+def _learner_worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
+    import anyio
+    import torch
+
+    from gradientmail.demo.data import evaluate, synthetic
+    from gradientmail.demo.model import GPT
+    from gradientmail.events import Event, kind_name
+    from gradientmail.mailbox import LocalMailbox
+    from gradientmail.node import node as join_run
+
+    torch.set_num_threads(1)
+    seed, steps = spec["seed"], spec["steps"]
+    corpus = synthetic(length=CONTEXT, seed=seed)
+    evaluation = corpus.evaluation(batches=EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT)
+    final_set = corpus.evaluation(
+        batches=FINAL_EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT
+    )
+    model = GPT(model_config(), seed=seed)
+    batches = corpus.train(index, batch_size=BATCH, length=CONTEXT)
+    scratch = Path(spec["scratch"])
+    counts: dict[str, int] = {}
+    tally = h.Tally()
+    learner = f"learner-{index}"
+
+    def count(event: Event) -> None:
+        name = kind_name(event)
+        counts[name] = counts.get(name, 0) + 1
+
+    async def main() -> dict[str, Any]:
+        async with (
+            LocalMailbox(scratch / "store") as local,
+            join_run(
+                model,
+                h.CountingMailbox(local, tally, learner),
+                learner=learner,
+                config=run_config(spec["sync_every"], spec["encoding"]),
+                options=_options(syncer=False),
+                sinks=[count],
+            ) as node,
+        ):
+            (scratch / f"ready-{index}").touch()
+            await anyio.to_thread.run_sync(
+                _wait_for,
+                lambda: all((scratch / f"ready-{k}").exists() for k in range(K)),
+                120.0,
+                "every learner to join",
+            )
+            start = node.state
+            kinds_at_start = dict(tally.bytes_by_kind.get(learner, {}))
+            started = time.perf_counter()
+
+            def loop(handle: Any) -> list[list[float]]:
+                tokens = BATCH * CONTEXT
+                return train(
+                    model,
+                    batches,
+                    steps=steps,
+                    eval_every=spec["eval_every"],
+                    evaluation=evaluation,
+                    after_step=lambda: handle.step(tokens),
+                )
+
+            curve = await node.run_in_thread(loop)
+            trained = time.perf_counter() - started
+        end = node.state
+        final = evaluate(model, final_set)
+        return {
+            "index": index,
+            "curve": [*curve, [float(steps), final]],
+            "final_loss": final,
+            "train_seconds": trained,
+            "seconds_with_flush": time.perf_counter() - started,
+            "bytes_up": end.bytes_published - start.bytes_published,
+            "bytes_down": end.bytes_downloaded - start.bytes_downloaded,
+            "bytes_up_total": end.bytes_published,
+            "bytes_down_total": end.bytes_downloaded,
+            "requests": {op: n - start.requests.get(op, 0) for op, n in end.requests.items()},
+            "bytes_by_kind": {
+                kind: n - kinds_at_start.get(kind, 0)
+                for kind, n in tally.bytes_by_kind.get(learner, {}).items()
+            },
+            "versions": list(end.versions),
+            "aligned_round": end.aligned_round,
+            "events": counts,
+        }
+
+    return anyio.run(main)
+
+
+def _syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import anyio
+
+    from gradientmail.events import Event, RoundCommitted, kind_name
+    from gradientmail.mailbox import LocalMailbox
+    from gradientmail.node import node as join_run
+
+    scratch = Path(spec["scratch"])
+    counts: dict[str, int] = {}
+    rounds: list[dict[str, Any]] = []
+
+    def sink(event: Event) -> None:
+        name = kind_name(event)
+        counts[name] = counts.get(name, 0) + 1
+        if isinstance(event, RoundCommitted):
+            record = event.record
+            rounds.append(
+                {
+                    "round": record.round,
+                    "participants": len(record.participants),
+                    "rejected": [r.reason for r in record.rejected],
+                    "cosine": record.cosine,
+                    "seconds": event.seconds,
+                }
+            )
+
+    async def main() -> dict[str, Any]:
+        async with (
+            LocalMailbox(scratch / "store") as mailbox,
+            join_run(
+                None,
+                mailbox,
+                learner="syncer",
+                options=_options(syncer=True),
+                sinks=[sink],
+            ) as node,
+        ):
+            await anyio.to_thread.run_sync(
+                _wait_for, (scratch / "stop").exists, 3600.0, "the stop file"
+            )
+        state = node.state
+        return {
+            "bytes_up": state.bytes_published,
+            "bytes_down": state.bytes_downloaded,
+            "requests": dict(state.requests),
+            "rounds": rounds,
+            "events": counts,
+        }
+
+    return anyio.run(main)
+
+
+def _worker(spec_path: Path, role: str) -> None:
+    spec = json.loads(spec_path.read_text())
+    result = _syncer_worker(spec) if role == "syncer" else _learner_worker(spec, int(role))
+    out = Path(spec["scratch"]) / f"result-{role}.json"
+    out.write_text(json.dumps(result), encoding="utf-8")
+
+
+# -- gradientmail: the runner -----------------------------------------------------------
+
+
+def run_gradientmail(
+    seed: int, sync_every: int, encoding: str, settings: dict[str, Any], scratch: Path
+) -> dict[str, Any]:
+    """One gradientmail run: the syncer process, then ``K`` learner processes; waits for the
+    learners, stops the syncer and gathers their reports."""
+    scratch.mkdir(parents=True)
+    spec = {
+        "seed": seed,
+        "steps": settings["steps"],
+        "eval_every": settings["eval_every"],
+        "sync_every": sync_every,
+        "encoding": encoding,
+        "scratch": str(scratch),
+    }
+    spec_path = scratch / "spec.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    this = str(Path(__file__).resolve())
+
+    def spawn(role: str) -> subprocess.Popen[bytes]:
+        log = open(scratch / f"log-{role}.txt", "wb")  # noqa: SIM115 (closed by the child's exit)
+        return subprocess.Popen(
+            [sys.executable, this, "--worker", str(spec_path), role],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    started = time.perf_counter()
+    learners = [spawn(str(k)) for k in range(K)]
+    syncer = spawn("syncer")
+    try:
+        for k, process in enumerate(learners):
+            if process.wait(timeout=900) != 0:
+                log = (scratch / f"log-{k}.txt").read_text(errors="replace")
+                raise RuntimeError(f"learner {k} failed:\n{log[-4000:]}")
+        (scratch / "stop").touch()
+        if syncer.wait(timeout=120) != 0:
+            log = (scratch / "log-syncer.txt").read_text(errors="replace")
+            raise RuntimeError(f"the syncer failed:\n{log[-4000:]}")
+    finally:
+        for process in (*learners, syncer):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    wall = time.perf_counter() - started
+    reports = [json.loads((scratch / f"result-{k}.json").read_text()) for k in range(K)]
+    syncer_report = json.loads((scratch / "result-syncer.json").read_text())
+    from gradientmail.demo.data import synthetic
+
+    floor = synthetic(length=CONTEXT, seed=seed).floor
+    assert floor is not None
+    finals = [r["final_loss"] for r in reports]
+    final = sum(finals) / K
+    per_learner = [r["bytes_up"] + r["bytes_down"] for r in reports]
+    rounds = syncer_report["rounds"]
+    return {
+        "final_loss": final,
+        "final_loss_spread_over_learners": max(finals) - min(finals),
+        "excess": final - floor,
+        "floor": floor,
+        "curve": _mean_curve([r["curve"] for r in reports]),
+        "tokens_per_step": K * BATCH * CONTEXT,
+        "bytes_per_learner": sum(per_learner) / K,
+        "bytes_up_per_learner": sum(r["bytes_up"] for r in reports) / K,
+        "bytes_down_per_learner": sum(r["bytes_down"] for r in reports) / K,
+        "bytes_by_kind_per_learner": {
+            kind: sum(r["bytes_by_kind"].get(kind, 0) for r in reports) / K
+            for kind in sorted({kind for r in reports for kind in r["bytes_by_kind"]})
+        },
+        "syncer_bytes": syncer_report["bytes_up"] + syncer_report["bytes_down"],
+        "rounds_committed": len(rounds),
+        "mean_participants": sum(r["participants"] for r in rounds) / len(rounds)
+        if rounds
+        else 0.0,
+        "rejected": sum(len(r["rejected"]) for r in rounds),
+        "wall_seconds": wall,
+        "train_seconds": sum(r["train_seconds"] for r in reports) / K,
+        "learners": reports,
+        "syncer": {k: v for k, v in syncer_report.items() if k != "rounds"} | {"rounds": rounds},
+    }
+
+
+def _mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
+    length = min(len(c) for c in curves)
+    return [[curves[0][i][0], sum(c[i][1] for c in curves) / len(curves)] for i in range(length)]
+
+
+def _aggregate(per_seed: dict[str, dict[int, dict[str, Any]]], params: int) -> dict[str, Any]:
+    """Per arm: final loss, excess, bytes and the ratios against ``dp`` of the same seed,
+    summarized over seeds."""
+    dp = per_seed["dp"]
+    summaries: dict[str, Any] = {}
+    for arm, seeds in per_seed.items():
+        entry: dict[str, Any] = {
+            "final_loss": h.summary([r["final_loss"] for r in seeds.values()]),
+            "excess": h.summary([r["excess"] for r in seeds.values()]),
+        }
+        excess_ratios = [r["excess"] / dp[s]["excess"] for s, r in seeds.items()]
+        gaps = [
+            100 * (r["final_loss"] - dp[s]["final_loss"]) / dp[s]["final_loss"]
+            for s, r in seeds.items()
+        ]
+        entry["excess_ratio_vs_dp"] = h.summary(excess_ratios)
+        entry["relative_gap_percent_vs_dp"] = h.summary(gaps)
+        if arm.startswith("gm-"):
+            bytes_ = [r["bytes_per_learner"] for r in seeds.values()]
+            entry["bytes_per_learner"] = h.summary(bytes_)
+            entry["bytes_ratio_dp_over_gm"] = h.summary(
+                [
+                    dp[s]["bytes_per_learner_computed"] / r["bytes_per_learner"]
+                    for s, r in seeds.items()
+                ]
+            )
+            entry["bytes_ratio_with_syncer_share"] = h.summary(
+                [
+                    dp[s]["bytes_per_learner_computed"]
+                    / (r["bytes_per_learner"] + r["syncer_bytes"] / K)
+                    for s, r in seeds.items()
+                ]
+            )
+            entry["mean_participants"] = h.summary([r["mean_participants"] for r in seeds.values()])
+            entry["rounds_committed"] = h.summary(
+                [float(r["rounds_committed"]) for r in seeds.values()]
+            )
+        elif arm == "dp":
+            entry["bytes_per_learner"] = h.summary(
+                [r["bytes_per_learner_computed"] for r in seeds.values()]
+            )
+        summaries[arm] = entry
+    return summaries
+
+
+def _targets(summaries: dict[str, Any]) -> list[dict[str, Any]]:
+    checks = []
+    for target in TARGETS:
+        arm = summaries.get(target["arm"])
+        if arm is None:
+            checks.append(target | {"measured": False})
+            continue
+        excess = arm["excess_ratio_vs_dp"]["median"]
+        bytes_ = arm["bytes_ratio_dp_over_gm"]["median"]
+        checks.append(
+            target
+            | {
+                "measured": True,
+                "excess_ratio": excess,
+                "bytes_ratio": bytes_,
+                "excess_met": excess <= target["excess_ratio_max"],
+                "bytes_met": bytes_ >= target["bytes_ratio_min"],
+            }
+        )
+    return checks
+
+
+def run(results: Path, quick: bool, log: Callable[[str], None] = print) -> Path:
+    """Every arm for every seed; writes ``results/convergence.json`` and returns its path."""
+    settings = plan(quick)
+    from gradientmail.demo.model import GPT
+
+    params = GPT(model_config()).num_parameters()
+    parameters = settings | {
+        "learners": K,
+        "fragments": FRAGMENTS,
+        "batch_per_learner": BATCH,
+        "context": CONTEXT,
+        "lr": LR,
+        "model": "GPTConfig.tiny (d_model 32, 2 layers, 2 heads)",
+        "params": params,
+        "eval_sequences": EVAL_BATCHES * EVAL_BATCH_SIZE,
+        "final_eval_sequences": FINAL_EVAL_BATCHES * EVAL_BATCH_SIZE,
+    }
+    result = h.header(NAME, quick=quick, parameters=parameters)
+    per_seed: dict[str, dict[int, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="gm-bench-convergence-") as scratch:
+        for seed in settings["seeds"]:
+            for arm in ("dp", "single"):
+                per_seed.setdefault(arm, {})[seed] = run_local(arm, seed, settings)
+                log(f"  {arm} seed {seed}: loss {per_seed[arm][seed]['final_loss']:.4f}")
+            for encoding in settings["encodings"]:
+                for sync_every in settings["sync_every"]:
+                    arm = f"gm-{encoding}-H{sync_every}"
+                    report = run_gradientmail(
+                        seed, sync_every, encoding, settings, Path(scratch) / f"{arm}-s{seed}"
+                    )
+                    per_seed.setdefault(arm, {})[seed] = report
+                    dp_bytes = per_seed["dp"][seed]["bytes_per_learner_computed"]
+                    log(
+                        f"  {arm} seed {seed}: loss {report['final_loss']:.4f}, "
+                        f"{report['bytes_per_learner'] / 1e6:.2f} MB/learner "
+                        f"({dp_bytes / report['bytes_per_learner']:.0f}x less than dp), "
+                        f"{report['rounds_committed']} rounds, {report['wall_seconds']:.0f} s"
+                    )
+    summaries = _aggregate(per_seed, params)
+    result["figures"] = {
+        "arms": summaries,
+        "per_seed": {arm: {str(s): r for s, r in seeds.items()} for arm, seeds in per_seed.items()},
+        "targets": _targets(summaries),
+        "published_gap_percent": PUBLISHED_GAP_PERCENT,
+    }
+    return h.write_result(results, NAME, result)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one short seed, one config")
+    parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
+    parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(Path(args.worker[0]), args.worker[1])
+        return
+    path = run(args.results, args.quick)
+    summaries = json.loads(path.read_text())["figures"]["arms"]
+    for arm, entry in summaries.items():
+        line = f"{arm:16} excess {entry['excess']['median']:.4f}"
+        line += f"  ratio vs dp {entry['excess_ratio_vs_dp']['median']:.3f}"
+        if "bytes_ratio_dp_over_gm" in entry:
+            line += f"  bytes ratio {entry['bytes_ratio_dp_over_gm']['median']:.0f}x"
+        print(line)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

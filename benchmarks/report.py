@@ -1,0 +1,607 @@
+"""Generate ``docs/benchmarks.md`` and its plots from the result files.
+
+Every number in the page comes from ``<results>/*.json``; nothing is typed by hand. A
+missing result file leaves its section saying so. Plots are PNGs written next to the page
+(``docs/benchmarks/``).
+
+Usage: ``.venv/bin/python benchmarks/report.py [--results DIR] [--docs DIR]``.
+"""
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+
+PAGE = "benchmarks.md"
+PLOTS = "benchmarks"
+
+
+def _load(results: Path, name: str) -> dict[str, Any] | None:
+    path = results / f"{name}.json"
+    if not path.exists():
+        return None
+    loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return loaded
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _spread(entry: dict[str, Any], digits: int = 3, scale: float = 1.0) -> str:
+    """``median [min, max]`` of a summary (just the value for one sample)."""
+    median = entry["median"] * scale
+    if entry["n"] == 1:
+        return _num(median, digits)
+    return (
+        f"{_num(median, digits)} [{_num(entry['min'] * scale, digits)}, "
+        f"{_num(entry['max'] * scale, digits)}]"
+    )
+
+
+def _provenance(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    label = " **quick variant (smoke-test sizes, not the full run)**" if result["quick"] else ""
+    load_after = result.get("load_average_1m_after")
+    dirty = "+dirty" if result["git_commit"].endswith("+dirty") else ""
+    return (
+        f"_Source: `benchmarks/results/{result['benchmark']}.json`, {result['date']}, commit "
+        f"`{result['git_commit'][:12]}{dirty}`, "
+        f"{machine['cpus']} CPUs ({machine['processor']}), 1-minute load "
+        f"{_num(machine['load_average_1m'], 1)} at the start and {_num(load_after, 1)} at the "
+        f"end, Python {result['versions']['python']}, torch {result['versions']['torch']}."
+        f"{label}_"
+    )
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _verdict(met: bool | None) -> str:
+    if met is None:
+        return "not run"
+    return "met" if met else "**missed**"
+
+
+class Page:
+    """The page being written, its plots, and the targets table gathered along the way."""
+
+    def __init__(self, docs: Path) -> None:
+        self.docs = docs
+        self.lines: list[str] = []
+        self.targets: list[list[str]] = []
+        (docs / PLOTS).mkdir(parents=True, exist_ok=True)
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def plot(self, name: str, draw: Callable[[Any], None], alt: str) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure = plt.figure(figsize=(8, 4.8), dpi=100)
+        try:
+            draw(figure)
+            figure.tight_layout()
+            figure.savefig(self.docs / PLOTS / name, metadata={"Software": None})
+        finally:
+            plt.close(figure)
+        self.add(f"![{alt}]({PLOTS}/{name})", "")
+
+    def target(self, what: str, target: str, measured: str, met: bool | None, note: str) -> None:
+        self.targets.append([what, target, measured, _verdict(met), note])
+
+
+# -- sections ---------------------------------------------------------------------------
+
+
+_ARM_LABEL = {"dp": "data-parallel (reference)", "single": "single learner"}
+
+
+def _arm_order(arm: str) -> tuple[int, str, int]:
+    if arm in ("dp", "single"):
+        return (0 if arm == "dp" else 1, "", 0)
+    _, encoding, sync = arm.split("-")
+    return (2, {"fp32": "a", "int8": "b", "int4": "c"}.get(encoding, encoding), int(sync[1:]))
+
+
+def convergence(page: Page, result: dict[str, Any] | None) -> None:
+    page.add("## 1. Convergence and bytes", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/convergence.json` is missing._", "")
+        return
+    p = result["parameters"]
+    figures = result["figures"]
+    arms = figures["arms"]
+    seeds = len(p["seeds"])
+    page.add(
+        _provenance(result),
+        "",
+        f"The demo's transformer ({p['model']}, {p['params']:,} parameters) learns the demo's "
+        f"Markov language (exact entropy floor known) for {p['steps']} steps with batch "
+        f"{p['batch_per_learner']} × {p['context']} tokens per learner, AdamW at "
+        f"{p['lr']}, warm-up then cosine decay. Data-parallel trains one model on "
+        f"{p['learners']} × {p['batch_per_learner']} sequences per step (the union of the "
+        f"learners' batches); gradientmail runs {p['learners']} learner processes and a "
+        f"dedicated syncer process on a `LocalMailbox`, {p['fragments']} fragments, "
+        f"sync_every H; the single learner trains on learner 0's batches alone. "
+        f"{seeds} seed{'s' if seeds > 1 else ''} ({', '.join(map(str, p['seeds']))}); each "
+        "seed draws its own language, initial weights and data streams, and every ratio is "
+        "taken against data-parallel of the same seed. Cells show the median over seeds and "
+        "[min, max]. The model and the step count are small so that the whole matrix runs in "
+        "the time budget on two cores; the ratios, not the absolute losses, are the result.",
+        "",
+        "Data-parallel's bytes are **computed**: a ring all-reduce of fp32 gradients moves "
+        "2(K − 1)/K × 4 bytes × parameters per learner per step. gradientmail's are "
+        "**measured**: everything each learner process wrote to and read from the store "
+        "(`node.state`), from the moment all learners had joined to the end of its closing "
+        "flush; the dedicated syncer's traffic is reported apart and, in the last column, "
+        "shared among the learners.",
+        "",
+    )
+    rows = []
+    for arm in sorted(arms, key=_arm_order):
+        entry = arms[arm]
+        rows.append(
+            [
+                _ARM_LABEL.get(arm, arm),
+                _spread(entry["final_loss"], 4),
+                _spread(entry["excess"], 4),
+                _spread(entry["excess_ratio_vs_dp"], 3) if arm != "dp" else "1",
+                _spread(entry["relative_gap_percent_vs_dp"], 2) if arm != "dp" else "0",
+                _bytes(entry["bytes_per_learner"]["median"])
+                if "bytes_per_learner" in entry
+                else "–",
+                _spread(entry["bytes_ratio_dp_over_gm"], 0) if arm.startswith("gm-") else "–",
+                _spread(entry["bytes_ratio_with_syncer_share"], 0)
+                if arm.startswith("gm-")
+                else "–",
+                _spread(entry["mean_participants"], 2) if arm.startswith("gm-") else "–",
+            ]
+        )
+    page.add(
+        *_table(
+            [
+                "arm",
+                "final eval loss",
+                "excess over floor",
+                "excess ÷ DP's",
+                "loss gap vs DP (%)",
+                "bytes per learner",
+                "DP bytes ÷ gm bytes",
+                "… with syncer share",
+                "snapshots per round",
+            ],
+            rows,
+        )
+    )
+    floors = sorted(
+        {round(r["floor"], 4) for seeds_ in figures["per_seed"].values() for r in seeds_.values()}
+    )
+    page.add(f"Entropy floors of the seeds' languages (nats): {', '.join(map(str, floors))}.", "")
+
+    def draw_curves(figure: Any) -> None:
+        axes = figure.add_subplot(1, 1, 1)
+        for arm in sorted(figures["per_seed"], key=_arm_order):
+            runs = list(figures["per_seed"][arm].values())
+            length = min(len(r["curve"]) for r in runs)
+            xs = [runs[0]["curve"][i][0] * runs[0]["tokens_per_step"] for i in range(length)]
+            ys = [
+                sum(r["curve"][i][1] - r["floor"] for r in runs) / len(runs) for i in range(length)
+            ]
+            style = {"dp": "k-", "single": "k:"}.get(arm, "-")
+            axes.plot(xs, ys, style, label=_ARM_LABEL.get(arm, arm), linewidth=1.2)
+        axes.set_xlabel("tokens processed by the arm (all learners)")
+        axes.set_ylabel("eval loss − entropy floor (nats, mean over seeds)")
+        axes.set_yscale("log")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=7, ncol=2)
+        axes.set_title("Excess evaluation loss against tokens")
+
+    page.plot("convergence.png", draw_curves, "excess loss against tokens for every arm")
+
+    gm = [arm for arm in arms if arm.startswith("gm-")]
+    if gm:
+
+        def draw_bytes(figure: Any) -> None:
+            axes = figure.add_subplot(1, 1, 1)
+            encodings = sorted(
+                {arm.split("-")[1] for arm in gm}, key=lambda e: _arm_order(f"gm-{e}-H0")
+            )
+            for encoding in encodings:
+                points = sorted(
+                    (int(arm.split("-")[2][1:]), arms[arm]["bytes_ratio_dp_over_gm"]["median"])
+                    for arm in gm
+                    if arm.split("-")[1] == encoding
+                )
+                axes.plot([x for x, _ in points], [y for _, y in points], "o-", label=encoding)
+            axes.set_xlabel("sync_every H (steps)")
+            axes.set_ylabel("DP bytes ÷ gradientmail bytes per learner")
+            axes.set_yscale("log")
+            axes.grid(True, alpha=0.3)
+            axes.legend()
+            axes.set_title("Bytes saved against data-parallel")
+
+        page.plot("bytes.png", draw_bytes, "bytes ratio against sync_every per encoding")
+
+        rows = []
+        for arm in sorted(gm, key=_arm_order):
+            runs = list(figures["per_seed"][arm].values())
+            kinds: dict[str, float] = {}
+            for r in runs:
+                for kind, n in r.get("bytes_by_kind_per_learner", {}).items():
+                    kinds[kind] = kinds.get(kind, 0.0) + n / len(runs)
+            total = sum(kinds.values())
+            if not total:
+                continue
+            payload = kinds.get("up:blobs", 0.0) + kinds.get("down:blobs", 0.0)
+            rows.append(
+                [
+                    arm,
+                    _bytes(total),
+                    f"{100 * payload / total:.1f}%",
+                    ", ".join(
+                        f"{kind} {100 * n / total:.1f}%"
+                        for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1])
+                        if n / total >= 0.005
+                    ),
+                    _bytes(sum(r["syncer_bytes"] for r in runs) / len(runs)),
+                ]
+            )
+        if rows:
+            page.add(
+                "Where a learner's bytes go (mean over seeds; `blobs` are the encoded deltas it "
+                "uploads and the updates or θ it downloads, the rest is protocol metadata: "
+                "snapshot objects, round records, leases):",
+                "",
+                *_table(
+                    ["arm", "learner bytes", "payload share", "by direction:kind", "syncer bytes"],
+                    rows,
+                ),
+            )
+
+    for target in figures["targets"]:
+        arm = target["arm"]
+        if not target["measured"]:
+            page.target(
+                f"{arm}: excess loss ÷ DP's", f"≤ {target['excess_ratio_max']:.2f}", "–", None, ""
+            )
+            page.target(
+                f"{arm}: DP bytes ÷ gm bytes", f"≥ {target['bytes_ratio_min']:.0f}×", "–", None, ""
+            )
+            continue
+        entry = arms[arm]
+        excess, bytes_ = target["excess_ratio"], target["bytes_ratio"]
+        page.target(
+            f"{arm}: excess loss ÷ DP's",
+            f"≤ {target['excess_ratio_max']:.2f}",
+            _spread(entry["excess_ratio_vs_dp"], 3),
+            target["excess_met"],
+            ""
+            if target["excess_met"]
+            else f"{100 * (excess / target['excess_ratio_max'] - 1):.1f}% over",
+        )
+        page.target(
+            f"{arm}: DP bytes ÷ gm bytes",
+            f"≥ {target['bytes_ratio_min']:.0f}×",
+            _spread(entry["bytes_ratio_dp_over_gm"], 0) + "×",
+            target["bytes_met"],
+            ""
+            if target["bytes_met"]
+            else f"{100 * (1 - bytes_ / target['bytes_ratio_min']):.1f}% short",
+        )
+    published = figures["published_gap_percent"]
+    for arm in sorted(gm, key=_arm_order):
+        if arm in {t["arm"] for t in figures["targets"]}:
+            gap = arms[arm]["relative_gap_percent_vs_dp"]
+            page.target(
+                f"{arm}: loss gap vs DP",
+                f"≤ +{published}% (published, 4 replicas)",
+                _spread(gap, 2) + "%",
+                gap["median"] <= published,
+                "",
+            )
+
+
+def step_overhead(page: Page, result: dict[str, Any] | None) -> None:
+    page.add("## 2. Step overhead", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/overhead.json` is missing._", "")
+        return
+    p, f = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        f"One training loop ({p['model']}, {p['params']:,} parameters, batch "
+        f"{p['batch']} × {p['context']} tokens, AdamW) run bare and with a node (one "
+        f"learner that is also its own syncer, `LocalMailbox`, F={p['fragments']}, "
+        f"H={p['sync_every']}, `{p['encoding']}`), in segments of {p['segment_steps']} steps "
+        f"that alternate between the two ({p['segments']} of each), driven from a worker "
+        "thread through `node.run_in_thread` as a synchronous loop would be. The time of "
+        "`step()` is measured on the caller, around each call.",
+        "",
+        *_table(
+            ["figure", "value"],
+            [
+                ["steps/s, bare", _spread(f["steps_per_s_bare"], 2)],
+                ["steps/s, with the node", _spread(f["steps_per_s_node"], 2)],
+                ["ratio (node ÷ bare), median of segment pairs", _spread(f["ratio"], 3)],
+                ["`step()` on the caller, p50", f"{_num(f['step_ms_p50'], 2)} ms"],
+                ["`step()` on the caller, p99", f"{_num(f['step_ms_p99'], 2)} ms"],
+                ["`step()` on the caller, max", f"{_num(f['step_ms_max'], 2)} ms"],
+                ["training step, bare, p50", f"{_num(f['train_ms_p50'], 1)} ms"],
+                ["rounds committed during the node segments", str(f["rounds_committed"])],
+            ],
+        ),
+    )
+    page.target(
+        "step overhead: steps/s with node ÷ bare",
+        f"≥ {result['target_ratio']}",
+        _spread(f["ratio"], 3),
+        f["ratio"]["median"] >= result["target_ratio"],
+        "",
+    )
+
+
+def store(page: Page, result: dict[str, Any] | None) -> None:
+    page.add("## 3. Store throughput", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/store.json` is missing._", "")
+        return
+    p, f = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        "`LocalMailbox` against plain file writes and reads of the same bytes (one worker-"
+        "thread hop per operation, as the mailbox makes), and `S3Mailbox` against direct "
+        "aiobotocore calls configured as the mailbox configures its client, on the same moto "
+        "server on 127.0.0.1. Objects are written and read one at a time, each put to a fresh "
+        f"key; {p['repetitions']} repetitions per figure, the two arms alternating; `list` "
+        f"returns {p['list_keys']:,} keys. Ratio = mailbox throughput ÷ baseline throughput "
+        "(medians); above 1 the mailbox is faster.",
+        "",
+    )
+    rows = []
+    bars: list[tuple[str, float]] = []
+    for backend, stores in f.items():
+        for name, sizes in stores.items():
+            for size, entry in sizes.items():
+                ops = ("list",) if size == "list" else ("put", "get")
+                for op in ops:
+                    if op == "list":
+                        mailbox, baseline = (
+                            entry["mailbox"]["keys_per_s"],
+                            entry["baseline"]["keys_per_s"],
+                        )
+                        unit, value = "keys/s", entry["ratio"]
+                        label = f"list {entry['keys']:,}"
+                    else:
+                        measure = "mib_per_s" if entry["size_bytes"] >= 1 << 16 else "ops_per_s"
+                        mailbox = entry[op]["mailbox"][measure]
+                        baseline = entry[op]["baseline"][measure]
+                        unit = "MiB/s" if measure == "mib_per_s" else "ops/s"
+                        value = entry[op]["ratio"]
+                        label = f"{op} {size}"
+                    rows.append(
+                        [
+                            backend,
+                            name,
+                            label,
+                            f"{_num(mailbox['median'], 1)} {unit}",
+                            f"{_num(baseline['median'], 1)} {unit}",
+                            _num(value, 2),
+                        ]
+                    )
+                    bars.append((f"{backend} {name} {label}", value))
+    page.add(*_table(["loop", "store", "operation", "mailbox", "baseline", "ratio"], rows))
+
+    def draw(figure: Any) -> None:
+        axes = figure.add_subplot(1, 1, 1)
+        labels = [label for label, _ in bars]
+        values = [value for _, value in bars]
+        colors = ["tab:green" if v >= result["target_ratio"] else "tab:red" for v in values]
+        axes.barh(range(len(values)), values, color=colors)
+        axes.set_yticks(range(len(values)), labels, fontsize=6)
+        axes.axvline(result["target_ratio"], color="k", linestyle="--", linewidth=0.8)
+        axes.axvline(1.0, color="grey", linewidth=0.5)
+        axes.invert_yaxis()
+        axes.set_xlabel("mailbox throughput ÷ baseline throughput (dashed: target)")
+        axes.set_title("Store throughput ratios")
+
+    page.plot("store.png", draw, "store throughput ratios")
+    for name, worst in result["worst"].items():
+        page.target(
+            f"store throughput: {name} ÷ baseline, worst case",
+            f"≥ {result['target_ratio']}",
+            f"{_num(worst['ratio'], 2)} ({worst['where']})",
+            worst["ratio"] >= result["target_ratio"],
+            "",
+        )
+
+
+def rounds(page: Page, result: dict[str, Any] | None) -> None:
+    page.add("## 4. Round latency and scale", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/rounds.json` is missing._", "")
+        return
+    p, f = result["parameters"], result["figures"]
+    page.add(_provenance(result), "")
+    latency = f.get("latency")
+    if latency:
+        page.add(
+            "**Round latency**: from the moment the put of a round's last snapshot returned "
+            "to the moment a learner's listing first returned that round's record, on a "
+            f"`{p['latency_store']}`, with {p['latency_learners']} learners that step in "
+            f"lockstep, one fragment per round (F={p['latency_fragments']}), poll interval "
+            f"{p['poll_interval']} s (so up to that much of the latency is the poll).",
+            "",
+            *_table(
+                ["fragment size", "rounds", "p50", "p90", "max"],
+                [
+                    [
+                        f"{int(size):,} parameters",
+                        str(entry["rounds"]),
+                        f"{_num(entry['p50_s'] * 1e3, 0)} ms",
+                        f"{_num(entry['p90_s'] * 1e3, 0)} ms",
+                        f"{_num(entry['max_s'] * 1e3, 0)} ms",
+                    ]
+                    for size, entry in latency.items()
+                ],
+            ),
+        )
+    scale = f.get("scale")
+    if scale:
+        kinds = sorted({k for entry in scale["by_n"].values() for k in entry["per_round"]})
+        page.add(
+            f"**Scale**: N simulated learners in one process (each a full node with its "
+            f"syncer), on a `MemoryMailbox` wrapped to count every request, "
+            f"{p['scale_model']} ({p['scale_params']:,} parameters), F={p['scale_fragments']}, "
+            f"H={p['scale_sync_every']}, poll interval {p['poll_interval']} s; the learners "
+            f"step in lockstep every {p['scale_tick_s'] * 1e3:.0f} ms for "
+            f"{p['scale_seconds']} s. Requests are counted over the whole run and divided by "
+            "the rounds committed.",
+            "",
+            *_table(
+                [
+                    "N",
+                    "rounds",
+                    "rounds/s",
+                    "requests/round",
+                    *[f"{k}/round" for k in kinds],
+                    "requests/round/learner",
+                ],
+                [
+                    [
+                        n,
+                        str(entry["rounds"]),
+                        _num(entry["rounds_per_s"], 2),
+                        _num(entry["requests_per_round"], 1),
+                        *[_num(entry["per_round"].get(k, 0.0), 1) for k in kinds],
+                        _num(entry["requests_per_round_per_learner"], 2),
+                    ]
+                    for n, entry in scale["by_n"].items()
+                ],
+            ),
+            f"Least-squares fit of requests per round against N: slope "
+            f"**{_num(scale['fit']['slope'], 2)} requests per round per learner**, intercept "
+            f"{_num(scale['fit']['intercept'], 1)}, R² {_num(scale['fit']['r2'], 4)}.",
+            "",
+        )
+
+        def draw(figure: Any) -> None:
+            axes = figure.add_subplot(1, 1, 1)
+            ns = [int(n) for n in scale["by_n"]]
+            ys = [entry["requests_per_round"] for entry in scale["by_n"].values()]
+            axes.plot(ns, ys, "o", label="measured")
+            fit = scale["fit"]
+            axes.plot(ns, [fit["slope"] * n + fit["intercept"] for n in ns], "-", label="fit")
+            axes.set_xlabel("learners N")
+            axes.set_ylabel("store requests per round")
+            axes.grid(True, alpha=0.3)
+            axes.legend()
+            axes.set_title("Requests per round against learners")
+
+        page.plot("scale.png", draw, "requests per round against learners")
+
+
+def events(page: Page, result: dict[str, Any] | None) -> None:
+    page.add("## 5. Event bus", "")
+    if result is None:
+        page.add("_Not measured here: `benchmarks/results/events.json` is missing._", "")
+        return
+    page.add(
+        _provenance(result),
+        "",
+        "Measured by `benchmarks/bench_events.py` (see its docstring); medians of "
+        f"{result['parameters']['repetitions']} repetitions.",
+        "",
+    )
+    backends = list(result["figures"])
+    keys = list(result["figures"][backends[0]])
+    page.add(
+        *_table(
+            ["figure", *backends],
+            [
+                [key, *[_num(result["figures"][b][key]["median"], 2) for b in backends]]
+                for key in keys
+            ],
+        )
+    )
+    worst = max(result["figures"][b]["emit_us_loop_thread"]["median"] for b in backends)
+    page.target(
+        "event emit on the loop thread",
+        f"< {result['target_emit_us']} µs",
+        f"{_num(worst, 2)} µs",
+        worst < result["target_emit_us"],
+        "",
+    )
+
+
+def generate(results: Path, docs: Path) -> Path:
+    """Write ``docs/benchmarks.md`` and its plots from ``results``; returns the page."""
+    page = Page(docs)
+    sections: list[tuple[Callable[[Page, dict[str, Any] | None], None], str]] = [
+        (convergence, "convergence"),
+        (step_overhead, "overhead"),
+        (store, "store"),
+        (rounds, "rounds"),
+        (events, "events"),
+    ]
+    body = Page(docs)
+    for section, name in sections:
+        section(body, _load(results, name))
+    quick = any((_load(results, n) or {}).get("quick") for _, n in sections)
+    page.add(
+        "# Benchmarks",
+        "",
+        "<!-- Generated by benchmarks/report.py from benchmarks/results/*.json; do not edit. -->",
+        "",
+        "Regenerate with `nox -s bench` (the full run) or "
+        "`.venv/bin/python benchmarks/run.py [--quick]`; `benchmarks/report.py` alone "
+        "rewrites this page from the JSON files. Every comparison is a ratio of two "
+        "measures taken in the same run on the same machine.",
+        "",
+    )
+    if quick:
+        page.add(
+            "> **Some results below come from the quick variant** (smoke-test sizes); they "
+            "are labelled where they appear and are not the full run's figures.",
+            "",
+        )
+    page.add(
+        "## Targets", "", *_table(["figure", "target", "measured", "verdict", "by"], body.targets)
+    )
+    page.add(*body.lines)
+    path = docs / PAGE
+    path.write_text("\n".join(page.lines).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=h.RESULTS)
+    parser.add_argument("--docs", type=Path, default=h.DOCS)
+    args = parser.parse_args()
+    print(f"wrote {generate(args.results, args.docs)}")
+
+
+if __name__ == "__main__":
+    main()
