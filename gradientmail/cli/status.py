@@ -191,7 +191,9 @@ def document(
     """The status of ``observation`` as plain JSON values (pure).
 
     ``last`` is how many of the newest rounds to list; ``live`` the learners judged live
-    (None: not judged, and every lease's ``live`` is null).
+    (None: not judged, and every lease's ``live`` is null). Every local step reaches the
+    model once per fragment, so the totals of steps and tokens are means over fragments
+    (exact counts per fragment in ``tokens_by_fragment``).
     """
     manifest = observation.manifest
     count = len(manifest.fragments)
@@ -229,6 +231,10 @@ def document(
     ]
     participants = [p for record in ordered for p in record.participants]
     rejected = [r for record in ordered for r in record.rejected]
+    tokens_by_fragment = [0] * count
+    for record in ordered:
+        if 0 <= record.fragment < count:
+            tokens_by_fragment[record.fragment] += sum(p.tokens for p in record.participants)
     return {
         "url": observation.url,
         "manifest": {
@@ -257,11 +263,12 @@ def document(
         ],
         "totals": {
             "rounds": len(observation.records),
-            "steps": sum(p.steps for p in participants),
-            "tokens": sum(p.tokens for p in participants),
             "snapshots": len(participants),
             "rejected": len(rejected),
-            "rejected_tokens": sum(r.tokens for r in rejected),
+            "steps": sum(p.steps for p in participants) / count,
+            "tokens": sum(p.tokens for p in participants) / count,
+            "rejected_tokens": sum(r.tokens for r in rejected) / count,
+            "tokens_by_fragment": tokens_by_fragment,
         },
         "problems": list(observation.problems),
     }
@@ -299,8 +306,11 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
     rounds = Table(
         title=f"rounds (newest {len(doc['rounds'])} of {totals['rounds']})", title_justify="left"
     )
-    for column in ("round", "frag", "ver", "committed by", "participants (weight)", "rejected"):
-        rounds.add_column(column, justify="right" if len(column) < 6 else "left")
+    for column in ("round", "frag", "ver"):
+        rounds.add_column(column, justify="right")
+    rounds.add_column("committed by", no_wrap=True)
+    rounds.add_column("participants (weight)", ratio=3)
+    rounds.add_column("rejected", ratio=1)
     for column in ("quorum s", "grace s", "cosine"):
         rounds.add_column(column, justify="right")
     for r in doc["rounds"]:
@@ -309,7 +319,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             str(r["fragment"]),
             str(r["version"]),
             r["committed_by"],
-            ", ".join(f"{p['learner']} ({p['weight']:.2f})" for p in r["participants"]) or "-",
+            " ".join(f"{p['learner']} {p['weight']:.2f}" for p in r["participants"]) or "-",
             ", ".join(f"{x['learner']}: {x['reason']}" for x in r["rejected"]) or "-",
             _seconds(r["quorum_seconds"]),
             _seconds(r["grace_seconds"]),
@@ -335,10 +345,19 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         )
     summary = Text(
         f"{totals['rounds']} rounds committed: {totals['snapshots']} snapshots, "
-        f"{totals['steps']:,} steps, {totals['tokens']:,} tokens; {totals['rejected']} "
-        f"snapshots rejected ({totals['rejected_tokens']:,} tokens)"
+        f"{totals['steps']:,.0f} steps and {totals['tokens']:,.0f} tokens per fragment; "
+        f"{totals['rejected']} snapshots rejected ({totals['rejected_tokens']:,.0f} tokens "
+        "per fragment)"
     )
-    parts: list[RenderableType] = [head, fragments, rounds, in_flight, leases, summary]
+    no_leases = Text("leases: none (no node of this run is running)")
+    parts: list[RenderableType] = [
+        head,
+        fragments,
+        rounds,
+        in_flight,
+        leases if doc["leases"] else no_leases,
+        summary,
+    ]
     parts.extend(Text(f"problem: {p}", style="yellow") for p in doc["problems"])
     return Group(*parts)
 

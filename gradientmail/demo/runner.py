@@ -224,7 +224,10 @@ class _Session:
             return
         named, _ = await newest_model(mailbox, url)
         loss = await anyio.to_thread.run_sync(self._evaluate, named)
-        tokens = sum(p.tokens for r in observation.records.values() for p in r.participants)
+        # Each local step reaches the model once per fragment: count tokens per fragment.
+        tokens = sum(p.tokens for r in observation.records.values() for p in r.participants) // len(
+            observation.manifest.fragments
+        )
         self._add_point(EvalPoint(tokens=tokens, round=newest, loss=loss, seconds=self._elapsed()))
         self.evaluated_round = newest
 

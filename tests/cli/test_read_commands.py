@@ -52,11 +52,12 @@ def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
     ]
     assert doc["totals"] == {
         "rounds": 5,
-        "steps": 80,
-        "tokens": 2000,
         "snapshots": 10,
         "rejected": 1,
-        "rejected_tokens": 50,
+        "steps": 80 / FRAGMENTS,
+        "tokens": 2000 / FRAGMENTS,
+        "rejected_tokens": 50 / FRAGMENTS,
+        "tokens_by_fragment": [800, 800, 400],
     }
     assert doc["problems"] == []
     assert len(manifest.fragments) == FRAGMENTS
@@ -69,7 +70,7 @@ def test_status_table_shows_the_run(written_run: WrittenRun) -> None:
         "created by alpha",
         "rounds (newest 5 of 5)",
         "gamma: non-finite",
-        "alpha (0.75)",
+        "alpha 0.75",
         "claimed by alpha",
         "5 rounds committed",
     ):
