@@ -23,8 +23,10 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
+import anyio
 import anyio.to_thread
 
 from gradientmail.clock import Clock, MonotonicClock
@@ -44,7 +46,7 @@ from gradientmail.protocol.records import (
     encode,
 )
 
-__all__ = ["Store", "StoreStats", "sha256"]
+__all__ = ["Store", "StoreStats", "gather", "sha256"]
 
 _log = logging.getLogger("gradientmail.store")
 
@@ -63,6 +65,34 @@ async def _hash(data: bytes) -> str:
     if len(data) <= _HASH_INLINE_BYTES:
         return sha256(data)
     return await anyio.to_thread.run_sync(sha256, data)
+
+
+_CLAIM_CACHE_ROUNDS = 64
+"""How many rounds behind the newest asked about a claim body stays remembered."""
+
+
+async def gather(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run ``calls`` concurrently (one task each) and return their results in order.
+
+    When some fail, the first failure (in completion order) is raised on its own, as a
+    sequential caller would see it, unless a cancellation is among them; the other calls
+    are cancelled.
+    """
+    results: dict[int, T] = {}
+
+    async def one(index: int, call: Callable[[], Awaitable[T]]) -> None:
+        results[index] = await call()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for index, call in enumerate(calls):
+                tg.start_soon(one, index, call)
+    except BaseExceptionGroup as group:
+        errors = group.exceptions
+        if all(isinstance(error, Exception) for error in errors):
+            raise errors[0] from None
+        raise
+    return [results[index] for index in range(len(calls))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +128,7 @@ class Store:
         self._bytes_up = 0
         self._bytes_down = 0
         self._requests = {"put": 0, "get": 0, "list": 0, "delete": 0}
+        self._claimants: dict[int, dict[int, str]] = {}
 
     @property
     def stats(self) -> StoreStats:
@@ -289,9 +320,12 @@ class Store:
         A malformed one is logged and left out: it cannot take part, and it must not stop the
         round.
         """
+        learners = await self.snapshot_learners(round)
+        bodies = await gather(
+            [partial(self.get, keys.snapshot(round, learner)) for learner in learners]
+        )
         found = []
-        for learner in await self.snapshot_learners(round):
-            data = await self.get(keys.snapshot(round, learner))
+        for learner, data in zip(learners, bodies, strict=True):
             if data is None:
                 continue
             try:
@@ -306,15 +340,26 @@ class Store:
         return found
 
     async def round_claims(self, round: int) -> list[tuple[int, str]]:
-        """``(k, claimant)`` of every claim on ``round``, in order."""
+        """``(k, claimant)`` of every claim on ``round``, in order.
+
+        Claims are create-once, so each body is read once and remembered (for the rounds
+        near the newest asked about): following a round costs one listing per poll.
+        """
+        for stale in [r for r in self._claimants if r < round - _CLAIM_CACHE_ROUNDS]:
+            del self._claimants[stale]
+        known = self._claimants.setdefault(round, {})
         claims = []
         for key in await self.list_keys(keys.claims_prefix(round)):
             parsed = keys.parse_claim(key)
             if parsed is None or parsed[0] != round:
                 continue
-            data = await self.get(key)
-            if data is not None:
-                claims.append((parsed[1], decode(data, RoundClaim).learner))
+            k = parsed[1]
+            if k not in known:
+                data = await self.get(key)
+                if data is None:
+                    continue
+                known[k] = decode(data, RoundClaim).learner
+            claims.append((k, known[k]))
         return claims
 
     async def claim_round(self, round: int, k: int, learner: str) -> bool:

@@ -39,6 +39,7 @@ it was closing is then taken over by others once its lease is gone.
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Literal, TypeAlias
 
 import anyio.to_thread
@@ -70,6 +71,7 @@ from gradientmail.protocol.records import (
     RunConfig,
     Snapshot,
 )
+from gradientmail.store import gather
 
 __all__ = [
     "Adopt",
@@ -296,14 +298,22 @@ async def recover(rt: Runtime) -> SyncerState:
 
 @dataclass
 class _Observer:
-    """The syncer's running view of the leases and of who has published."""
+    """The syncer's running view of the leases and of who has published.
+
+    Leases are listed at most every ``every`` seconds: a lease changes once per beat, and
+    listing them on every poll would multiply a follower's requests for nothing.
+    """
 
     liveness: Liveness
+    every: float
     publishers: frozenset[str] = frozenset()
+    looked: float | None = None
 
     async def look(self, rt: Runtime) -> frozenset[str]:
         now = rt.clock.now()
-        self.liveness = self.liveness.observed(await rt.store.leases(), now)
+        if self.looked is None or now - self.looked >= self.every:
+            self.liveness = self.liveness.observed(await rt.store.leases(), now)
+            self.looked = now
         return self.liveness.live(now)
 
     def saw(self, learners: Sequence[str]) -> None:
@@ -312,7 +322,8 @@ class _Observer:
 
 async def run_syncer(rt: Runtime) -> None:
     """Close rounds until cancelled (see the module docstring)."""
-    observer = _Observer(Liveness(rt.options.lease_timeout))
+    every = min(rt.options.lease_every, rt.options.lease_timeout / 4)
+    observer = _Observer(Liveness(rt.options.lease_timeout), every)
     delay: float | None = None
     while True:
         try:
@@ -461,7 +472,7 @@ async def _close(
     spec = rt.specs[fragment]
     snapshots = await rt.store.snapshots(round)
     observer.saw([s.learner for s in snapshots])
-    candidates = [await _candidate(rt, s, fragment, spec) for s in snapshots]
+    candidates = await gather([partial(_candidate, rt, s, fragment, spec) for s in snapshots])
     result = await anyio.to_thread.run_sync(aggregate, current.version, candidates, spec, config)
     draft = RoundRecordDraft(
         round=round,
@@ -479,9 +490,13 @@ async def _close(
         _numerics, current.theta, current.momentum, result.mean, spec, config
     )
     theta_bytes, outer_bytes = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec)
-    theta_ref = await rt.store.put_blob(theta_bytes, "fp32")
-    outer_ref = await rt.store.put_blob(outer_bytes, "fp32")
-    update_ref = await rt.store.put_blob(update_bytes, config.update_encoding)
+    theta_ref, outer_ref, update_ref = await gather(
+        [
+            partial(rt.store.put_blob, theta_bytes, "fp32"),
+            partial(rt.store.put_blob, outer_bytes, "fp32"),
+            partial(rt.store.put_blob, update_bytes, config.update_encoding),
+        ]
+    )
     ours = RoundRecord.committed(draft, theta=theta_ref, outer=outer_ref, update=update_ref)
     landed = await rt.store.put_record(ours)
     if landed != ours:

@@ -1,0 +1,61 @@
+"""Three nodes in one process train over S3 (a real moto server on 127.0.0.1); each opens
+and closes its own S3 mailbox from a URL."""
+
+from dataclasses import replace
+
+import anyio
+import pytest
+from node_helpers import (
+    CONFIG,
+    FAST,
+    Recorder,
+    assert_holds_committed,
+    assert_steps_accounted,
+    commits_by_round,
+    records,
+    tiny_model,
+    train,
+)
+
+import gradientmail.node as gm_node
+from gradientmail.mailbox import open as open_mailbox
+
+pytestmark = [
+    pytest.mark.anyio,
+    # aiobotocore warns that plain httpx is deprecated in favour of httpx2; both work.
+    pytest.mark.filterwarnings(
+        "ignore:aiobotocore's httpx backend now prefers httpx2:DeprecationWarning"
+    ),
+]
+
+# HTTP round trips to moto cost milliseconds each: poll less often than in memory.
+S3_OPTIONS = replace(FAST, poll_interval=0.05, lease_every=0.2, lease_timeout=2.0)
+
+
+async def test_three_nodes_train_over_s3(moto_server: str, s3_bucket: str) -> None:
+    url = f"s3://{s3_bucket}/run?endpoint_url={moto_server}&region=us-east-1"
+    sink = Recorder()
+    finals = {}
+
+    async def member(name: str, seed: int) -> None:
+        model = tiny_model(seed)
+        async with gm_node.node(
+            model, url, learner=name, config=CONFIG, options=S3_OPTIONS, sinks=[sink]
+        ) as node:
+            await train(node, model, seed=seed, until_round=12, limit=120)
+        finals[name] = (model, node.state)
+
+    async with anyio.create_task_group() as tg:
+        for seed, name in enumerate(("a", "b", "c")):
+            tg.start_soon(member, name, seed)
+
+    async with open_mailbox(url) as box:
+        history = await records(box)
+        assert len(history) >= 13
+        assert commits_by_round(sink.events) == {r.round: 1 for r in history}
+        for name, (model, state) in finals.items():
+            await assert_holds_committed(box, model, state.versions)
+            assert_steps_accounted(name, state.steps, state.tokens, sink.events, history)
+            assert state.requests["put"] > 0
+            assert state.bytes_published > 0
+            assert state.bytes_downloaded > 0
