@@ -47,6 +47,7 @@ from gradientmail.events import (
     FragmentAligned,
     GaveUp,
     Joined,
+    PublishCancelled,
     RoundCommitted,
     Sink,
     StepsDropped,
@@ -208,11 +209,9 @@ class Node:
         try:
             await fn()
         except Exception as exc:
-            if self._failure is None:
-                self._failure = exc
             if name == "syncer":
                 self._emit(SyncerStopped(self.learner, exc))
-            self._wake()
+            self._failed(exc)
 
     def _apply_ready(self) -> None:
         assert self._cell is not None
@@ -302,7 +301,7 @@ class Node:
         """Start the node's tasks in ``tg``: the lease first (its first beat lands before
         anything else runs), then receive and publish (learners) and the syncer."""
         rt = self._rt
-        await tg.start(run_lease, rt.store, rt.learner, rt.options.lease_every, rt.clock, rt.emit)
+        await tg.start(self._lease)
         cell = self._cell
         if cell is not None:
             send, receive = anyio.create_memory_object_stream[Job](max_buffer_size=math.inf)
@@ -315,6 +314,37 @@ class Node:
             )
         if rt.options.syncer:
             tg.start_soon(self._guard, "syncer", lambda: run_syncer(rt))
+
+    async def _lease(self, *, task_status: TaskStatus[None]) -> None:
+        """The lease task. A failure before its first beat is the caller's (the node does
+        not start); a later one fails the node like any task's."""
+        rt = self._rt
+        started = False
+
+        class _Started:
+            def started(self, value: None = None) -> None:
+                nonlocal started
+                started = True
+                task_status.started()
+
+        try:
+            await run_lease(
+                rt.store,
+                rt.learner,
+                rt.options.lease_every,
+                rt.clock,
+                rt.emit,
+                task_status=_Started(),
+            )
+        except Exception as exc:
+            if not started:
+                raise
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._wake()
 
     def _stop(self, tg: TaskGroup) -> None:
         if self._jobs is not None:
@@ -359,6 +389,8 @@ class Node:
                     default=state.newest_round + 1,
                 )
                 self._emit(GaveUp(self.learner, target, now - since, _aligned_round(versions)))
+                if any(entry.in_flight for entry in state.fragments):
+                    self._emit(PublishCancelled(self.learner, now - since))
                 self._drop_unpublished("gave up closing")
                 return
             with anyio.move_on_after(self._rt.options.poll_interval):
