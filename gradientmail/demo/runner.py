@@ -60,8 +60,12 @@ from gradientmail.demo.settings import (
     session_path,
 )
 from gradientmail.demo.view import Board, EvalPoint, line, plot, render, summary
-from gradientmail.mailbox import Mailbox
+from gradientmail.errors import RecordError
+from gradientmail.mailbox import Mailbox, retrying
 from gradientmail.mailbox.local import LocalMailbox
+from gradientmail.protocol import keys
+from gradientmail.protocol.fragments import mismatch, signature
+from gradientmail.protocol.records import Manifest, decode
 
 __all__ = ["run_demo", "settings_from", "workdir_for"]
 
@@ -298,6 +302,35 @@ class _Session:
             await anyio.sleep(_REFRESH)
 
 
+async def _check_run(session: "_Session", mailbox: Mailbox) -> None:
+    """``CliError`` when the store already holds a run these settings cannot join (another
+    config or model), before any learner starts; nothing when it holds none."""
+    settings = session.settings
+    data = await retrying(lambda: mailbox.get(keys.MANIFEST), attempts=4)
+    if data is None:
+        return
+    try:
+        manifest = decode(data, Manifest)
+    except RecordError as exc:
+        raise CliError(f"{settings.store}: the run's manifest is unreadable: {exc}") from exc
+    advice = "resume it with the flags it was started with, or give another --store"
+    ours = run_config(settings)
+    for name in ours.__struct_fields__:
+        theirs, mine = getattr(manifest.config, name), getattr(ours, name)
+        if theirs != mine:
+            raise CliError(
+                f"{settings.store} holds a run with {name}={theirs!r} but these settings give "
+                f"{mine!r}; {advice}"
+            )
+    named = list(session.model.named_parameters())
+    problem = mismatch(manifest.fragments, signature(named, ours.fragments, ours.pattern))
+    if problem is not None:
+        raise CliError(
+            f"{settings.store} holds a run of another model (--model, --context or --data "
+            f"differ): {problem}; {advice}"
+        )
+
+
 def _prepare(settings: DemoSettings) -> None:
     workdir = Path(settings.workdir)
     for sub in ("events", "progress", "logs"):
@@ -320,6 +353,8 @@ async def _run(settings: DemoSettings, console: Console) -> int:
                 if use_live
                 else contextlib.nullcontext() as live,
             ):
+                await _check_run(session, mailbox)
+                await anyio.to_thread.run_sync(_prepare, settings)
                 await session.start_learners(logs)
                 async with anyio.create_task_group() as group:
                     group.start_soon(session.stop_on_signal, signals)
@@ -403,6 +438,5 @@ def run_demo(settings: DemoSettings) -> int:
     """Run one session of the demo; the exit status (0, 1 when a learner failed, 130 when
     interrupted). ``CliError`` when the store cannot be opened."""
     torch.set_num_threads(1)
-    _prepare(settings)
     console = Console()
     return anyio.run(_run, settings, console, backend=settings.backend)

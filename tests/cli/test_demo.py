@@ -227,3 +227,19 @@ def test_export_loads_into_the_model_and_equals_the_newest_versions(
         theta = decode_fragment(content.blobs[content.records[newest].theta.sha256], spec)
         for param, value in zip(spec.params, theta, strict=True):
             assert torch.equal(params[param.name].detach(), value), param.name
+
+
+def test_resuming_with_other_settings_is_refused_before_any_learner_starts(
+    demo_run: DemoRun,
+) -> None:
+    store = demo_run.store
+    session = (store / "session.json").read_bytes()
+    for extra, expected in (
+        (("--sync-every", "12"), "sync_every=8 but these settings give 12"),
+        (("--model", "small"), "holds a run of another model"),
+    ):
+        result = cli("demo", "--store", str(store), "--steps", "4", *TINY, *extra)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert expected in result.stderr
+        assert "Traceback" not in result.stdout + result.stderr
+    assert (store / "session.json").read_bytes() == session
