@@ -23,18 +23,6 @@ __all__ = ["Board", "EvalPoint", "line", "notice", "plot", "render", "summary"]
 
 _NOTICES = 5
 
-_NOTABLE = {
-    "took_over_round": "took over round {round} from {previous} ({reason})",
-    "took_over_creation": "took over creating the run",
-    "snapshot_rejected": "snapshot for round {round} rejected: {reason} ({tokens} tokens dropped)",
-    "gave_up": "gave up waiting for round {round} at close",
-    "round_failed": "round {round} failed; retrying",
-    "syncer_stopped": "syncer stopped",
-    "publish_failed": "publishing fragment {fragment} failed",
-    "poll_failed": "polling the store failed",
-    "events_dropped": "{count} events dropped",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class EvalPoint:
@@ -76,16 +64,44 @@ class Board:
         return dataclasses.replace(self, notices=(*self.notices, text)[-_NOTICES:])
 
 
+def _error(value: object) -> str:
+    if isinstance(value, dict):
+        return f"{value.get('type', 'error')}: {value.get('message', '')}"
+    return str(value)
+
+
 def notice(event: Mapping[str, Any]) -> str | None:
-    """A one-line description of a notable event, or None for routine ones."""
-    template = _NOTABLE.get(str(event.get("event")))
-    if template is None:
-        return None
-    try:
-        text = template.format(**event)
-    except (KeyError, IndexError, ValueError):
-        text = str(event.get("event"))
-    return f"{event.get('learner', '?')}: {text}"
+    """A one-line description of a notable event (a JSON event line), or None for the
+    routine ones the board shows otherwise."""
+    get = event.get
+    match get("event"):
+        case "took_over_round":
+            claimants = ", ".join(map(str, get("claimants") or ())) or "nobody"
+            text = f"took over round {get('round')} from {claimants} ({get('cause')})"
+        case "took_over_creation":
+            text = f"took over creating the run (stalled {get('stalled')} s)"
+        case "snapshot_rejected":
+            text = (
+                f"its snapshot for round {get('round')} was rejected ({get('reason')}): "
+                f"{get('steps')} steps, {get('tokens')} tokens dropped"
+            )
+        case "steps_dropped":
+            text = f"{get('steps')} steps of fragment {get('fragment')} dropped ({get('reason')})"
+        case "gave_up":
+            text = f"gave up waiting for round {get('round')} after {get('waited')} s"
+        case "round_failed":
+            text = f"round {get('round')} failed ({_error(get('error'))}); retrying"
+        case "syncer_stopped":
+            text = f"syncer stopped: {_error(get('error'))}"
+        case "publish_failed":
+            text = f"publishing for round {get('round')} failed: {_error(get('error'))}"
+        case "poll_failed":
+            text = f"polling the store failed: {_error(get('error'))}"
+        case "events_dropped":
+            text = f"{get('count')} events dropped by {get('sink')}"
+        case _:
+            return None
+    return f"{get('learner', '?')}: {text}"
 
 
 def _loss(value: float | None) -> str:
