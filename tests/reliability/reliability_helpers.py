@@ -1,0 +1,151 @@
+"""What the reliability tests share: a tiny model and trainer, an event recorder, and the
+checks a run must pass whatever happened to it (records contiguous, one commit per round,
+every step accounted for, weights equal to what was committed)."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gradientmail.events import Event, RoundCommitted, SnapshotPublished, StepsDropped
+from gradientmail.mailbox import Mailbox
+from gradientmail.node import NodeOptions
+from gradientmail.protocol import keys
+from gradientmail.protocol.codec import decode_fragment
+from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, decode
+from gradientmail.store import Store
+
+torch.set_num_threads(1)
+
+FAST = NodeOptions(
+    poll_interval=0.02,
+    lease_every=0.1,
+    lease_timeout=1.0,
+    claim_timeout=2.0,
+    creation_timeout=1.0,
+    close_timeout=20.0,
+    max_retry_delay=0.05,
+)
+CONFIG = RunConfig(fragments=2, sync_every=4, grace=0.2, keep_rounds=8, keep_versions=4)
+
+
+def tiny_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+class Trainer:
+    """Plain SGD on a fixed synthetic regression task, one batch of 16 per step."""
+
+    def __init__(self, model: nn.Module, seed: int) -> None:
+        self.model = model
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(128, 6, generator=generator)
+        self.y = self.x.sum(dim=1, keepdim=True).sin()
+        self.at = 0
+
+    def step(self) -> None:
+        batch = slice(self.at % 128, self.at % 128 + 16)
+        self.at += 16
+        self.model.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(self.model(self.x[batch]), self.y[batch])
+        loss.backward()
+        with torch.no_grad():
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    param.sub_(param.grad, alpha=0.05)
+
+
+@dataclass
+class Recorder:
+    """A sink keeping every event it is given."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type) -> list[Event]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+async def history(mailbox: Mailbox) -> list[RoundRecord]:
+    """Every committed round record, in order; asserts they are contiguous from round 0 and
+    that each names the fragment and version its round produces."""
+    store = Store(mailbox)
+    manifest = decode(await _get(mailbox, keys.MANIFEST), Manifest)
+    rounds = await store.record_rounds()
+    assert rounds == list(range(len(rounds))), f"records are not contiguous: {rounds}"
+    found = []
+    for round in rounds:
+        record = await store.record(round)
+        assert record is not None
+        assert record.fragment == keys.fragment_of(round, manifest.config.fragments)
+        assert record.version == keys.version_of(round, manifest.config.fragments)
+        found.append(record)
+    return found
+
+
+async def _get(mailbox: Mailbox, key: str) -> bytes:
+    data = await mailbox.get(key)
+    assert data is not None, f"{key} is missing"
+    return data
+
+
+def commits_by_round(events: Sequence[Event]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for event in events:
+        if isinstance(event, RoundCommitted):
+            counts[event.record.round] = counts.get(event.record.round, 0) + 1
+    return counts
+
+
+def assert_steps_accounted(
+    learner: str, steps: int, tokens: int, events: Sequence[Event], records: Sequence[RoundRecord]
+) -> None:
+    """For each fragment, every step (and token) of ``learner`` is in exactly one committed
+    round's participants or in one drop report: the ledger's invariant, seen from outside."""
+    fragments = {record.fragment for record in records} | {
+        e.fragment for e in events if isinstance(e, SnapshotPublished | StepsDropped)
+    }
+    for fragment in sorted(fragments):
+        included = [
+            p
+            for record in records
+            if record.fragment == fragment
+            for p in record.participants
+            if p.learner == learner
+        ]
+        dropped = [
+            e
+            for e in events
+            if isinstance(e, StepsDropped) and e.learner == learner and e.fragment == fragment
+        ]
+        counted = sum(p.steps for p in included) + sum(e.steps for e in dropped)
+        assert counted == steps, f"{learner} fragment {fragment}: {counted} of {steps} steps"
+        counted_tokens = sum(p.tokens for p in included) + sum(e.tokens for e in dropped)
+        assert counted_tokens == tokens, f"{learner} fragment {fragment}: tokens"
+
+
+async def newest_theta(mailbox: Mailbox) -> dict[str, torch.Tensor]:
+    """The newest committed θ of every parameter, by name."""
+    manifest = decode(await _get(mailbox, keys.MANIFEST), Manifest)
+    records = await history(mailbox)
+    store = Store(mailbox)
+    weights: dict[str, torch.Tensor] = {}
+    for fragment, spec in enumerate(manifest.fragments):
+        ref = manifest.theta0[fragment]
+        for record in records:
+            if record.fragment == fragment:
+                ref = record.theta
+        data = await store.get_blob(ref)
+        assert data is not None
+        for param, value in zip(spec.params, decode_fragment(data, spec), strict=True):
+            weights[param.name] = value
+    return weights
+
+
+def assert_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    for name, param in model.named_parameters():
+        assert torch.equal(param.detach(), weights[name]), f"{name} differs"
