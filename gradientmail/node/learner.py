@@ -47,7 +47,13 @@ from gradientmail.node.runtime import Runtime
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
 from gradientmail.protocol.merge import Ledger, Outcome, Resolution
-from gradientmail.protocol.records import FragmentSpec, RoundRecord, RunConfig, Snapshot
+from gradientmail.protocol.records import (
+    FragmentSpec,
+    MergeRule,
+    RoundRecord,
+    RunConfig,
+    Snapshot,
+)
 
 __all__ = [
     "FragmentState",
@@ -56,6 +62,7 @@ __all__ = [
     "Published",
     "Ready",
     "StateCell",
+    "merge_in_place",
     "run_publisher",
     "run_receive",
 ]
@@ -239,6 +246,37 @@ def resolution_events(resolution: Resolution, learner: str) -> list[Event]:
             f"rejected by round {resolution.round}: {reason}",
         ),
     ]
+
+
+def merge_in_place(
+    params: Sequence[Tensor],
+    outcome: Outcome,
+    *,
+    theta: Sequence[Tensor],
+    snapshot: Sequence[Tensor] | None,
+    base: Sequence[Tensor],
+    rule: MergeRule,
+    alpha: float,
+    non_blocking: bool = False,
+) -> None:
+    """Apply a new version ``theta`` of a fragment to its live ``params``, in place, with
+    exactly the values ``protocol.merge.merged`` returns (bit for bit): keep-progress
+    ``θ_new + (θ − S)`` when included, ``θ_new + (θ − B)`` when late, ``θ_new`` when
+    rejected; ``α·θ + (1 − α)·θ_new`` under the alpha rule. ``theta``, ``snapshot`` and
+    ``base`` live on the CPU and are copied to each parameter's device.
+    """
+    with torch.no_grad():
+        for i, param in enumerate(params):
+            new = theta[i].to(param.device, non_blocking=non_blocking)
+            if rule == "alpha":
+                param.copy_(torch.add(new.mul(1.0 - alpha), param, alpha=alpha))
+            elif outcome == "rejected":
+                param.copy_(new)
+            else:
+                reference = snapshot if outcome == "included" else base
+                if reference is None:
+                    raise ValueError("an included merge needs the snapshot")
+                param.sub_(reference[i].to(param.device, non_blocking=non_blocking)).add_(new)
 
 
 class StateCell:

@@ -61,6 +61,7 @@ from gradientmail.node.learner import (
     Job,
     LearnerState,
     StateCell,
+    merge_in_place,
     run_publisher,
     run_receive,
 )
@@ -224,21 +225,16 @@ class Node:
             outcome = None
             if published is not None and published.round <= ready.round:
                 outcome = published.outcome
-            with torch.no_grad():
-                for i, param in enumerate(self._params[fragment]):
-                    theta = ready.theta[i].to(param.device, non_blocking=self._pin)
-                    if config.merge == "alpha":
-                        mixed = torch.add(theta.mul(1.0 - config.alpha), param, alpha=config.alpha)
-                        param.copy_(mixed)
-                    elif outcome == "rejected":
-                        param.copy_(theta)
-                    else:
-                        ref = (
-                            published.snapshot[i]
-                            if outcome == "included" and published is not None
-                            else entry.base[i]
-                        )
-                        param.sub_(ref.to(param.device, non_blocking=self._pin)).add_(theta)
+            merge_in_place(
+                self._params[fragment],
+                outcome or "late",
+                theta=ready.theta,
+                snapshot=published.snapshot if published is not None else None,
+                base=entry.base,
+                rule=config.merge,
+                alpha=config.alpha,
+                non_blocking=self._pin,
+            )
             step = self._cell.value.step
             lag = step - published.step if outcome == "included" and published else None
             self._cell.value = self._cell.value.aligned(fragment)

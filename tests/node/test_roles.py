@@ -1,6 +1,9 @@
 """Who closes rounds: takeover of a cancelled claimant, syncer-only nodes, learners that
 do not sync."""
 
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
 import anyio
 import msgspec
 import pytest
@@ -19,9 +22,11 @@ from node_helpers import (
 
 import gradientmail.node as gm_node
 from gradientmail.events import (
+    AwaitingCreator,
     FollowingRound,
     RoundClaimed,
     RoundCommitted,
+    TookOverCreation,
     TookOverRound,
 )
 from gradientmail.mailbox import MemoryMailbox
@@ -101,3 +106,96 @@ async def test_a_cancelled_claimant_is_taken_over_and_the_round_commits_once() -
     for name, (model, state) in finals.items():
         await assert_holds_committed(box, model, state.versions)
         assert_steps_accounted(name, state.steps, state.tokens, sink.events, history)
+
+
+class NoRecords:
+    """The shared store, except that writing a round record never finishes: a claimant
+    that is alive (its lease beats) but cannot commit."""
+
+    def __init__(self, inner: MemoryMailbox) -> None:
+        self.inner = inner
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        if key.startswith("records/"):
+            await anyio.sleep_forever()
+        return await self.inner.put_if_absent(key, data)
+
+    async def get(self, key: str) -> bytes | None:
+        return await self.inner.get(key)
+
+    async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
+        return await self.inner.list(prefix, after=after)
+
+    async def delete(self, keys: Iterable[str]) -> None:
+        await self.inner.delete(keys)
+
+    async def __aenter__(self) -> "NoRecords":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+async def test_a_live_claimant_that_never_commits_is_taken_over() -> None:
+    box = MemoryMailbox()
+    store = Store(box)
+    sink = Recorder()
+    patient = replace(FAST, claim_timeout=0.5)
+    async with gm_node.node(
+        tiny_model(), box, learner="creator", config=CONFIG, options=LEARNER_ONLY
+    ):
+        pass
+
+    async with anyio.create_task_group() as tg:
+
+        async def syncer(name: str, mailbox: object) -> None:
+            async with gm_node.node(
+                None,
+                mailbox,
+                learner=name,
+                options=patient,
+                sinks=[sink],  # type: ignore[arg-type]
+            ):
+                await anyio.sleep_forever()
+
+        tg.start_soon(syncer, "stuck", NoRecords(box))
+
+        async def claimed() -> bool:
+            return await store.round_claims(0) == [(0, "stuck")]
+
+        await wait_until(claimed)
+        tg.start_soon(syncer, "rescuer", box)
+
+        async def learner(name: str, seed: int) -> None:
+            model = tiny_model(seed)
+            async with gm_node.node(model, box, learner=name, options=LEARNER_ONLY) as node:
+                await train(node, model, seed=seed, until_round=3)
+
+        async with anyio.create_task_group() as learners:
+            learners.start_soon(learner, "l1", 1)
+            learners.start_soon(learner, "l2", 2)
+        tg.cancel_scope.cancel()
+
+    history = await records(box)
+    assert history[0].committed_by == "rescuer"
+    assert await store.round_claims(0) == [(0, "stuck"), (1, "rescuer")]
+    takeover = [e for e in sink.of(TookOverRound) if e.round == 0]  # type: ignore[attr-defined]
+    assert [(e.learner, e.cause) for e in takeover] == [("rescuer", "no_record")]  # type: ignore[attr-defined]
+    assert await store.leases() == {}
+
+
+async def test_a_stalled_creation_is_taken_over() -> None:
+    box = MemoryMailbox()
+    store = Store(box)
+    sink = Recorder()
+    assert await store.claim_creation(0, "ghost")
+    options = replace(FAST, creation_timeout=0.3)
+    model = tiny_model()
+    async with gm_node.node(
+        model, box, learner="heir", config=CONFIG, options=options, sinks=[sink]
+    ) as node:
+        assert node.manifest.created_by == "heir"
+    assert [e.claimants for e in sink.of(AwaitingCreator)] == [("ghost",)]  # type: ignore[attr-defined]
+    assert len(sink.of(TookOverCreation)) == 1
+    assert [k for k, _ in await store.create_claims()] == [0, 1]
+    assert len(await store.init_markers(1)) == CONFIG.fragments
