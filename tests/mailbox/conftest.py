@@ -8,19 +8,27 @@ import pytest
 from gradientmail.mailbox import LocalMailbox, Mailbox, MemoryMailbox, S3Mailbox
 
 BACKENDS = ("memory", "local", "s3")
+# A prefix, so that every test also checks that it scopes keys and is stripped.
+S3_PREFIX = "run/"
 
 
 @pytest.fixture(params=BACKENDS)
-def make_mailbox(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], Mailbox]:
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def make_mailbox(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Callable[[], Mailbox]:
     """Builds (without entering) a fresh, empty mailbox of the parametrized backend."""
-    if request.param == "memory":
+    if backend == "memory":
         return MemoryMailbox
-    if request.param == "local":
+    if backend == "local":
         return lambda: LocalMailbox(tmp_path / "mailbox")
     endpoint: str = request.getfixturevalue("moto_server")
     bucket: str = request.getfixturevalue("s3_bucket")
-    # A prefix, so that every test also checks that it scopes keys and is stripped.
-    return lambda: S3Mailbox(bucket, "run/", endpoint_url=endpoint, max_concurrency=32)
+    return lambda: S3Mailbox(bucket, S3_PREFIX, endpoint_url=endpoint, max_concurrency=32)
 
 
 @pytest.fixture

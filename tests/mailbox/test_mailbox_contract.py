@@ -1,18 +1,19 @@
 """The mailbox contract, one suite for every backend (memory, local, s3) on asyncio and trio."""
 
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 import anyio
 import pytest
 
-from gradientmail.mailbox import Mailbox
+from gradientmail.mailbox import Mailbox, S3Mailbox
 
 pytestmark = pytest.mark.anyio
 
 LARGE = 64 * 2**20
-MANY = 1010
 
 
 def byte_order(keys: list[str]) -> list[str]:
@@ -30,6 +31,40 @@ async def put_all(mailbox: Mailbox, keys: list[str], *, limit: int = 32) -> None
     async with anyio.create_task_group() as group:
         for key in keys:
             group.start_soon(put, key)
+
+
+MANY_KEYS = tuple(f"many/{index:05d}" for index in range(1010))
+S3_PREFIX = "run/"
+
+
+@pytest.fixture(scope="session")
+def _many_s3_bucket(_moto_admin: Any) -> str:
+    # A thousand PUTs through moto take seconds: seeded once, shared by both event loops,
+    # and only ever read.
+    name = "many-keys-read-only"
+    _moto_admin.create_bucket(Bucket=name)
+
+    def put(key: str) -> None:
+        _moto_admin.put_object(Bucket=name, Key=S3_PREFIX + key, Body=key.encode())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, MANY_KEYS))
+    return name
+
+
+@pytest.fixture
+async def many(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Mailbox]:
+    """A mailbox holding exactly ``MANY_KEYS`` (each holding its name): do not modify it."""
+    if backend == "s3":
+        endpoint: str = request.getfixturevalue("moto_server")
+        bucket: str = request.getfixturevalue("_many_s3_bucket")
+        async with S3Mailbox(bucket, S3_PREFIX, endpoint_url=endpoint) as opened:
+            yield opened
+        return
+    make_mailbox: Callable[[], Mailbox] = request.getfixturevalue("make_mailbox")
+    async with make_mailbox() as mailbox:
+        await put_all(mailbox, list(MANY_KEYS))
+        yield mailbox
 
 
 async def test_put_get_and_create_once(mailbox: Mailbox) -> None:
@@ -132,19 +167,24 @@ async def test_listing_by_prefix_and_after(mailbox: Mailbox) -> None:
     assert list(await mailbox.list("c")) == []
 
 
-async def test_more_than_a_page_listed_and_deleted(mailbox: Mailbox) -> None:
-    keys = [f"many/{index:05d}" for index in range(MANY)]
-    await put_all(mailbox, keys)
-    await mailbox.put_if_absent("other", b"kept")
+async def test_more_than_a_page_is_listed(many: Mailbox) -> None:
+    keys = list(MANY_KEYS)
+    assert list(await many.list("many/")) == keys
+    assert list(await many.list("many/", after="many/00499")) == keys[500:]
+    assert list(await many.list("many/", after="many/00999x")) == keys[1000:]
+    assert list(await many.list("many/", after=keys[-1])) == []
+    assert await many.get(keys[1005]) == keys[1005].encode()
 
-    assert list(await mailbox.list("many/")) == keys
-    assert list(await mailbox.list("many/", after="many/00499")) == keys[500:]
-    assert list(await mailbox.list("many/", after=keys[-1])) == []
 
+async def test_more_than_a_thousand_keys_are_deleted_at_once(mailbox: Mailbox) -> None:
+    keys = [f"gone/{index:05d}" for index in range(1010)]
+    # Some in the first thousand and some after: both of S3's delete chunks must land.
+    existing = keys[:5] + keys[995:1005] + keys[-5:]
+    await put_all(mailbox, [*existing, "kept"])
     with anyio.fail_after(60):
         await mailbox.delete(iter(keys))
-    assert list(await mailbox.list("many/")) == []
-    assert list(await mailbox.list("")) == ["other"]
+    assert list(await mailbox.list("")) == ["kept"]
+    assert [await mailbox.get(key) for key in existing] == [None] * len(existing)
 
 
 async def test_delete_is_idempotent(mailbox: Mailbox) -> None:
