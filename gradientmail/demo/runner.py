@@ -29,8 +29,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import anyio.abc
@@ -42,7 +43,7 @@ from rich.live import Live
 
 from gradientmail.cli._common import open_store
 from gradientmail.cli._errors import CliError
-from gradientmail.cli.export import newest_model
+from gradientmail.cli.export import Exported, newest_model
 from gradientmail.cli.status import Observation, RunReader
 from gradientmail.demo.data import evaluate
 from gradientmail.demo.model import GPT
@@ -141,6 +142,23 @@ def _history(workdir: Path) -> list[EvalPoint]:
     return points
 
 
+def _tokens_in(observation: Observation, sources: Sequence[Exported]) -> int:
+    """The tokens of training a model assembled from ``sources`` holds: every local step
+    reaches each fragment once, so the mean over fragments of the tokens of the rounds that
+    built the fragment's version."""
+    fragments = len(sources)
+    total = 0
+    for source in sources:
+        if source.round is not None:
+            total += sum(
+                p.tokens
+                for round, record in observation.records.items()
+                if round <= source.round and round % fragments == source.fragment
+                for p in record.participants
+            )
+    return total // fragments
+
+
 class _Session:
     """The runner's state for one session; its methods are the tasks of ``_run``."""
 
@@ -149,10 +167,15 @@ class _Session:
         self.workdir = Path(settings.workdir)
         self.console = console
         self.started = time.monotonic()
-        data = corpus(settings)
-        self.evaluation = data.evaluation(
-            batches=EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=settings.context
-        )
+        try:
+            data = corpus(settings)
+            self.evaluation = data.evaluation(
+                batches=EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=settings.context
+            )
+            for index in range(settings.learners):
+                next(data.train(index, batch_size=1, length=settings.context))
+        except ValueError as exc:
+            raise CliError(f"--data {settings.data}: {exc}") from exc
         self.model = GPT(model_config(settings, data.vocab_size), seed=settings.seed)
         self.board = Board(
             settings=settings,
@@ -197,7 +220,7 @@ class _Session:
                 except ProcessLookupError:
                     continue
 
-    async def stop_on_signal(self, signals: Any) -> None:
+    async def stop_on_signal(self, signals: AsyncIterator[signal.Signals]) -> None:
         async for _ in signals:
             if not self.interrupted:
                 self.interrupted = True
@@ -213,42 +236,44 @@ class _Session:
         self.model.load_state_dict(named, strict=False)
         return evaluate(self.model, self.evaluation)
 
-    async def evaluate_now(self, mailbox: Mailbox, observation: Observation) -> None:
+    async def evaluate_now(self, mailbox: Mailbox, reader: RunReader) -> None:
         """Evaluate the newest committed model if a round committed since the last time
-        (and Θ⁰ first, for a run without a history)."""
+        (and Θ⁰ first, for a run without a history). ``CliError`` while there is no run."""
         url = self.settings.store
-        newest = max(observation.records, default=-1)
+        observation = await reader.observe()
         self.rounds = len(observation.records)
         if not self.board.history:
             named, _ = await newest_model(mailbox, url, initial=True)
             loss = await anyio.to_thread.run_sync(self._evaluate, named)
             self._add_point(EvalPoint(tokens=0, round=-1, loss=loss, seconds=self._elapsed()))
             self.evaluated_round = -1
-        if newest == self.evaluated_round or newest < 0:
+        if max(observation.records, default=-1) in (-1, self.evaluated_round):
             return
-        named, _ = await newest_model(mailbox, url)
+        named, sources = await newest_model(mailbox, url)
         loss = await anyio.to_thread.run_sync(self._evaluate, named)
-        # Each local step reaches the model once per fragment: count tokens per fragment.
-        tokens = sum(p.tokens for r in observation.records.values() for p in r.participants) // len(
-            observation.manifest.fragments
+        # The model may hold rounds newer than the observation: read those records too.
+        observation = await reader.observe()
+        self.rounds = len(observation.records)
+        round = max(s.round for s in sources if s.round is not None)
+        self._add_point(
+            EvalPoint(
+                tokens=_tokens_in(observation, sources),
+                round=round,
+                loss=loss,
+                seconds=self._elapsed(),
+            )
         )
-        self._add_point(EvalPoint(tokens=tokens, round=newest, loss=loss, seconds=self._elapsed()))
-        self.evaluated_round = newest
+        self.evaluated_round = round
 
     def _add_point(self, point: EvalPoint) -> None:
         with (self.workdir / "eval.jsonl").open("a") as file:
             file.write(json.dumps(dataclasses.asdict(point)) + "\n")
         self.board = dataclasses.replace(self.board, history=(*self.board.history, point))
 
-    async def evaluate_loop(self, mailbox: Mailbox) -> None:
-        reader = RunReader(mailbox, self.settings.store)
+    async def evaluate_loop(self, mailbox: Mailbox, reader: RunReader) -> None:
         while True:
-            try:
-                observation = await reader.observe()
-            except CliError:
-                observation = None
-            if observation is not None:
-                await self.evaluate_now(mailbox, observation)
+            with contextlib.suppress(CliError):
+                await self.evaluate_now(mailbox, reader)
             await anyio.sleep(self.settings.eval_every)
 
     # -- the view ---------------------------------------------------------------------------
@@ -256,7 +281,7 @@ class _Session:
     def _elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def _read_news(self) -> None:
+    def read_news(self) -> None:
         progress = dict(self.board.progress)
         board = self.board
         for index in range(self.settings.learners):
@@ -293,7 +318,7 @@ class _Session:
     async def refresh_loop(self, live: Live | None) -> None:
         printed = 0.0
         while True:
-            await anyio.to_thread.run_sync(self._read_news)
+            await anyio.to_thread.run_sync(self.read_news)
             if live is not None:
                 live.update(render(self.board), refresh=True)
             elif self._elapsed() - printed >= _PLAIN_EVERY:
@@ -353,19 +378,20 @@ async def _run(settings: DemoSettings, console: Console) -> int:
                 if use_live
                 else contextlib.nullcontext() as live,
             ):
+                reader = RunReader(mailbox, settings.store)
                 await _check_run(session, mailbox)
                 await anyio.to_thread.run_sync(_prepare, settings)
                 await session.start_learners(logs)
                 async with anyio.create_task_group() as group:
                     group.start_soon(session.stop_on_signal, signals)
                     group.start_soon(session.wait_learners, group)
-                    group.start_soon(session.evaluate_loop, mailbox)
+                    group.start_soon(session.evaluate_loop, mailbox, reader)
                     group.start_soon(session.refresh_loop, live)
-                await anyio.to_thread.run_sync(session._read_news)
-                if not session.interrupted:
-                    with anyio.CancelScope(shield=True):
-                        observation = await RunReader(mailbox, settings.store).observe()
-                        await session.evaluate_now(mailbox, observation)
+                await anyio.to_thread.run_sync(session.read_news)
+                if not session.interrupted and all(
+                    process.returncode == 0 for process in session.processes
+                ):
+                    await session.evaluate_now(mailbox, reader)
                 if live is not None:
                     live.update(render(session.board), refresh=True)
     finally:

@@ -12,11 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 import safetensors.torch
 import torch
+from rich.console import Console
 
+from gradientmail.cli._errors import CliError
 from gradientmail.demo.model import GPT, GPTConfig
+from gradientmail.demo.runner import _check_run, _Session
+from gradientmail.demo.settings import DemoSettings
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment
@@ -116,7 +121,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
             if demo.poll() is None:
                 demo.kill()
     interrupted = Interrupted(demo.returncode, output, seconds, pids, read_store(store))
-    resumed = cli("demo", "--store", str(store), "--steps", "16", *TINY, timeout=240)
+    resumed = cli("demo", "--store", str(store), "--steps", "8", *TINY, timeout=240)
     return DemoRun(store, interrupted, resumed)
 
 
@@ -159,8 +164,8 @@ def test_a_demo_completes_and_its_outputs_parse(demo_run: DemoRun) -> None:
     assert set(summary["learners"]) == {"learner-0", "learner-1"}
     for progress in summary["learners"].values():
         assert progress["phase"] == "done"
-        assert progress["step"] == 16
-        assert progress["tokens"] == 16 * 4 * 16
+        assert progress["step"] == 8
+        assert progress["tokens"] == 8 * 4 * 16
         assert progress["state"]["bytes_published"] > 0
         assert progress["state"]["bytes_downloaded"] > 0
     loss = summary["loss"]
@@ -229,17 +234,27 @@ def test_export_loads_into_the_model_and_equals_the_newest_versions(
             assert torch.equal(params[param.name].detach(), value), param.name
 
 
-def test_resuming_with_other_settings_is_refused_before_any_learner_starts(
+def test_resuming_with_another_model_is_refused_before_any_learner_starts(
     demo_run: DemoRun,
 ) -> None:
     store = demo_run.store
     session = (store / "session.json").read_bytes()
-    for extra, expected in (
-        (("--sync-every", "12"), "sync_every=8 but these settings give 12"),
-        (("--model", "small"), "holds a run of another model"),
-    ):
-        result = cli("demo", "--store", str(store), "--steps", "4", *TINY, *extra)
-        assert result.returncode == 1, result.stdout + result.stderr
-        assert expected in result.stderr
-        assert "Traceback" not in result.stdout + result.stderr
+    result = cli("demo", "--store", str(store), "--steps", "4", *TINY, "--model", "small")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "holds a run of another model" in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
     assert (store / "session.json").read_bytes() == session
+
+
+async def _check(settings: DemoSettings) -> None:
+    async with LocalMailbox(settings.store) as mailbox:
+        await _check_run(_Session(settings, Console()), mailbox)
+
+
+def test_resuming_with_another_config_is_refused(demo_run: DemoRun) -> None:
+    stored = msgspec.json.decode((demo_run.store / "session.json").read_bytes(), type=DemoSettings)
+    anyio.run(_check, stored)
+    with pytest.raises(CliError, match="sync_every=8 but these settings give 12"):
+        anyio.run(_check, msgspec.structs.replace(stored, sync_every=12))
+    with pytest.raises(CliError, match="delta_encoding='fp32' but these settings give 'int8'"):
+        anyio.run(_check, msgspec.structs.replace(stored, encoding="int8"))

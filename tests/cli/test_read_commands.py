@@ -1,6 +1,10 @@
 """``status`` and ``export`` as subprocesses against a run of known content, and their errors."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import safetensors
@@ -132,3 +136,28 @@ def test_usage_errors_are_exit_2() -> None:
     assert cli("status").returncode == 2
     assert cli("export", "somewhere").returncode == 2
     assert cli("demo", "--learners", "0").returncode == 2
+
+
+def test_status_watch_refreshes_and_judges_liveness_over_time(written_run: WrittenRun) -> None:
+    command = [
+        sys.executable, "-m", "gradientmail", "status", str(written_run.directory), "--json",
+        "--watch", "--interval", "0.2", "--lease-timeout", "0.5",
+    ]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            assert p.stdout is not None
+            docs = []
+            deadline = time.monotonic() + 60
+            # The beats never change, so each lease is trusted for one timeout, then not.
+            while not docs or any(lease["live"] for lease in docs[-1]["leases"]):
+                assert time.monotonic() < deadline, "the leases never stopped being live"
+                docs.append(json.loads(p.stdout.readline()))
+            p.send_signal(signal.SIGINT)
+            _, stderr = p.communicate(timeout=20)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == 0, stderr
+    assert [lease["live"] for lease in docs[0]["leases"]] == [True, True]
+    assert [lease["live"] for lease in docs[-1]["leases"]] == [False, False]
+    assert all(doc["totals"]["rounds"] == 5 for doc in docs)
