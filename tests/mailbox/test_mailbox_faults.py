@@ -1,5 +1,7 @@
 """FaultyMailbox: each injected fault does what a real store's would, counted and seeded."""
 
+from functools import partial
+
 import pytest
 
 from gradientmail.mailbox import (
@@ -119,7 +121,7 @@ async def test_retrying_survives_a_faulty_store_and_the_counts_add_up() -> None:
     clock = RecordingClock()
     faulty = FaultyMailbox(MemoryMailbox(), Faults(unavailable=0.3), seed=1, clock=clock)
     for index in range(100):
-        await retrying(lambda index=index: faulty.put_if_absent(f"k/{index}", b"x"), clock=clock)
+        await retrying(partial(faulty.put_if_absent, f"k/{index}", b"x"), clock=clock)
     counts = faulty.counts
     assert counts.unavailable > 10
     assert counts.operations == 100 + counts.unavailable
