@@ -187,11 +187,14 @@ class Store:
 
         await self._retry(op, attempts)
 
-    async def create(self, key: str, data: bytes, *, attempts: int | None = None) -> bool:
+    async def create(
+        self, key: str, data: bytes, *, attempts: int | None = None, read_back: bool = True
+    ) -> bool:
         """Create ``key`` holding ``data``; True iff the object now there is this write's.
 
         When a try failed transiently (its object may have landed) and a later try finds the
-        key taken, the object is read back: equal bytes mean the lost try created it.
+        key taken, the object is read back (unless ``read_back`` is False): equal bytes mean
+        the lost try created it.
         """
         ambiguous = False
 
@@ -209,7 +212,7 @@ class Store:
 
         if await self._retry(op, attempts):
             return True
-        if not ambiguous:
+        if not ambiguous or not read_back:
             return False
         return await self.get(key, attempts=attempts) == data
 
@@ -218,7 +221,8 @@ class Store:
     async def put_blob(self, data: bytes, encoding: str) -> BlobRef:
         """Store ``data`` under its sha256 (a no-op when it is there) and return its ref."""
         digest = await _hash(data)
-        await self.create(keys.blob(digest), data)
+        # Content-addressed: whoever wrote the key wrote these bytes; nothing to read back.
+        await self.create(keys.blob(digest), data, read_back=False)
         return BlobRef(sha256=digest, size=len(data), encoding=encoding)
 
     async def get_blob(self, ref: BlobRef) -> bytes | None:

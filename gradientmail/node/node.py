@@ -349,6 +349,7 @@ class Node:
 
     async def _flush(self) -> None:
         """Close with flush (see the module docstring)."""
+        self._raise_failure()
         self._emit(Closing(self.learner, flushing=True))
         if self._cell is None:
             self._emit(Closed(self.learner, -1))
