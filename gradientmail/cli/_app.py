@@ -157,7 +157,7 @@ def parser() -> argparse.ArgumentParser:
         "--backend",
         choices=("asyncio", "trio"),
         default="asyncio",
-        help="event loop of the learner processes",
+        help="event loop of the demo and its learner processes (default asyncio)",
     )
     demo.add_argument(
         "--eval-every",

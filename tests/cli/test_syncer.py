@@ -53,7 +53,8 @@ async def _records(store: Path) -> list[RoundRecord]:
 def test_syncer_closes_rounds_for_learners_and_stops_on_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "store"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "gradientmail", "syncer", str(store), "--learner", "host-s"]
+    command = [sys.executable, "-m", "gradientmail", "syncer", str(store), "--learner", "host-s",
+               "--backend", "trio"]  # fmt: skip
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     ) as syncer:

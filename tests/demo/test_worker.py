@@ -29,12 +29,12 @@ def test_a_learner_trains_on_a_text_file_and_reports_its_progress(tmp_path: Path
     store = tmp_path / "store"
     settings = DemoSettings(
         store=str(store), workdir=str(store), learners=1, steps=8, batch_size=4, context=16,
-        fragments=2, sync_every=4, data=str(text), model="tiny", live=False,
+        fragments=2, sync_every=4, data=str(text), model="tiny", live=False, backend="trio",
     )  # fmt: skip
     assert corpus(settings).vocab_size == 256
     assert corpus(settings).floor is None
     _prepare(settings)
-    assert anyio.run(train, settings, 0) == "done"
+    assert anyio.run(train, settings, 0, backend="trio") == "done"
     progress = read_progress(store, "learner-0")
     assert progress is not None
     assert progress.phase == "done"
