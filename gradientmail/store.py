@@ -42,15 +42,18 @@ from gradientmail.protocol.records import (
     RoundClaim,
     RoundRecord,
     Snapshot,
+    _Object,
     decode,
     encode,
 )
+from gradientmail.protocol.signing import Problem, RunKey, SignatureError, check_manifest
 
 __all__ = ["Store", "StoreStats", "gather", "sha256"]
 
 _log = logging.getLogger("gradientmail.store")
 
 T = TypeVar("T")
+S = TypeVar("S", bound=_Object)
 
 _HASH_INLINE_BYTES = 1 << 16
 """Payloads up to this size are hashed on the event loop; larger ones in a worker thread."""
@@ -109,8 +112,11 @@ class Store:
     """Typed, counted, retried access to one run's objects in ``mailbox``.
 
     ``attempts`` bounds the tries of each operation (None: retry transient failures until
-    the operation succeeds or is cancelled). The store does not own the mailbox: whoever
-    opened it closes it.
+    the operation succeeds or is cancelled). With ``run_key`` (a signed run) every object it
+    writes is signed and every object it reads is checked: a manifest or record that does
+    not verify raises ``SignatureError``, a claim that does not verify names nobody, and a
+    snapshot comes with its problem for the round to reject. The store does not own the
+    mailbox: whoever opened it closes it.
     """
 
     def __init__(
@@ -120,8 +126,10 @@ class Store:
         clock: Clock | None = None,
         max_retry_delay: float = 30.0,
         attempts: int | None = None,
+        run_key: RunKey | None = None,
     ) -> None:
         self.mailbox = mailbox
+        self._run_key = run_key
         self._clock = clock if clock is not None else MonotonicClock()
         self._max_delay = max_retry_delay
         self._attempts = attempts
@@ -216,6 +224,26 @@ class Store:
             return False
         return await self.get(key, attempts=attempts) == data
 
+    # -- signing ----------------------------------------------------------------------------
+
+    def _signed(self, key: str, obj: S) -> S:
+        return obj if self._run_key is None else self._run_key.sign(key, obj)
+
+    def _encode(self, key: str, obj: S) -> bytes:
+        return encode(self._signed(key, obj))
+
+    def _decode(self, key: str, data: bytes, kind: type[S]) -> S:
+        if self._run_key is not None:
+            self._run_key.verify(key, data)
+        return decode(data, kind)
+
+    def _claimant(self, key: str, data: bytes, kind: type[CreateClaim] | type[RoundClaim]) -> str:
+        try:
+            return self._decode(key, data, kind).learner
+        except SignatureError as exc:
+            _log.warning("%s; counting it as nobody's claim", exc)
+            return ""
+
     # -- blobs ------------------------------------------------------------------------------
 
     async def put_blob(self, data: bytes, encoding: str) -> BlobRef:
@@ -244,34 +272,50 @@ class Store:
     # -- the manifest and creation ----------------------------------------------------------
 
     async def manifest(self) -> Manifest | None:
+        """The run's manifest, or None before the run exists.
+
+        Raises ``RunMismatch`` when the run is signed and this store has no key, or the other
+        way round, or with another key; ``SignatureError`` when a signed manifest does not
+        verify under this store's key.
+        """
         data = await self.get(keys.MANIFEST)
-        return None if data is None else decode(data, Manifest)
+        if data is None:
+            return None
+        manifest = decode(data, Manifest)
+        check_manifest(manifest, self._run_key)
+        if self._run_key is not None:
+            self._run_key.verify(keys.MANIFEST, data)
+        return manifest
 
     async def create_manifest(self, manifest: Manifest) -> Manifest:
         """Write ``manifest`` unless one exists; return the run's manifest (ours or the
         winner's of a race)."""
-        if await self.create(keys.MANIFEST, encode(manifest)):
-            return manifest
+        signed = self._signed(keys.MANIFEST, manifest)
+        if await self.create(keys.MANIFEST, encode(signed)):
+            return signed
         winner = await self.manifest()
         if winner is None:
             raise MailboxUnavailable("the manifest was reported present but cannot be read")
         return winner
 
-    async def create_claims(self) -> list[tuple[int, CreateClaim]]:
-        """The creation claims in attempt order."""
+    async def create_claims(self) -> list[tuple[int, str]]:
+        """``(attempt, claimant)`` of the creation claims in attempt order; a claim that
+        does not verify under the run key names nobody (``""``)."""
         claims = []
         for key in await self.list_keys(keys.CREATE):
             attempt = keys.parse_create_claim(key)
             data = None if attempt is None else await self.get(key)
             if attempt is not None and data is not None:
-                claims.append((attempt, decode(data, CreateClaim)))
+                claims.append((attempt, self._claimant(key, data, CreateClaim)))
         return claims
 
     async def claim_creation(self, attempt: int, learner: str) -> bool:
-        return await self.create(keys.create_claim(attempt), encode(CreateClaim(learner=learner)))
+        key = keys.create_claim(attempt)
+        return await self.create(key, self._encode(key, CreateClaim(learner=learner)))
 
     async def put_init_marker(self, attempt: int, marker: InitMarker) -> None:
-        await self.create(keys.init_marker(attempt, marker.fragment), encode(marker))
+        key = keys.init_marker(attempt, marker.fragment)
+        await self.create(key, self._encode(key, marker))
 
     async def init_markers(self, attempt: int) -> list[str]:
         return [
@@ -283,7 +327,8 @@ class Store:
     # -- leases ------------------------------------------------------------------------------
 
     async def beat(self, learner: str, beat: int) -> bool:
-        return await self.create(keys.lease(learner, beat), encode(LeaseBeat(learner=learner)))
+        key = keys.lease(learner, beat)
+        return await self.create(key, self._encode(key, LeaseBeat(learner=learner)))
 
     async def own_beats(self, learner: str, *, attempts: int | None = None) -> list[int]:
         """The beats of ``learner``'s lease present, oldest first."""
@@ -307,7 +352,8 @@ class Store:
     # -- snapshots, claims, records -----------------------------------------------------------
 
     async def put_snapshot(self, snapshot: Snapshot) -> bool:
-        return await self.create(keys.snapshot(snapshot.round, snapshot.learner), encode(snapshot))
+        key = keys.snapshot(snapshot.round, snapshot.learner)
+        return await self.create(key, self._encode(key, snapshot))
 
     async def snapshot_learners(self, round: int) -> list[str]:
         """The learners with a snapshot in ``round`` (a listing; no bodies read)."""
@@ -318,8 +364,10 @@ class Store:
                 learners.append(parsed[1])
         return learners
 
-    async def snapshots(self, round: int) -> list[Snapshot]:
-        """The snapshots of ``round`` that decode and name their key's round and learner.
+    async def snapshots(self, round: int) -> list[tuple[Snapshot, Problem | None]]:
+        """The snapshots of ``round`` that decode and name their key's round and learner,
+        each with why it fails the run key's check (None when it passes or the run is not
+        signed): the round rejects those with that reason.
 
         A malformed one is logged and left out: it cannot take part, and it must not stop the
         round.
@@ -340,7 +388,9 @@ class Store:
             if snapshot.round != round or snapshot.learner != learner:
                 _log.warning("round %d: ignoring %s's misfiled snapshot", round, learner)
                 continue
-            found.append(snapshot)
+            key = keys.snapshot(round, learner)
+            problem = None if self._run_key is None else self._run_key.check(key, data)
+            found.append((snapshot, problem))
         return found
 
     async def round_claims(self, round: int) -> list[tuple[int, str]]:
@@ -362,25 +412,32 @@ class Store:
                 data = await self.get(key)
                 if data is None:
                     continue
-                known[k] = decode(data, RoundClaim).learner
+                known[k] = self._claimant(key, data, RoundClaim)
             claims.append((k, known[k]))
         return claims
 
     async def claim_round(self, round: int, k: int, learner: str) -> bool:
-        return await self.create(keys.round_claim(round, k), encode(RoundClaim(learner=learner)))
+        key = keys.round_claim(round, k)
+        return await self.create(key, self._encode(key, RoundClaim(learner=learner)))
 
     async def record(self, round: int) -> RoundRecord | None:
-        data = await self.get(keys.record(round))
-        return None if data is None else decode(data, RoundRecord)
+        """The record of ``round`` or None. ``SignatureError`` (a ``RecordError``) when it
+        does not verify under the run key: nobody may follow it."""
+        key = keys.record(round)
+        data = await self.get(key)
+        return None if data is None else self._decode(key, data, RoundRecord)
 
-    async def put_record(self, record: RoundRecord) -> RoundRecord:
-        """Commit ``record`` unless the round has one; return the round's record."""
-        if await self.create(keys.record(record.round), encode(record)):
-            return record
+    async def put_record(self, record: RoundRecord) -> tuple[RoundRecord, bool]:
+        """Commit ``record`` unless the round has one; return the round's record (signed,
+        in a signed run) and whether it is this write's."""
+        key = keys.record(record.round)
+        signed = self._signed(key, record)
+        if await self.create(key, encode(signed)):
+            return signed, True
         theirs = await self.record(record.round)
         if theirs is None:
             raise MailboxUnavailable(f"record {record.round} reported present but unreadable")
-        return theirs
+        return theirs, False
 
     async def record_rounds(self, *, after: int = -1) -> list[int]:
         """The rounds with a record, after ``after``, in order."""

@@ -100,14 +100,14 @@ async def open_run(
             if await store.claim_creation(0, learner):
                 attempt = 0
         elif claims:
-            last, claim = claims[-1]
-            if claim.learner == learner and named is not None:
+            last, claimant = claims[-1]
+            if claimant == learner and named is not None:
                 attempt = last
             else:
-                if watching != (last, claim.learner):
-                    watching = (last, claim.learner)
+                if watching != (last, claimant):
+                    watching = (last, claimant)
                     progress = (-1, now)
-                    emit(AwaitingCreator(learner, tuple(c.learner for _, c in claims)))
+                    emit(AwaitingCreator(learner, tuple(c for _, c in claims)))
                 markers = len(await store.init_markers(last))
                 if markers != progress[0]:
                     progress = (markers, now)

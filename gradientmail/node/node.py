@@ -74,6 +74,7 @@ from gradientmail.protocol import keys
 from gradientmail.protocol.fragments import due
 from gradientmail.protocol.merge import Ledger
 from gradientmail.protocol.records import Manifest, RunConfig
+from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
 __all__ = ["Node", "StepHandle", "node"]
@@ -458,6 +459,7 @@ async def node(
     options: NodeOptions | None = None,
     sinks: Sequence[Sink] = (),
     clock: Clock | None = None,
+    run_key: RunKey | str | bytes | None = None,
 ) -> AsyncIterator[Node]:
     """Join (or create) the run in ``mailbox`` as ``learner`` and yield the ``Node``.
 
@@ -467,7 +469,11 @@ async def node(
     node opens and closes it). ``config``: the run's config when creating it (default
     ``RunConfig()``); when joining, None takes the manifest's and anything else must equal it.
     ``options``: this node's timings and roles. ``sinks``: where its events go. ``clock``:
-    the time source for every protocol decision (default: monotonic).
+    the time source for every protocol decision (default: monotonic). ``run_key``: the
+    secret of a signed run (a ``RunKey`` or the secret itself; default: the
+    ``GRADIENTMAIL_RUN_KEY`` environment variable, else none): a node with a key creates a
+    signed run, signs everything it writes and ignores objects that do not verify; a node
+    joins only a run signed with its key, or an unsigned run when it has none.
 
     Raises ``RunMismatch`` (before anything is written) when the model or config contradict
     the run, ``ValueError``/``TypeError`` for bad arguments, and ``NodeFailed`` from the
@@ -483,6 +489,10 @@ async def node(
     if named is None and not options.syncer:
         raise ValueError("a node without a model must be a syncer (options.syncer=True)")
     clock = clock if clock is not None else MonotonicClock()
+    if run_key is None:
+        key = RunKey.from_env()
+    else:
+        key = run_key if isinstance(run_key, RunKey) else RunKey(run_key)
     bus = EventBus(sinks, learner=learner)
     async with AsyncExitStack() as stack:
         box: Mailbox
@@ -490,7 +500,7 @@ async def node(
             box = await stack.enter_async_context(open_mailbox(mailbox))
         else:
             box = mailbox
-        store = Store(box, clock=clock, max_retry_delay=options.max_retry_delay)
+        store = Store(box, clock=clock, max_retry_delay=options.max_retry_delay, run_key=key)
         error: Exception | None = None
         async with anyio.create_task_group() as events_tg:
             await events_tg.start(_dispatch, bus)

@@ -71,6 +71,7 @@ from gradientmail.protocol.records import (
     RunConfig,
     Snapshot,
 )
+from gradientmail.protocol.signing import Problem
 from gradientmail.store import gather
 
 __all__ = [
@@ -471,8 +472,10 @@ async def _close(
     assert current.theta is not None
     spec = rt.specs[fragment]
     snapshots = await rt.store.snapshots(round)
-    observer.saw([s.learner for s in snapshots])
-    candidates = await gather([partial(_candidate, rt, s, fragment, spec) for s in snapshots])
+    observer.saw([s.learner for s, problem in snapshots if problem is None])
+    candidates = await gather(
+        [partial(_candidate, rt, s, problem, fragment, spec) for s, problem in snapshots]
+    )
     result = await anyio.to_thread.run_sync(aggregate, current.version, candidates, spec, config)
     draft = RoundRecordDraft(
         round=round,
@@ -498,24 +501,28 @@ async def _close(
         ]
     )
     ours = RoundRecord.committed(draft, theta=theta_ref, outer=outer_ref, update=update_ref)
-    landed = await rt.store.put_record(ours)
-    if landed != ours:
+    landed, mine = await rt.store.put_record(ours)
+    if not mine:
         rt.emit(RoundSuperseded(rt.learner, landed))
         return await _adopt(rt, state, landed)
-    rt.emit(RoundCommitted(rt.learner, ours, rt.clock.now() - started))
+    rt.emit(RoundCommitted(rt.learner, landed, rt.clock.now() - started))
     committed = FragmentState(
-        version=version, record=ours, theta=tuple(theta), momentum=tuple(momentum)
+        version=version, record=landed, theta=tuple(theta), momentum=tuple(momentum)
     )
-    state = state.adopted(ours, _window(config), committed)
+    state = state.adopted(landed, _window(config), committed)
     return await collect_garbage(rt, state, round)
 
 
 async def _candidate(
-    rt: Runtime, snapshot: Snapshot, fragment: int, spec: FragmentSpec
+    rt: Runtime, snapshot: Snapshot, problem: Problem | None, fragment: int, spec: FragmentSpec
 ) -> Candidate:
+    if problem is not None:
+        why = "no signature" if problem == "unsigned" else "a signature that fails"
+        detail = f"the snapshot carries {why} under the run key"
+        return Candidate(snapshot=snapshot, delta=None, problem=(problem, detail))
     if snapshot.fragment != fragment:
-        problem = f"names fragment {snapshot.fragment}, but the round is of fragment {fragment}"
-        return Candidate(snapshot=snapshot, delta=None, problem=("shape", problem))
+        detail = f"names fragment {snapshot.fragment}, but the round is of fragment {fragment}"
+        return Candidate(snapshot=snapshot, delta=None, problem=("shape", detail))
     try:
         data = await rt.store.get_blob(snapshot.delta)
     except CorruptBlob as exc:
@@ -578,7 +585,7 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
         stale = round - config.keep_rounds
         if stale >= 0:
             doomed = list(await rt.store.list_keys(keys.round_prefix(stale)))
-            for snapshot in await rt.store.snapshots(stale):
+            for snapshot, _ in await rt.store.snapshots(stale):
                 doomed.append(keys.blob(snapshot.delta.sha256))
             await rt.store.delete(doomed)
         window = _window(config)
