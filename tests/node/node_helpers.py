@@ -46,7 +46,8 @@ class Trainer:
     def __init__(self, model: nn.Module, seed: int) -> None:
         self.model = model
         generator = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(256, 8, generator=generator)
+        device = next(model.parameters()).device
+        self.x = torch.randn(256, 8, generator=generator).to(device)
         self.y = self.x.sum(dim=1, keepdim=True).sin()
         self.at = 0
 
