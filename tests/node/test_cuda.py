@@ -4,9 +4,6 @@ the weights still end exactly at the committed θ. Skipped where no GPU is prese
 import anyio
 import pytest
 import torch
-
-import gradientmail.node as gm_node
-from gradientmail.mailbox import MemoryMailbox
 from node_helpers import (
     CONFIG,
     FAST,
@@ -17,6 +14,9 @@ from node_helpers import (
     tiny_model,
     train,
 )
+
+import gradientmail.node as gm_node
+from gradientmail.mailbox import MemoryMailbox
 
 pytestmark = [
     pytest.mark.anyio,
