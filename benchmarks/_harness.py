@@ -255,7 +255,8 @@ class Tally:
     ``by_key[node][op:kind]`` the same split by the kind of key (``key_kind``);
     ``bytes_up`` / ``bytes_down`` what each node wrote and read, and ``bytes_by_kind[node]``
     the same split as ``up:kind`` / ``down:kind``. ``snapshot_landed[round]``
-    is the ``perf_counter`` at which the last snapshot put of a round returned, and
+    is the ``perf_counter`` at which the last snapshot put of a round returned
+    (``snapshots[round]`` counts them), and
     ``record_listed[round]`` when a list first returned that round's record. Only touched
     from one event loop's thread, so it needs no lock.
     """
@@ -267,6 +268,7 @@ class Tally:
         self.bytes_down: dict[str, int] = {}
         self.bytes_by_kind: dict[str, dict[str, int]] = {}
         self.snapshot_landed: dict[int, float] = {}
+        self.snapshots: dict[int, int] = {}
         self.record_listed: dict[int, float] = {}
 
     def count(self, node: str, op: str, kind: str) -> None:
@@ -309,7 +311,9 @@ class CountingMailbox:
             self._tally.moved(self._node, "up", key_kind(key), len(data))
             parts = key.split("/")
             if len(parts) == 4 and parts[0] == "rounds" and parts[2] == "snapshots":
-                self._tally.snapshot_landed[int(parts[1])] = time.perf_counter()
+                round = int(parts[1])
+                self._tally.snapshot_landed[round] = time.perf_counter()
+                self._tally.snapshots[round] = self._tally.snapshots.get(round, 0) + 1
         return created
 
     async def get(self, key: str) -> bytes | None:

@@ -58,12 +58,12 @@ PUBLISHED_GAP_PERCENT = 2.0
 
 def plan(quick: bool) -> dict[str, Any]:
     """Steps, seeds and the gradientmail matrix (the quick variant: one short seed, int8
-    at H=20 only)."""
+    at H=12 only)."""
     if quick:
         return {
-            "steps": 60,
+            "steps": 40,
             "seeds": [0],
-            "sync_every": [20],
+            "sync_every": [12],
             "encodings": ["int8"],
             "eval_every": 20,
         }

@@ -1,0 +1,179 @@
+"""Step overhead: steps per second of a training loop with a node against the same loop bare.
+
+The demo's transformer at its ``medium`` shape (about 10M parameters) trains with AdamW on
+the Markov language, as a synchronous loop in a worker thread. Segments alternate bare,
+with the node, with the node, bare (ABBA), so a load that drifts during the run weighs on
+both arms alike; the node segments are one session of one node (the only learner, its own
+syncer, on a ``LocalMailbox``, F=4, H=50, int8) that is entered before the first and left
+after the second, so joining (the upload of Θ⁰) and the closing flush are not timed; the
+bare segments run with no node at all. The loop calls ``handle.step(tokens)`` after each
+optimizer step (``Node.run_in_thread``), and the time of that call is measured on the
+caller.
+
+The ratio is node steps per second over bare steps per second, for each pair of adjacent
+segments; its median is the headline.
+
+Usage: ``.venv/bin/python benchmarks/bench_overhead.py [--quick] [--results DIR]``.
+"""
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+import anyio
+import torch
+
+from gradientmail.demo.data import synthetic
+from gradientmail.demo.model import GPT, GPTConfig
+from gradientmail.events import Event, RoundCommitted
+from gradientmail.mailbox import LocalMailbox
+from gradientmail.node import StepHandle
+from gradientmail.node import node as join_run
+from gradientmail.protocol.records import RunConfig
+
+NAME = "overhead"
+TARGET_RATIO = 0.98
+FRAGMENTS = 4
+CONTEXT = 32
+BATCH = 4
+
+
+def plan(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"model": "small", "sync_every": 8, "segment_steps": 8}
+    return {"model": "medium", "sync_every": 50, "segment_steps": 60}
+
+
+def _trainer(model: GPT, batches: Iterator[torch.Tensor]) -> Callable[[], float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> float:
+        started = time.perf_counter()
+        loss = model.loss(next(batches))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        return time.perf_counter() - started
+
+    return step
+
+
+def _bare(step: Callable[[], float], steps: int) -> tuple[float, list[float]]:
+    started = time.perf_counter()
+    trains = [step() for _ in range(steps)]
+    return time.perf_counter() - started, trains
+
+
+async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    shape = {"small": GPTConfig.small, "medium": GPTConfig.medium}[settings["model"]]
+    model = GPT(shape(vocab_size=64, context=CONTEXT), seed=0)
+    corpus = synthetic(length=CONTEXT, seed=0)
+    # Batches are drawn ahead so that sampling the Markov chain is not part of either arm.
+    total = 4 * settings["segment_steps"] + 2
+    pool = [next(corpus.train(0, batch_size=BATCH, length=CONTEXT)) for _ in range(8)]
+    batches = iter([pool[i % len(pool)] for i in range(total)])
+    step = _trainer(model, batches)
+    step()  # warm-up: allocate the optimizer state before anything is timed
+    n = settings["segment_steps"]
+    tokens = BATCH * CONTEXT
+    bare_seconds: list[float] = []
+    node_seconds: list[float] = []
+    train_times: list[float] = []
+    step_times: list[float] = []
+    committed = 0
+
+    def count(event: Event) -> None:
+        nonlocal committed
+        if isinstance(event, RoundCommitted):
+            committed += 1
+
+    def with_node(handle: StepHandle) -> float:
+        started = time.perf_counter()
+        for _ in range(n):
+            step()
+            before = time.perf_counter()
+            handle.step(tokens)
+            step_times.append(time.perf_counter() - before)
+        return time.perf_counter() - started
+
+    seconds, trains = await anyio.to_thread.run_sync(_bare, step, n)
+    bare_seconds.append(seconds)
+    train_times += trains
+    config = RunConfig(
+        fragments=FRAGMENTS,
+        sync_every=settings["sync_every"],
+        delta_encoding="int8",
+        update_encoding="int8",
+    )
+    async with (
+        LocalMailbox(scratch) as mailbox,
+        join_run(model, mailbox, learner="solo", config=config, sinks=[count]) as node,
+    ):
+        node_seconds.append(await node.run_in_thread(with_node))
+        node_seconds.append(await node.run_in_thread(with_node))
+        state = node.state
+    seconds, trains = await anyio.to_thread.run_sync(_bare, step, n)
+    bare_seconds.append(seconds)
+    train_times += trains
+    bare_rate = [n / s for s in bare_seconds]
+    node_rate = [n / s for s in node_seconds]
+    ms = [t * 1e3 for t in step_times]
+    return {
+        "steps_per_s_bare": h.summary(bare_rate),
+        "steps_per_s_node": h.summary(node_rate),
+        "ratio": h.summary([node_rate[0] / bare_rate[0], node_rate[1] / bare_rate[1]]),
+        "step_ms_p50": h.percentile(ms, 50),
+        "step_ms_p99": h.percentile(ms, 99),
+        "step_ms_max": max(ms),
+        "step_ms_mean": sum(ms) / len(ms),
+        "train_ms_p50": h.percentile([t * 1e3 for t in train_times], 50),
+        "rounds_committed": committed,
+        "bytes_published": state.bytes_published,
+        "bytes_downloaded": state.bytes_downloaded,
+        "params": model.num_parameters(),
+    }
+
+
+def run(results: Path, quick: bool) -> Path:
+    settings = plan(quick)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="gm-bench-overhead-") as scratch:
+        figures = anyio.run(measure, settings, Path(scratch))
+    parameters = settings | {
+        "model": f"GPTConfig.{settings['model']}",
+        "params": figures.pop("params"),
+        "fragments": FRAGMENTS,
+        "context": CONTEXT,
+        "batch": BATCH,
+        "encoding": "int8",
+        "segments": 2,
+        "torch_threads": 1,
+    }
+    result = h.header(NAME, quick=quick, parameters=parameters)
+    result["figures"] = figures
+    result["target_ratio"] = TARGET_RATIO
+    return h.write_result(results, NAME, result)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the 1M model, short segments")
+    parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
+    args = parser.parse_args()
+    path = run(args.results, args.quick)
+    figures = json.loads(path.read_text())["figures"]
+    print(
+        f"ratio {figures['ratio']['median']:.3f} ({figures['ratio']['values']}), step() p50 "
+        f"{figures['step_ms_p50']:.2f} ms p99 {figures['step_ms_p99']:.2f} ms, "
+        f"{figures['rounds_committed']} rounds"
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Run every benchmark, then generate ``docs/benchmarks.md`` from the results.
+
+Each benchmark runs in its own process (``benchmarks/bench_*.py``), one after the other, so
+none measures while another loads the machine. A benchmark that fails is reported and the
+others still run; the page is generated from whatever result files exist, and the exit
+status is 1 if any failed. ``run.json`` in the results directory records how long each
+took.
+
+The event-bus benchmark (``bench_events.py``, owned by the events workstream) writes only to
+``benchmarks/results/events.json``, so it runs only when the results go there.
+
+Usage::
+
+    .venv/bin/python benchmarks/run.py            # the full run (under 20 min on 2 cores)
+    .venv/bin/python benchmarks/run.py --quick    # smoke-test sizes (under 2 min)
+    .venv/bin/python benchmarks/run.py --quick --results /tmp/r --docs /tmp/d
+    .venv/bin/python benchmarks/run.py --only store rounds
+"""
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import _harness as h
+import report
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = ("store", "rounds", "overhead", "convergence", "events")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes (under 2 min)")
+    parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
+    parser.add_argument("--docs", type=Path, default=h.DOCS, help="where the page goes")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these")
+    args = parser.parse_args(argv)
+    results: Path = args.results.resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    chosen = args.only or list(BENCHMARKS)
+    if "events" in chosen and results != h.RESULTS.resolve():
+        print("events: skipped (bench_events.py writes only to benchmarks/results/)")
+        chosen.remove("events")
+    durations: dict[str, float] = {}
+    failed: list[str] = []
+    started = time.perf_counter()
+    for name in chosen:
+        command = [sys.executable, str(HERE / f"bench_{name}.py")]
+        if args.quick:
+            command.append("--quick")
+        if name != "events":
+            command += ["--results", str(results)]
+        print(f"== {name}", flush=True)
+        began = time.perf_counter()
+        code = subprocess.run(command, cwd=h.ROOT, check=False).returncode
+        durations[name] = time.perf_counter() - began
+        print(f"== {name}: {'ok' if code == 0 else f'FAILED ({code})'} in {durations[name]:.0f} s")
+        if code != 0:
+            failed.append(name)
+    total = time.perf_counter() - started
+    run = h.header("run", quick=args.quick, parameters={"benchmarks": chosen})
+    run["figures"] = {"seconds": durations, "total_seconds": total, "failed": failed}
+    h.write_result(results, "run", run)
+    page = report.generate(results, args.docs)
+    print(f"total {total:.0f} s; wrote {page}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
