@@ -323,7 +323,7 @@ class _Session:
                 live.update(render(self.board), refresh=True)
             elif self._elapsed() - printed >= _PLAIN_EVERY:
                 printed = self._elapsed()
-                self.console.print(line(self.board), highlight=False)
+                self.console.print(line(self.board), highlight=False, soft_wrap=True)
             await anyio.sleep(_REFRESH)
 
 
@@ -381,6 +381,13 @@ async def _run(settings: DemoSettings, console: Console) -> int:
                 reader = RunReader(mailbox, settings.store)
                 await _check_run(session, mailbox)
                 await anyio.to_thread.run_sync(_prepare, settings)
+                console.print(
+                    f"gradientmail demo: session {settings.session} with {settings.learners} "
+                    f"learner processes on {settings.store}; events in "
+                    f"{Path(settings.workdir) / 'events'}, logs in "
+                    f"{Path(settings.workdir) / 'logs'}",
+                    highlight=False,
+                )
                 await session.start_learners(logs)
                 async with anyio.create_task_group() as group:
                     group.start_soon(session.stop_on_signal, signals)
