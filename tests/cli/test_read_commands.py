@@ -161,3 +161,14 @@ def test_status_watch_refreshes_and_judges_liveness_over_time(written_run: Writt
     assert [lease["live"] for lease in docs[0]["leases"]] == [True, True]
     assert [lease["live"] for lease in docs[-1]["leases"]] == [False, False]
     assert all(doc["totals"]["rounds"] == 5 for doc in docs)
+
+
+def test_s3_without_a_run_or_without_the_bucket_is_exit_1(moto_server: str, s3_bucket: str) -> None:
+    empty = cli("status", f"s3://{s3_bucket}/runs/a?endpoint_url={moto_server}")
+    assert empty.returncode == 1, empty.stderr
+    assert "no run here" in empty.stderr
+    missing = cli("status", f"s3://no-such-bucket-here/a?endpoint_url={moto_server}")
+    assert missing.returncode == 1, missing.stderr
+    assert "NoSuchBucket" in missing.stderr
+    for result in (empty, missing):
+        assert "Traceback" not in result.stderr
