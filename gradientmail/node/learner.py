@@ -308,17 +308,27 @@ async def run_receive(rt: Runtime, cell: StateCell, pin: bool, wake: Callable[[]
 
 
 async def _receive_once(rt: Runtime, cell: StateCell, pin: bool) -> bool:
+    """Fold the new records in order and prepare the newest versions. A gap in the records
+    or a record that does not decode or verify (damaged, or forged into a round ahead) stops
+    the folding there; what was folded is still prepared, then the error is raised."""
     changed = False
+    problem: RecordError | None = None
     for round in await rt.store.record_rounds(after=cell.value.newest_round):
         if round != cell.value.newest_round + 1:
-            raise RecordError(
+            problem = RecordError(
                 f"records/ jumps from round {cell.value.newest_round} to {round}; "
                 "rounds are committed in order, so the store is damaged"
             )
-        record = await rt.store.record(round)
+            break
+        try:
+            record = await rt.store.record(round)
+            if record is not None:
+                _check(record, round, rt.config)
+        except RecordError as exc:
+            problem = exc
+            break
         if record is None:
             break
-        _check(record, round, rt.config)
         rt.emit(RoundRecorded(rt.learner, record))
         cell.value, events = cell.value.recorded(record, rt.learner)
         for event in events:
@@ -331,6 +341,8 @@ async def _receive_once(rt: Runtime, cell: StateCell, pin: bool) -> bool:
         if ready is not None:
             cell.value = cell.value.prepared(fragment, ready)
             changed = True
+    if problem is not None:
+        raise problem
     return changed
 
 
@@ -435,7 +447,12 @@ async def run_publisher(
                     delta=ref,
                     norm=norm,
                 )
-                await rt.store.put_snapshot(snapshot)
+                if not await rt.store.put_snapshot(snapshot):
+                    raise RecordError(
+                        f"{keys.snapshot(job.round, rt.learner)} already holds another "
+                        "snapshot (an earlier run of this learner id, or a forgery); these "
+                        "steps go out with the fragment's next round"
+                    )
                 ok = True
                 rt.emit(
                     SnapshotPublished(
