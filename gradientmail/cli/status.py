@@ -14,9 +14,8 @@ judges a lease live while its newest beat changed within ``--lease-timeout`` sec
 import contextlib
 import json
 import math
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -28,6 +27,7 @@ from rich.text import Text
 
 from gradientmail.cli._common import open_store
 from gradientmail.cli._errors import CliError
+from gradientmail.clock import MonotonicClock
 from gradientmail.errors import RecordError
 from gradientmail.lease import Liveness
 from gradientmail.mailbox import Mailbox, retrying
@@ -60,20 +60,24 @@ class Observation:
     problems: tuple[str, ...] = ()
 
 
-@dataclass
 class RunReader:
-    """Reads a run from ``mailbox``; reuse one reader to re-read cheaply (``--watch``).
+    """Reads the run at ``url`` from ``mailbox``; reuse one reader to re-read cheaply
+    (round records never change, so each is read once).
 
     Each operation retries a transient store failure a few times (``retrying``) and then
-    lets ``MailboxUnavailable`` propagate. Runs in the caller's task; cancellation stops
-    the reads in flight and leaves the reader usable.
+    lets ``MailboxUnavailable`` propagate. Runs in the caller's task, one call at a time;
+    cancellation stops the reads in flight and leaves the reader usable.
     """
 
-    mailbox: Mailbox
-    url: str
-    _records: dict[int, RoundRecord] = field(default_factory=dict)
-    _broken: dict[int, str] = field(default_factory=dict)
-    _manifest: Manifest | None = None
+    def __init__(self, mailbox: Mailbox, url: str) -> None:
+        self.mailbox = mailbox
+        self.url = url
+        self._records: dict[int, RoundRecord] = {}
+        self._broken: dict[int, str] = {}
+        self._manifest: Manifest | None = None
+
+    def __repr__(self) -> str:
+        return f"RunReader({self.url!r}, records={len(self._records)})"
 
     async def _get(self, key: str) -> bytes | None:
         return await retrying(lambda: self.mailbox.get(key), attempts=_READ_ATTEMPTS)
@@ -388,12 +392,13 @@ async def status(
             else:
                 out.print(render(doc))
             return
+        clock = MonotonicClock()
         liveness = Liveness(timeout=lease_timeout)
         with contextlib.ExitStack() as stack:
             view = None if as_json else stack.enter_context(Live(console=out, auto_refresh=False))
             while True:
                 observation = await reader.observe()
-                now = time.monotonic()
+                now = clock.now()
                 beats = {learner: beat for learner, (beat, _) in observation.leases.items()}
                 liveness = liveness.observed(beats, now)
                 doc = document(observation, last=last, live=liveness.live(now))
