@@ -52,8 +52,10 @@ _REPORT_EVERY = 0.5
 _LOSS_SMOOTHING = 0.1
 
 
-def _optimizer_step(model: GPT, optimizer: torch.optim.Optimizer, batch: Tensor) -> float:
-    loss = model.loss(batch)
+def _optimizer_step(
+    model: GPT, optimizer: torch.optim.Optimizer, batches: Iterator[Tensor]
+) -> float:
+    loss = model.loss(next(batches))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
@@ -95,7 +97,7 @@ async def _steps(
     smoothed: float | None = None
     await reporter.report(force=True, phase="training")
     for step in range(1, settings.steps + 1):
-        loss = await anyio.to_thread.run_sync(_optimizer_step, model, optimizer, next(batches))
+        loss = await anyio.to_thread.run_sync(_optimizer_step, model, optimizer, batches)
         await live.step(tokens=tokens_per_step)
         smoothed = loss if smoothed is None else smoothed + _LOSS_SMOOTHING * (loss - smoothed)
         elapsed = max(time.monotonic() - started, 1e-9)
