@@ -15,14 +15,14 @@ import anyio
 import safetensors.torch
 from node_helpers import CONFIG, FAST, Recorder, tiny_model, train
 
-import gradientmail.node as gm_node
 from gradientmail.events import StepsDropped
+from gradientmail.node import node as open_node
 
 
 async def main(url: str, learner: str, seed: int, until: int, out: Path) -> None:
     sink = Recorder()
     model = tiny_model(seed)
-    async with gm_node.node(
+    async with open_node(
         model, url, learner=learner, config=CONFIG, options=FAST, sinks=[sink]
     ) as node:
         await train(node, model, seed=seed, until_round=until, limit=120)

@@ -15,8 +15,8 @@ from node_helpers import (
     train,
 )
 
-import gradientmail.node as gm_node
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.node import node as open_node
 
 pytestmark = [
     pytest.mark.anyio,
@@ -31,7 +31,7 @@ async def test_two_nodes_on_a_gpu_end_at_the_committed_weights() -> None:
 
     async def member(name: str, seed: int) -> None:
         model = tiny_model(seed).cuda()
-        async with gm_node.node(
+        async with open_node(
             model, box, learner=name, config=CONFIG, options=FAST, sinks=[sink]
         ) as node:
             await train(node, model, seed=seed, until_round=8)

@@ -6,8 +6,8 @@ import msgspec
 import pytest
 from node_helpers import CONFIG, FAST, assert_holds_committed, records, tiny_model, train
 
-import gradientmail.node as gm_node
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.node import node as open_node
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import Manifest, decode
 
@@ -21,7 +21,7 @@ async def test_old_objects_are_collected_and_records_kept() -> None:
 
     async def member(name: str, seed: int) -> None:
         model = tiny_model(seed)
-        async with gm_node.node(model, box, learner=name, config=SMALL, options=FAST) as node:
+        async with open_node(model, box, learner=name, config=SMALL, options=FAST) as node:
             await train(node, model, seed=seed, until_round=16)
 
     async with anyio.create_task_group() as tg:
@@ -47,5 +47,5 @@ async def test_old_objects_are_collected_and_records_kept() -> None:
                 assert keys.blob(ref.sha256) not in present, f"round {record.round}"
 
     late = tiny_model(5)
-    async with gm_node.node(late, box, learner="late", options=FAST) as node:
+    async with open_node(late, box, learner="late", options=FAST) as node:
         await assert_holds_committed(box, late, node.state.versions)

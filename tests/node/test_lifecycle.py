@@ -18,10 +18,11 @@ from node_helpers import (
     wait_until,
 )
 
-import gradientmail.node as gm_node
 from gradientmail.errors import NodeFailed
 from gradientmail.events import Closed, Closing, FragmentAligned, LeaseReleased, StepsDropped
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.node import StepHandle
+from gradientmail.node import node as open_node
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -33,7 +34,7 @@ async def test_a_synchronous_trainer_runs_in_a_thread_and_events_stream() -> Non
     model = tiny_model()
     seen: list[object] = []
     async with (
-        gm_node.node(model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]) as node,
+        open_node(model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]) as node,
         anyio.create_task_group() as tg,
     ):
 
@@ -48,7 +49,7 @@ async def test_a_synchronous_trainer_runs_in_a_thread_and_events_stream() -> Non
         await anyio.lowlevel.checkpoint()
         trainer = Trainer(model, seed=1)
 
-        def loop(handle: gm_node.StepHandle) -> int:
+        def loop(handle: StepHandle) -> int:
             while handle.node.state.round < 8:
                 trainer.step()
                 handle.step(16)
@@ -69,12 +70,12 @@ async def test_cancelling_mid_training_leaves_nothing_behind() -> None:
     threads_before = {t.ident for t in threading.enumerate()}
     model = tiny_model()
     with anyio.CancelScope() as scope:
-        async with gm_node.node(
+        async with open_node(
             model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]
         ) as node:
             trainer = Trainer(model, seed=1)
 
-            def loop(handle: gm_node.StepHandle) -> None:
+            def loop(handle: StepHandle) -> None:
                 while True:
                     trainer.step()
                     handle.step(16)
@@ -112,7 +113,7 @@ async def test_a_failed_task_is_raised_by_the_next_step() -> None:
     model = tiny_model()
 
     async def run() -> None:
-        async with gm_node.node(model, box, learner="solo", config=CONFIG, options=FAST) as node:
+        async with open_node(model, box, learner="solo", config=CONFIG, options=FAST) as node:
             await train(node, model, seed=1, until_round=1)
             box.armed = True
 
@@ -130,7 +131,7 @@ async def test_a_failed_task_is_raised_by_the_next_step() -> None:
 async def test_a_node_with_nothing_to_flush_closes_at_once() -> None:
     box = MemoryMailbox()
     sink = Recorder()
-    async with gm_node.node(
+    async with open_node(
         tiny_model(), box, learner="idle", config=CONFIG, options=FAST, sinks=[sink]
     ):
         pass

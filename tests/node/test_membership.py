@@ -15,10 +15,11 @@ from node_helpers import (
 )
 from torch import nn
 
-import gradientmail.node as gm_node
 from gradientmail.errors import RunMismatch
 from gradientmail.events import Joined, LeaseReleased
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.node import NodeState
+from gradientmail.node import node as open_node
 from gradientmail.protocol.records import RunConfig
 from gradientmail.store import Store
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.anyio
 async def test_a_node_joining_at_round_10_catches_up_and_takes_part() -> None:
     box = MemoryMailbox()
     sink = Recorder()
-    finals: dict[str, tuple[nn.Module, gm_node.NodeState]] = {}
+    finals: dict[str, tuple[nn.Module, NodeState]] = {}
 
     async def member(name: str, seed: int, start_at: int) -> None:
         if start_at:
@@ -38,7 +39,7 @@ async def test_a_node_joining_at_round_10_catches_up_and_takes_part() -> None:
 
             await wait_until(started)
         model = tiny_model(seed)
-        async with gm_node.node(
+        async with open_node(
             model, box, learner=name, config=CONFIG, options=FAST, sinks=[sink]
         ) as node:
             await train(node, model, seed=seed, until_round=24)
@@ -65,7 +66,7 @@ async def test_a_node_restarted_with_the_same_id_resumes() -> None:
     store = Store(box)
     sink = Recorder()
     model = tiny_model(0)
-    async with gm_node.node(
+    async with open_node(
         model, box, learner="a", config=CONFIG, options=FAST, sinks=[sink]
     ) as node:
         await train(node, model, seed=0, until_round=5)
@@ -75,7 +76,7 @@ async def test_a_node_restarted_with_the_same_id_resumes() -> None:
     # Restarted from scratch (a fresh model), as after a crash: cancelled mid-training.
     model = tiny_model(5)
     with anyio.CancelScope() as scope:
-        async with gm_node.node(model, box, learner="a", options=FAST, sinks=[sink]) as node:
+        async with open_node(model, box, learner="a", options=FAST, sinks=[sink]) as node:
             assert node.state.versions == first.versions
             await assert_holds_committed(box, model, first.versions)
             await train(node, model, seed=1, until_round=first.round + 4)
@@ -84,7 +85,7 @@ async def test_a_node_restarted_with_the_same_id_resumes() -> None:
     assert await store.leases() == {}
 
     model = tiny_model(6)
-    async with gm_node.node(model, box, learner="a", options=FAST, sinks=[sink]) as node:
+    async with open_node(model, box, learner="a", options=FAST, sinks=[sink]) as node:
         await train(node, model, seed=2, until_round=node.state.round + 4)
     history = await records(box)
     assert len(history) > first.round + 8
@@ -95,15 +96,15 @@ async def test_a_node_restarted_with_the_same_id_resumes() -> None:
 async def test_a_different_model_or_config_is_refused_and_the_run_goes_on() -> None:
     box = MemoryMailbox()
     model = tiny_model(0)
-    async with gm_node.node(model, box, learner="a", config=CONFIG, options=FAST) as node:
+    async with open_node(model, box, learner="a", config=CONFIG, options=FAST) as node:
         await train(node, model, seed=0, until_round=2)
         before = sorted(await box.list(""))
         with pytest.raises(RunMismatch, match=r"0\.weight"):
-            async with gm_node.node(tiny_model(0, hidden=17), box, learner="b", options=FAST):
+            async with open_node(tiny_model(0, hidden=17), box, learner="b", options=FAST):
                 pytest.fail("a mismatched model joined")
         wrong = RunConfig(fragments=CONFIG.fragments, sync_every=8)
         with pytest.raises(RunMismatch, match="sync_every"):
-            async with gm_node.node(tiny_model(0), box, learner="b", config=wrong, options=FAST):
+            async with open_node(tiny_model(0), box, learner="b", config=wrong, options=FAST):
                 pytest.fail("a mismatched config joined")
         # Nothing of b's reached the store; a keeps training and committing.
         after = await box.list("")

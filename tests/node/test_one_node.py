@@ -12,9 +12,9 @@ from node_helpers import (
     train,
 )
 
-import gradientmail.node as gm_node
 from gradientmail.events import Closed, Joined, RoundCommitted
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.node import node as open_node
 
 pytestmark = pytest.mark.anyio
 
@@ -23,7 +23,7 @@ async def test_one_node_commits_rounds_and_closes_aligned() -> None:
     box = MemoryMailbox()
     sink = Recorder()
     model = tiny_model()
-    async with gm_node.node(
+    async with open_node(
         model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]
     ) as node:
         await train(node, model, seed=1, until_round=6)

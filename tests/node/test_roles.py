@@ -20,7 +20,6 @@ from node_helpers import (
     wait_until,
 )
 
-import gradientmail.node as gm_node
 from gradientmail.events import (
     AwaitingCreator,
     FollowingRound,
@@ -31,6 +30,7 @@ from gradientmail.events import (
 )
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.node import NodeOptions
+from gradientmail.node import node as open_node
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -50,9 +50,7 @@ async def test_a_cancelled_claimant_is_taken_over_and_the_round_commits_once() -
     sink = Recorder()
     # Every syncer counts only learners, so quorum_fraction=1.0 needs both learners.
     config = msgspec.structs.replace(CONFIG, quorum_fraction=1.0)
-    async with gm_node.node(
-        tiny_model(), box, learner="creator", config=config, options=LEARNER_ONLY
-    ):
+    async with open_node(tiny_model(), box, learner="creator", config=config, options=LEARNER_ONLY):
         pass
 
     async with anyio.create_task_group() as tg:
@@ -60,7 +58,7 @@ async def test_a_cancelled_claimant_is_taken_over_and_the_round_commits_once() -
 
         async def syncer(name: str, scope: anyio.CancelScope) -> None:
             with scope:
-                async with gm_node.node(None, box, learner=name, options=FAST, sinks=[sink]):
+                async with open_node(None, box, learner=name, options=FAST, sinks=[sink]):
                     await anyio.sleep_forever()
 
         tg.start_soon(syncer, "s1", first)
@@ -82,7 +80,7 @@ async def test_a_cancelled_claimant_is_taken_over_and_the_round_commits_once() -
 
         async def learner(name: str, seed: int) -> None:
             model = tiny_model(seed)
-            async with gm_node.node(
+            async with open_node(
                 model, box, learner=name, options=LEARNER_ONLY, sinks=[sink]
             ) as node:
                 await train(node, model, seed=seed, until_round=6)
@@ -141,15 +139,13 @@ async def test_a_live_claimant_that_never_commits_is_taken_over() -> None:
     store = Store(box)
     sink = Recorder()
     patient = replace(FAST, claim_timeout=0.5)
-    async with gm_node.node(
-        tiny_model(), box, learner="creator", config=CONFIG, options=LEARNER_ONLY
-    ):
+    async with open_node(tiny_model(), box, learner="creator", config=CONFIG, options=LEARNER_ONLY):
         pass
 
     async with anyio.create_task_group() as tg:
 
         async def syncer(name: str, mailbox: object) -> None:
-            async with gm_node.node(
+            async with open_node(
                 None,
                 mailbox,
                 learner=name,
@@ -168,7 +164,7 @@ async def test_a_live_claimant_that_never_commits_is_taken_over() -> None:
 
         async def learner(name: str, seed: int) -> None:
             model = tiny_model(seed)
-            async with gm_node.node(model, box, learner=name, options=LEARNER_ONLY) as node:
+            async with open_node(model, box, learner=name, options=LEARNER_ONLY) as node:
                 await train(node, model, seed=seed, until_round=3)
 
         async with anyio.create_task_group() as learners:
@@ -191,7 +187,7 @@ async def test_a_stalled_creation_is_taken_over() -> None:
     assert await store.claim_creation(0, "ghost")
     options = replace(FAST, creation_timeout=0.3)
     model = tiny_model()
-    async with gm_node.node(
+    async with open_node(
         model, box, learner="heir", config=CONFIG, options=options, sinks=[sink]
     ) as node:
         assert node.manifest.created_by == "heir"

@@ -17,8 +17,8 @@ from node_helpers import (
     train,
 )
 
-import gradientmail.node as gm_node
 from gradientmail.mailbox import open as open_mailbox
+from gradientmail.node import node as open_node
 
 pytestmark = [
     pytest.mark.anyio,
@@ -46,7 +46,7 @@ async def test_three_nodes_train_over_s3(moto_server: str, s3_bucket: str) -> No
 
     async def member(name: str, seed: int) -> None:
         model = tiny_model(seed)
-        async with gm_node.node(
+        async with open_node(
             model, url, learner=name, config=CONFIG, options=S3_OPTIONS, sinks=[sink]
         ) as node:
             await train(node, model, seed=seed, until_round=20, limit=150)

@@ -15,9 +15,9 @@ from node_helpers import (
     wait_until,
 )
 
-import gradientmail.node as gm_node
 from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.node import node as open_node
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.records import Manifest, Snapshot, decode, encode
@@ -36,7 +36,7 @@ async def test_a_signed_run_signs_everything_and_rejects_forgeries() -> None:
 
     async def member(name: str, seed: int) -> None:
         model = tiny_model(seed)
-        async with gm_node.node(
+        async with open_node(
             model, box, learner=name, config=CONFIG, options=FAST, run_key=SECRET
         ) as node:
             await train(node, model, seed=seed, until_round=8)
@@ -96,18 +96,18 @@ async def test_a_signed_run_signs_everything_and_rejects_forgeries() -> None:
                 assert key.check(keys.snapshot(round, name), snapshot) is None
 
     with pytest.raises(RunMismatch, match="signed"):
-        async with gm_node.node(tiny_model(), box, learner="c", options=FAST):
+        async with open_node(tiny_model(), box, learner="c", options=FAST):
             pass
     with pytest.raises(RunMismatch, match="another key"):
-        async with gm_node.node(tiny_model(), box, learner="c", options=FAST, run_key=SECRET + "!"):
+        async with open_node(tiny_model(), box, learner="c", options=FAST, run_key=SECRET + "!"):
             pass
 
 
 async def test_a_keyed_node_refuses_an_unsigned_run() -> None:
     box = MemoryMailbox()
-    async with gm_node.node(tiny_model(), box, learner="a", config=CONFIG, options=FAST):
+    async with open_node(tiny_model(), box, learner="a", config=CONFIG, options=FAST):
         pass
     with pytest.raises(RunMismatch, match="not signed"):
-        async with gm_node.node(tiny_model(), box, learner="b", options=FAST, run_key=SECRET):
+        async with open_node(tiny_model(), box, learner="b", options=FAST, run_key=SECRET):
             pass
     assert msgspec.json.decode(await box.get(keys.MANIFEST) or b"{}").get("key_id") is None

@@ -14,9 +14,9 @@ from node_helpers import (
     train,
 )
 
-import gradientmail.node as gm_node
 from gradientmail.events import Closed, Joined, RoundCommitted
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.node import node as open_node
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +28,7 @@ async def test_three_nodes_train_together_and_a_late_joiner_holds_the_newest() -
 
     async def member(name: str, seed: int) -> None:
         model = tiny_model(seed)
-        async with gm_node.node(
+        async with open_node(
             model, box, learner=name, config=CONFIG, options=FAST, sinks=[sink]
         ) as node:
             await train(node, model, seed=seed, until_round=22)
@@ -53,7 +53,7 @@ async def test_three_nodes_train_together_and_a_late_joiner_holds_the_newest() -
     # A node joining once everyone has left holds exactly the newest version of everything.
     newest = [max(r.version for r in history if r.fragment == f) for f in range(2)]
     late = tiny_model(seed=9)
-    async with gm_node.node(late, box, learner="late", options=FAST, sinks=[sink]) as node:
+    async with open_node(late, box, learner="late", options=FAST, sinks=[sink]) as node:
         assert node.state.versions == tuple(newest)
         await assert_holds_committed(box, late, newest)
     joined = [e for e in sink.of(Joined) if e.learner == "late"]
