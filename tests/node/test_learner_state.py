@@ -2,8 +2,12 @@
 
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from gradientmail.node.learner import FragmentState, LearnerState, merge_in_place
+from gradientmail.node.learner import FragmentState, LearnerState, Ready, merge_in_place
+from gradientmail.protocol import keys
 from gradientmail.protocol.merge import Ledger, merged
 from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord
 
@@ -115,3 +119,79 @@ def test_a_failed_publish_releases_the_fragment_and_keeps_its_steps() -> None:
     assert not state.fragments[0].blocked
     assert state.ledger[0].since_base.steps == 1
     assert state.ledger[0].in_flight is None
+
+
+class LearnerMachine(RuleBasedStateMachine):
+    """Random interleavings of steps, publishes, publish outcomes, committed rounds and
+    applied versions, as the node's tasks drive them: the ledger stays balanced, a
+    fragment holds at most one unresolved snapshot, and every snapshot targets the round
+    after its base."""
+
+    fragments = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = fresh()
+        self.next_round = 0
+
+    @rule(tokens=st.integers(min_value=0, max_value=9))
+    def step(self, tokens: int) -> None:
+        self.state = self.state.stepped(tokens)
+
+    @rule(fragment=st.integers(min_value=0, max_value=1))
+    def publish(self, fragment: int) -> None:
+        entry = self.state.fragments[fragment]
+        if entry.blocked or self.state.ledger[fragment].since_base.steps == 0:
+            return
+        self.state, round = self.state.published(fragment, (torch.ones(2),))
+        assert round == keys.round_of(fragment, entry.version + 1, self.fragments)
+
+    @rule(fragment=st.integers(min_value=0, max_value=1), ok=st.booleans())
+    def publish_done(self, fragment: int, ok: bool) -> None:
+        entry = self.state.fragments[fragment]
+        if entry.in_flight and entry.published is not None:
+            self.state = self.state.publish_done(fragment, entry.published.round, ok)
+
+    @rule(outcome=st.sampled_from(["included", "rejected", "absent"]))
+    def commit(self, outcome: str) -> None:
+        round = self.next_round
+        self.next_round += 1
+        names = {"included": ("me",), "rejected": (), "absent": ()}[outcome]
+        rejected = ("me",) if outcome == "rejected" else ()
+        entry = self.state.fragments[round % self.fragments]
+        mine = entry.published is not None and entry.published.round == round
+        self.state, events = self.state.recorded(
+            record(round, included=names if mine else (), rejected=rejected if mine else ()),
+            "me",
+        )
+        assert all(e.learner == "me" for e in events)
+
+    @rule(fragment=st.integers(min_value=0, max_value=1))
+    def download(self, fragment: int) -> None:
+        entry = self.state.fragments[fragment]
+        if entry.wanted is not None and entry.ready is None:
+            wanted = entry.wanted
+            ready = Ready(round=wanted.round, version=wanted.version, theta=(torch.zeros(2),))
+            self.state = self.state.prepared(fragment, ready)
+
+    @rule(fragment=st.integers(min_value=0, max_value=1))
+    def apply(self, fragment: int) -> None:
+        if self.state.fragments[fragment].ready is not None:
+            self.state = self.state.aligned(fragment)
+
+    @invariant()
+    def balanced(self) -> None:
+        for fragment in range(self.fragments):
+            ledger = self.state.ledger[fragment]
+            assert ledger.balanced
+            assert ledger.total.steps == self.state.step
+            entry = self.state.fragments[fragment]
+            flight = ledger.in_flight
+            unresolved = entry.published is not None and entry.published.outcome is None
+            assert (flight is not None) == unresolved
+            if flight is not None and entry.published is not None:
+                assert flight.round == entry.published.round
+
+
+TestLearnerMachine = LearnerMachine.TestCase
+TestLearnerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
