@@ -256,8 +256,9 @@ class Tally:
     ``bytes_up`` / ``bytes_down`` what each node wrote and read, and ``bytes_by_kind[node]``
     the same split as ``up:kind`` / ``down:kind``. ``snapshot_landed[round]``
     is the ``perf_counter`` at which the last snapshot put of a round returned
-    (``snapshots[round]`` counts them), and
-    ``record_listed[round]`` when a list first returned that round's record. Only touched
+    (``snapshots[round]`` counts them), ``record_listed[round]`` when a list first returned
+    that round's record (``record_listed_by[round][node]``: each node's first), and
+    ``blob_got[node]`` when the node's last blob read returned. Only touched
     from one event loop's thread, so it needs no lock.
     """
 
@@ -270,6 +271,8 @@ class Tally:
         self.snapshot_landed: dict[int, float] = {}
         self.snapshots: dict[int, int] = {}
         self.record_listed: dict[int, float] = {}
+        self.record_listed_by: dict[int, dict[str, float]] = {}
+        self.blob_got: dict[str, float] = {}
 
     def count(self, node: str, op: str, kind: str) -> None:
         ops = self.requests.setdefault(node, {"put": 0, "get": 0, "list": 0, "delete": 0})
@@ -321,6 +324,8 @@ class CountingMailbox:
         data = await self._inner.get(key)
         if data is not None:
             self._tally.moved(self._node, "down", key_kind(key), len(data))
+            if key.startswith("blobs/"):
+                self._tally.blob_got[self._node] = time.perf_counter()
         return data
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
@@ -331,6 +336,7 @@ class CountingMailbox:
             if key.startswith("records/"):
                 round = int(key.removeprefix("records/"))
                 self._tally.record_listed.setdefault(round, now)
+                self._tally.record_listed_by.setdefault(round, {}).setdefault(self._node, now)
         return keys
 
     async def delete(self, keys: Iterable[str]) -> None:

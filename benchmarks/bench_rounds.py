@@ -154,7 +154,7 @@ async def latency(size: int, rounds: int, scratch: Path) -> dict[str, Any]:
         sync_every=fragments,
         delta_encoding="int8",
         update_encoding="int8",
-        grace=5.0,
+        grace=1.0,
         quorum_fraction=1.0,
     )
     models: list[nn.Module] = [Slab(size) for _ in range(learners)]
@@ -184,6 +184,16 @@ async def latency(size: int, rounds: int, scratch: Path) -> dict[str, Any]:
                     partial(operator.contains, tally.record_listed, round), 300, f"round {round}"
                 )
                 waited.append(tally.record_listed[round] - tally.snapshot_landed[round])
+
+                def fetched(round: int = round) -> bool:
+                    # Every learner has listed the record and read a blob since: its update
+                    # is downloaded, so the next step applies it and nothing is skipped.
+                    seen = tally.record_listed_by.get(round, {})
+                    return len(seen) == learners and all(
+                        tally.blob_got.get(node, 0.0) > at for node, at in seen.items()
+                    )
+
+                await _until(fetched, 300, f"every learner to fetch round {round}")
         return waited
 
     async with LocalMailbox(scratch) as mailbox:

@@ -215,7 +215,11 @@ async def _throughput(
                 "ops_per_s": h.summary([ops / s for s in values]),
             }
         mailbox, baseline = (per_arm[n]["mib_per_s"]["median"] for n in names)
-        figures[op] = per_arm | {"ratio": h.ratio(mailbox, baseline)}
+        pairs = zip(seconds[names[0]][op], seconds[names[1]][op], strict=True)
+        figures[op] = per_arm | {
+            "ratio": h.ratio(mailbox, baseline),
+            "ratio_per_repetition": h.summary([base / mine for mine, base in pairs]),
+        }
     return figures
 
 
@@ -234,7 +238,15 @@ async def _list(
                 raise RuntimeError(f"{name} listed {len(listed)} keys, expected {keys}")
     per_arm = {name: {"keys_per_s": h.summary([keys / s for s in seconds[name]])} for name in names}
     mailbox, baseline = (per_arm[n]["keys_per_s"]["median"] for n in names)
-    return {"keys": keys} | per_arm | {"ratio": h.ratio(mailbox, baseline)}
+    pairs = zip(seconds[names[0]], seconds[names[1]], strict=True)
+    return (
+        {"keys": keys}
+        | per_arm
+        | {
+            "ratio": h.ratio(mailbox, baseline),
+            "ratio_per_repetition": h.summary([base / mine for mine, base in pairs]),
+        }
+    )
 
 
 async def _populate(arm: Arm, keys: int) -> None:

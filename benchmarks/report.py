@@ -308,6 +308,7 @@ def convergence(page: Page, result: dict[str, Any] | None) -> None:
             if target["bytes_met"]
             else f"{100 * (1 - bytes_ / target['bytes_ratio_min']):.1f}% short",
         )
+    page.add(*_convergence_notes(p, figures))
     published = figures["published_gap_percent"]
     for arm in sorted(gm, key=_arm_order):
         if arm in {t["arm"] for t in figures["targets"]}:
@@ -319,6 +320,78 @@ def convergence(page: Page, result: dict[str, Any] | None) -> None:
                 gap["median"] <= published,
                 "",
             )
+
+
+_BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+def _convergence_notes(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
+    """Why each missed convergence target was missed, from the measured breakdowns."""
+    arms, k, steps = figures["arms"], p["learners"], p["steps"]
+    lines: list[str] = []
+    for target in figures["targets"]:
+        if not target["measured"]:
+            continue
+        arm = target["arm"]
+        _, encoding, sync = arm.split("-")
+        h_steps = int(sync[1:])
+        entry = arms[arm]
+        if not target["excess_met"]:
+            text = (
+                f"**{arm}, excess loss**: {_num(target['excess_ratio'], 2)}× data-parallel's "
+                f"against a target of {target['excess_ratio_max']:.2f}×, "
+                f"{100 * (target['excess_ratio'] / target['excess_ratio_max'] - 1):.0f}% over. "
+            )
+            fp32 = arms.get(f"gm-fp32-H{h_steps}")
+            if fp32 is not None and encoding != "fp32":
+                same = fp32["excess_ratio_vs_dp"]["median"]
+                text += (
+                    f"With fp32 deltas and updates at the same H the ratio is "
+                    f"{_num(same, 2)}×, so the {encoding} encoding accounts for "
+                    f"{_num(target['excess_ratio'] - same, 2)} of it and synchronizing every "
+                    f"{h_steps} steps for the rest. "
+                )
+            rounds = entry["rounds_committed"]["median"] / p["fragments"]
+            text += (
+                f"In {steps} steps each fragment takes only about {_num(rounds, 1)} outer "
+                f"steps (rounds, the closing flush's included), and a round averaged {_num(entry['mean_participants']['median'], 2)} "
+                f"of {k} learners' snapshots: a learner whose snapshot lands after its round "
+                "closed (four learner processes and a syncer share two busy cores, so they "
+                "drift apart) merges that progress locally and offers it again a round later."
+            )
+            lines += [text, ""]
+        if not target["bytes_met"]:
+            runs = list(figures["per_seed"][arm].values())
+            kinds: dict[str, float] = {}
+            for run in runs:
+                for kind, n in run["bytes_by_kind_per_learner"].items():
+                    kinds[kind] = kinds.get(kind, 0.0) + n / len(runs)
+            total = sum(kinds.values())
+            payload = kinds.get("up:blobs", 0.0) + kinds.get("down:blobs", 0.0)
+            per_param = _BYTES_PER_PARAM[encoding]
+            ideal = 2 * (k - 1) / k * 4 * steps / (2 * per_param * steps / h_steps)
+            syncs = steps / h_steps
+            rounds = sum(r["rounds_committed"] for r in runs) / len(runs) / p["fragments"]
+            lines += [
+                f"**{arm}, bytes**: data-parallel moves {_num(target['bytes_ratio'], 0)}× the "
+                f"bytes against a target of {target['bytes_ratio_min']:.0f}×, "
+                f"{100 * (1 - target['bytes_ratio'] / target['bytes_ratio_min']):.0f}% short. "
+                f"The target is what exactly one {encoding} copy of the model each way per H "
+                f"steps would give ({_num(ideal, 0)}×, {per_param:g} byte"
+                f"{'' if per_param == 1 else 's'} per parameter). "
+                f"Measured, {100 * payload / total:.0f}% of a learner's bytes are payload "
+                "(encoded deltas up, updates down, each with its block scales and "
+                "safetensors header) and "
+                f"{100 * (1 - payload / total):.0f}% protocol metadata (round records, "
+                "snapshot objects, leases), a share that shrinks as the model grows "
+                f"(this one has {p['params']:,} parameters); and each fragment went through "
+                f"{_num(rounds, 1)} rounds against {_num(syncs, 1)} syncs in {steps} steps: "
+                "the closing flush publishes every fragment's remaining steps, and every "
+                "round's update is downloaded, empty rounds included, which a run of "
+                f"{steps} steps does not amortize.",
+                "",
+            ]
+    return lines
 
 
 def step_overhead(page: Page, result: dict[str, Any] | None) -> None:
@@ -352,6 +425,23 @@ def step_overhead(page: Page, result: dict[str, Any] | None) -> None:
             ],
         ),
     )
+    ratio = f["ratio"]["median"]
+    if ratio < result["target_ratio"]:
+        step_ms = 1e3 / f["steps_per_s_node"]["median"]
+        caller = f["step_ms_mean"] / step_ms
+        page.add(
+            f"The target is missed by {100 * (result['target_ratio'] - ratio):.1f} points. "
+            f"`step()` itself took {_num(f['step_ms_mean'], 2)} ms on average, "
+            f"{100 * caller:.1f}% of a {_num(step_ms, 0)} ms step with the node; the rest "
+            f"of the {100 * (1 - ratio):.1f}% is CPU time that the node's tasks take from "
+            "the training on the same cores: encoding and hashing each snapshot and, as "
+            "its own syncer, decoding, the outer step and writing θ, the outer state and "
+            f"the update of each of the {f['rounds_committed']} rounds "
+            f"({_bytes(f['bytes_published'])} written in all). The per-pair ratios "
+            f"({', '.join(_num(v, 3) for v in f['ratio']['values'])}) show how much the "
+            "shared machine's load moved between segments.",
+            "",
+        )
     page.target(
         "step overhead: steps/s with node ÷ bare",
         f"≥ {result['target_ratio']}",
@@ -381,6 +471,7 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
     )
     rows = []
     bars: list[tuple[str, float]] = []
+    misses: list[tuple[str, str, str, str, float, dict[str, Any] | None]] = []
     for backend, stores in f.items():
         for name, sizes in stores.items():
             for size, entry in sizes.items():
@@ -399,6 +490,7 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
                         baseline = entry[op]["baseline"][measure]
                         unit = "MiB/s" if measure == "mib_per_s" else "ops/s"
                         value = entry[op]["ratio"]
+                        spread = entry[op].get("ratio_per_repetition")
                         label = f"{op} {size}"
                     rows.append(
                         [
@@ -408,10 +500,20 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
                             f"{_num(mailbox['median'], 1)} {unit}",
                             f"{_num(baseline['median'], 1)} {unit}",
                             _num(value, 2),
+                            f"{_num(spread['min'], 2)} – {_num(spread['max'], 2)}"
+                            if spread
+                            else "–",
                         ]
                     )
                     bars.append((f"{backend} {name} {label}", value))
-    page.add(*_table(["loop", "store", "operation", "mailbox", "baseline", "ratio"], rows))
+                    if value is not None and value < result["target_ratio"]:
+                        misses.append((backend, name, op, size, value, spread))
+    page.add(
+        *_table(
+            ["loop", "store", "operation", "mailbox", "baseline", "ratio", "per repetition"],
+            rows,
+        )
+    )
 
     def draw(figure: Any) -> None:
         axes = figure.add_subplot(1, 1, 1)
@@ -427,6 +529,8 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
         axes.set_title("Store throughput ratios")
 
     page.plot("store.png", draw, "store throughput ratios")
+    if misses:
+        page.add(*_store_notes(misses, result["target_ratio"]))
     for name, worst in result["worst"].items():
         page.target(
             f"store throughput: {name} ÷ baseline, worst case",
@@ -435,6 +539,50 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
             worst["ratio"] >= result["target_ratio"],
             "",
         )
+
+
+_STORE_CAUSES = {
+    ("local", "put"): "each put checks that the key is free, writes the bytes to a "
+    "temporary file, checks the parent directories, hard-links the file into place (the "
+    "create-once guarantee: a concurrent writer of the same key loses cleanly) and unlinks "
+    "the temporary name: four more file-system calls than the baseline's open-write-close, "
+    "a cost per object that weighs most on small objects",
+    ("local", "get"): "a get is the baseline's open and read plus the key check and the "
+    "key-to-path mapping; the difference is small against the per-repetition spread",
+    ("local", "list"): "the baseline is one `os.listdir` and a sort of names; the mailbox "
+    "walks the directory tree with `os.scandir`, checks each entry's type, decodes each "
+    "file name back into a key and sorts by UTF-8 bytes, which is per-key Python work",
+    ("s3", "put"): "the mailbox asks for a SHA-256 checksum of every upload "
+    "(`request_checksums='when_supported'`) and sends `If-None-Match: *`; the baseline "
+    "sends botocore's default CRC32 and no condition, and moto does the extra check",
+    ("s3", "get"): "a get is the same `get_object` plus the key check and the concurrency "
+    "limiter; against moto's per-request time the difference is within the spread",
+    ("s3", "list"): "the same `list_objects_v2` pages plus a `StartAfter` cut and "
+    "prefix stripping per key; against moto's per-page time the difference is within "
+    "the spread",
+}
+
+
+def _store_notes(
+    misses: list[tuple[str, str, str, str, float, dict[str, Any] | None]], target: float
+) -> list[str]:
+    lines = [f"Where a ratio is under the {target} target, by how much and why:", ""]
+    for backend, name, op, size, value, spread in misses:
+        noisy = spread is not None and spread["max"] >= target
+        where = "list" if op == "list" else f"{op} {size}"
+        lines.append(
+            f"- {name} {where} on {backend}: {_num(value, 2)}, "
+            f"{100 * (1 - value / target):.0f}% under; "
+            + (
+                f"single repetitions reached {_num(spread['max'], 2)}, so part of it is "
+                "noise on a shared machine; "
+                if noisy and spread is not None
+                else ""
+            )
+            + _STORE_CAUSES.get((name, op), "cause not analysed")
+            + "."
+        )
+    return [*lines, ""]
 
 
 def rounds(page: Page, result: dict[str, Any] | None) -> None:
@@ -450,11 +598,17 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
             "**Round latency**: from the moment the put of a round's last snapshot returned "
             "to the moment a learner's listing first returned that round's record, on a "
             f"`{p['latency_store']}`, with {p['latency_learners']} learners that step in "
-            f"lockstep, one fragment per round (F={p['latency_fragments']}), poll interval "
-            f"{p['poll_interval']} s (so up to that much of the latency is the poll).",
+            f"lockstep, one fragment per round (F={p['latency_fragments']}, "
+            f"{p['latency_encoding']} deltas and updates), each learner also a syncer, poll "
+            f"interval {p['poll_interval']} s (up to that much of the latency is the poll). "
+            "The latency spans the closing syncer's poll, reading and decoding the snapshots, "
+            "the outer step, encoding and hashing θ, the outer state and the update, writing "
+            "them and the record, and a learner's poll. The first round is shown apart: it "
+            "also waits for round 0, which no learner publishes to (fragment 0 is first due "
+            "after fragment 1) and which closes empty after the grace period.",
             "",
             *_table(
-                ["fragment size", "rounds", "p50", "p90", "max"],
+                ["fragment size", "rounds", "p50", "p90", "max", "first round"],
                 [
                     [
                         f"{int(size):,} parameters",
@@ -462,6 +616,7 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
                         f"{_num(entry['p50_s'] * 1e3, 0)} ms",
                         f"{_num(entry['p90_s'] * 1e3, 0)} ms",
                         f"{_num(entry['max_s'] * 1e3, 0)} ms",
+                        f"{_num(entry['first_round_s'] * 1e3, 0)} ms",
                     ]
                     for size, entry in latency.items()
                 ],
@@ -476,8 +631,9 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
             f"{p['scale_model']} ({p['scale_params']:,} parameters), F={p['scale_fragments']}, "
             f"H={p['scale_sync_every']}, poll interval {p['poll_interval']} s; the learners "
             f"step in lockstep every {p['scale_tick_s'] * 1e3:.0f} ms for "
-            f"{p['scale_seconds']} s. Requests are counted over the whole run and divided by "
-            "the rounds committed.",
+            f"{p['scale_seconds']} s after {p['scale_warmup_s']} s of warm-up; the requests "
+            "of every node in that window are divided by the rounds whose record was first "
+            "listed in it.",
             "",
             *_table(
                 [
