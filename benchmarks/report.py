@@ -352,9 +352,11 @@ def _convergence_notes(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
                     f"{h_steps} steps for the rest. "
                 )
             rounds = entry["rounds_committed"]["median"] / p["fragments"]
+            participants = _num(entry["mean_participants"]["median"], 2)
             text += (
                 f"In {steps} steps each fragment takes only about {_num(rounds, 1)} outer "
-                f"steps (rounds, the closing flush's included), and a round averaged {_num(entry['mean_participants']['median'], 2)} "
+                f"steps (rounds, the closing flush's included), and a round averaged "
+                f"{participants} "
                 f"of {k} learners' snapshots: a learner whose snapshot lands after its round "
                 "closed (four learner processes and a syncer share two busy cores, so they "
                 "drift apart) merges that progress locally and offers it again a round later."
