@@ -30,7 +30,7 @@ import anyio
 import anyio.to_thread
 
 from gradientmail.clock import Clock, MonotonicClock
-from gradientmail.errors import CorruptBlob, MailboxUnavailable
+from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.mailbox import Mailbox, retrying
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import (
@@ -46,7 +46,7 @@ from gradientmail.protocol.records import (
     decode,
     encode,
 )
-from gradientmail.protocol.signing import Problem, RunKey, SignatureError, check_manifest
+from gradientmail.protocol.signing import Problem, RunKey, check_manifest
 
 __all__ = ["Store", "StoreStats", "gather", "sha256"]
 
@@ -238,9 +238,11 @@ class Store:
         return decode(data, kind)
 
     def _claimant(self, key: str, data: bytes, kind: type[CreateClaim] | type[RoundClaim]) -> str:
+        """Who holds the claim at ``key``: nobody (``""``) when it is malformed or does not
+        verify, so that it is taken over instead of failing its round forever."""
         try:
             return self._decode(key, data, kind).learner
-        except SignatureError as exc:
+        except RecordError as exc:
             _log.warning("%s; counting it as nobody's claim", exc)
             return ""
 
@@ -318,11 +320,24 @@ class Store:
         await self.create(key, self._encode(key, marker))
 
     async def init_markers(self, attempt: int) -> list[str]:
-        return [
+        """The keys of ``attempt``'s Θ⁰ markers; in a signed run only those that verify, as
+        a forged marker is no sign of a creator's progress."""
+        found = [
             key
             for key in await self.list_keys(keys.init_prefix(attempt))
             if keys.parse_init_marker(key) is not None
         ]
+        if self._run_key is None:
+            return found
+        verified = []
+        for key in found:
+            data = await self.get(key)
+            try:
+                if data is not None and self._run_key.check(key, data) is None:
+                    verified.append(key)
+            except RecordError:
+                continue
+        return verified
 
     # -- leases ------------------------------------------------------------------------------
 
