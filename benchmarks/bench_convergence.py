@@ -68,7 +68,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "eval_every": 20,
         }
     return {
-        "steps": 400,
+        "steps": 300,
         "seeds": [0, 1, 2],
         "sync_every": [25, 50, 100],
         "encodings": ["fp32", "int8", "int4"],
