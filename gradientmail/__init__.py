@@ -9,6 +9,7 @@ from gradientmail.errors import (
     RecordError,
     RunMismatch,
 )
+from gradientmail.node import Node, NodeOptions, NodeState, StepHandle, node
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.records import RunConfig
 
@@ -17,10 +18,15 @@ __all__ = [
     "CorruptBlob",
     "GradientmailError",
     "MailboxUnavailable",
+    "Node",
     "NodeFailed",
+    "NodeOptions",
+    "NodeState",
     "RecordError",
     "RunConfig",
     "RunMismatch",
+    "StepHandle",
     "events",
+    "node",
     "shared_queue",
 ]
