@@ -30,7 +30,7 @@ from typing import Any, Self
 import anyio
 from reliability_helpers import CONFIG, FAST, Recorder, Trainer, tiny_model
 
-import gradientmail.node as gm_node
+import gradientmail
 from gradientmail.events import (
     Joined,
     Recovered,
@@ -105,7 +105,7 @@ async def main(
     started = time.monotonic()
     async with open_mailbox(url) as inner:
         box = KillingMailbox(inner, kill)
-        async with gm_node.node(
+        async with gradientmail.node(
             model,
             box,
             learner=learner,

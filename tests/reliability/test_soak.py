@@ -32,7 +32,7 @@ from reliability_helpers import (
     tiny_model,
 )
 
-import gradientmail.node as gm_node
+import gradientmail
 from gradientmail.events import (
     Closed,
     PollFailed,
@@ -72,7 +72,7 @@ async def soak(seed: int, rounds: int, limit: float) -> tuple[FaultCounts, Count
 
     async def member(index: int, name: str) -> None:
         model = tiny_model(seed + index)
-        async with gm_node.node(
+        async with gradientmail.node(
             model, boxes[name], learner=name, config=CONFIG, options=FAST, sinks=[sink]
         ) as node:
             trainer = Trainer(model, seed + index)
@@ -101,7 +101,7 @@ async def soak(seed: int, rounds: int, limit: float) -> tuple[FaultCounts, Count
     newest = await newest_theta(box)
     learner_only = replace(FAST, syncer=False)
     for name, (model, _) in finals.items():
-        async with gm_node.node(model, box, learner=name, options=learner_only):
+        async with gradientmail.node(model, box, learner=name, options=learner_only):
             assert_weights(model, newest)
 
     injected = FaultCounts()
