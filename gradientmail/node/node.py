@@ -239,6 +239,10 @@ class Node:
             step = self._cell.value.step
             lag = step - published.step if outcome == "included" and published else None
             self._cell.value = self._cell.value.aligned(fragment)
+            if outcome == "rejected":
+                # The ledger dropped the steps up to the record when the receive task folded
+                # it; the reset to the global θ just now also wiped the steps taken since.
+                self._drop(fragment, f"reset by round {ready.round}, which rejected a snapshot")
             self._emit(
                 FragmentAligned(self.learner, ready.round, fragment, ready.version, step, lag)
             )
@@ -287,12 +291,15 @@ class Node:
         if self._cell is None:
             return
         for fragment in range(self.config.fragments):
-            ledger, dropped = self._cell.value.ledger.dropped(fragment, reason)
-            self._cell.value = _with_ledger(self._cell.value, ledger)
-            if dropped.steps or dropped.tokens:
-                self._emit(
-                    StepsDropped(self.learner, fragment, dropped.steps, dropped.tokens, reason)
-                )
+            self._drop(fragment, reason)
+
+    def _drop(self, fragment: int, reason: str) -> None:
+        """Give up the steps of ``fragment`` that no round will carry, and report them."""
+        assert self._cell is not None
+        ledger, dropped = self._cell.value.ledger.dropped(fragment, reason)
+        self._cell.value = _with_ledger(self._cell.value, ledger)
+        if dropped.steps or dropped.tokens:
+            self._emit(StepsDropped(self.learner, fragment, dropped.steps, dropped.tokens, reason))
 
     async def _start(self, tg: TaskGroup) -> None:
         """Start the node's tasks in ``tg``: the lease first (its first beat lands before
