@@ -112,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
         "--learners", type=_positive_int, default=3, help="learner processes (default 3)"
     )
     demo.add_argument(
-        "--steps", type=_positive_int, default=240, help="local steps per learner (default 240)"
+        "--steps", type=_positive_int, default=200, help="local steps per learner (default 200)"
     )
     demo.add_argument(
         "--batch-size", type=_positive_int, default=16, help="sequences per step (default 16)"

@@ -52,7 +52,7 @@ class DemoSettings(msgspec.Struct, frozen=True, kw_only=True):
     store: str
     workdir: str
     learners: int = 3
-    steps: int = 240
+    steps: int = 200
     batch_size: int = 16
     context: int = 64
     fragments: int = 4
