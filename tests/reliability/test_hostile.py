@@ -12,6 +12,7 @@ bucket, each a clear error naming what is wrong (and never a credential).
 """
 
 import json
+from dataclasses import replace
 
 import anyio
 import pytest
@@ -29,8 +30,8 @@ from reliability_helpers import (
 from torch import nn
 
 import gradientmail
-from gradientmail.errors import RunMismatch
-from gradientmail.events import RoundCommitted
+from gradientmail.errors import RecordError, RunMismatch
+from gradientmail.events import PollFailed, RecoveryFailed, RoundCommitted, RoundFailed
 from gradientmail.mailbox import Mailbox, MemoryMailbox
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.protocol import keys, records
@@ -270,3 +271,55 @@ def _chain(error: BaseException) -> list[BaseException]:
         error = error.__cause__ or error.__context__  # type: ignore[assignment]
         found.append(error)
     return found
+
+
+BROKEN_RECORDS = {
+    "not JSON": (b"{record", "not a JSON object"),
+    "over the size limit": (b'{"format":1,"pad":"' + b"x" * MAX_RECORD_BYTES + b'"}', "limit"),
+    "an unknown format": (b'{"format":99}', "format 99"),
+    "the wrong shape": (b'{"format":1,"round":"two"}', "RoundRecord"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BROKEN_RECORDS))
+async def test_a_broken_record_is_reported_and_never_followed(what: str) -> None:
+    """A broken object at a round's record key cannot be replaced (every write is
+    create-once): the node reports what is wrong with it on every try, and never goes past
+    the round before it."""
+    data, problem = BROKEN_RECORDS[what]
+    box = MemoryMailbox()
+    sink = Recorder()
+    model = tiny_model(0)
+
+    async def vandal() -> None:
+        with anyio.fail_after(30):
+            while await box.get(keys.record(0)) is None:  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+        await box.put_if_absent(keys.record(2), data)
+
+    options = replace(FAST, close_timeout=0.3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(vandal)
+        async with gradientmail.node(
+            model, box, learner="a", config=CONFIG, options=options, sinks=[sink]
+        ) as node:
+            trainer = Trainer(model, 0)
+            with anyio.fail_after(30):
+                while not (sink.of(RoundFailed) and sink.of(PollFailed)):
+                    trainer.step()
+                    await node.step(tokens=16)
+                    await anyio.sleep(0.002)
+            assert node.state.round <= 1
+    failures = sink.of(RoundFailed) + sink.of(PollFailed) + sink.of(RecoveryFailed)
+    errors = [e.error for e in failures]  # type: ignore[attr-defined]
+    assert all(isinstance(e, RecordError) for e in errors)
+    assert any(problem in str(e) for e in errors), [str(e) for e in errors]
+    assert all(e.record.round < 2 for e in sink.of(RoundCommitted))  # type: ignore[attr-defined]
+
+
+async def test_a_broken_manifest_is_a_clear_error() -> None:
+    box = MemoryMailbox()
+    await box.put_if_absent(keys.MANIFEST, b'{"format":1,"created_by":"x"}')
+    with pytest.raises(RecordError, match="Manifest"):
+        async with gradientmail.node(tiny_model(0), box, learner="a", options=FAST):
+            pass
