@@ -387,6 +387,7 @@ async def _run(settings: DemoSettings, console: Console) -> int:
                     f"{Path(settings.workdir) / 'events'}, logs in "
                     f"{Path(settings.workdir) / 'logs'}",
                     highlight=False,
+                    soft_wrap=True,
                 )
                 await session.start_learners(logs)
                 async with anyio.create_task_group() as group:
