@@ -7,7 +7,9 @@ Natively async over aiobotocore with its httpx backend, on asyncio and trio alik
 runs on asyncio only, and measured no faster here, so there is one code path). aiobotocore's
 httpx session sends an in-memory body as an iterator over its *lines*, with an event-loop
 checkpoint per line: a 64 MiB random PUT took about 50 s instead of 1 s. ``_WholeBodySession``
-hands httpx the bytes in one piece instead.
+hands httpx the bytes in one piece instead, through an iterator that a cancelled request can
+drop safely (httpx's own is an async generator, which trio reports when it is collected
+unfinished).
 
 Consistency assumed of the store
 --------------------------------
@@ -32,12 +34,13 @@ response; the first is raised as a ``ClientError``.
 
 import io
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import anyio
+from aiobotocore._httpx import httpx
 from aiobotocore.config import AioConfig
 from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
@@ -79,13 +82,61 @@ def _session() -> Any:
     return session
 
 
+class _Once:
+    """Yields one ``bytes`` value, then stops; a plain object rather than an async
+    generator, so that dropping it half-iterated leaves nothing for the collector to close."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            raise StopAsyncIteration
+        return data
+
+
+class _WholeBody(httpx.AsyncByteStream):  # type: ignore[misc]  # aiobotocore is untyped
+    """An in-memory request body that httpcore iterates through ``_Once``.
+
+    httpx's ``ByteStream`` iterates as an async generator; when a request is cancelled
+    while its body is being written, httpcore drops that generator mid-iteration and trio
+    reports it as a ``ResourceWarning`` once it is collected (encode/httpx#3686). Each
+    iteration starts afresh, as httpcore re-sends a body on a new connection when the
+    first one was dead before it could be used.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Once(self._data)
+
+
+async def _whole_body(request: Any) -> None:
+    # An httpx request hook: runs in the sending task, before the request goes out.
+    if isinstance(request.stream, httpx.ByteStream):
+        request.stream = _WholeBody(request.content)
+
+
 class _WholeBodySession(HttpxSession):  # type: ignore[misc]  # aiobotocore is untyped
-    """aiobotocore's httpx session, handing httpx an in-memory body as one ``bytes``.
+    """aiobotocore's httpx session, handing httpx an in-memory body as one ``bytes`` that
+    a cancelled request can drop safely.
 
     The stock session iterates an ``io.BytesIO`` body (what botocore makes of ``bytes``)
     line by line with a checkpoint per line, which makes large random payloads crawl.
-    The original body is put back afterwards, so botocore's retries can rewind it.
+    The original body is put back afterwards, so botocore's retries can rewind it. Every
+    in-memory body then goes out as a ``_WholeBody``.
     """
+
+    def _make_async_client(self) -> Any:
+        client = super()._make_async_client()
+        hooks = client.event_hooks
+        client.event_hooks = {**hooks, "request": [*hooks["request"], _whole_body]}
+        return client
 
     async def send(self, request: Any) -> Any:
         body = request.body
