@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import safetensors.torch
 import torch
+from cli_helpers import cli
 from rich.console import Console
 
 from gradientmail.cli._errors import CliError
@@ -26,7 +27,6 @@ from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment
 from gradientmail.protocol.records import Manifest, RoundRecord, decode
-from tests.cli.conftest import cli
 
 TINY = (
     "--learners", "2", "--model", "tiny", "--fragments", "2", "--sync-every", "8",

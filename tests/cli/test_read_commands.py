@@ -10,9 +10,9 @@ from pathlib import Path
 import safetensors
 import safetensors.torch
 import torch
+from cli_helpers import FRAGMENTS, WrittenRun, cli
 
 from gradientmail.demo.model import GPT, GPTConfig
-from tests.cli.conftest import FRAGMENTS, WrittenRun, cli
 
 
 def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
