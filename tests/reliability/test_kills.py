@@ -168,8 +168,8 @@ def _commits_once(cluster: Cluster, records: list[Any], reporters: tuple[str, ..
 def test_claimants_killed_while_closing_are_taken_over(cluster: Cluster) -> None:
     """Three syncer-only claimants die at their first claim: one right after claiming, one
     after its first blob, one just before its record; each takes over from the one before.
-    A late syncer takes over the round they left as soon as their leases are gone; then the
-    three, restarted with their ids, rejoin and close rounds again."""
+    A late syncer takes over the round they left as soon as their leases are gone; then one
+    of them, restarted with its id, rejoins and closes rounds again."""
     learners = [
         cluster.start("l1", role="learner-only", until="10", seed=1),
         cluster.start("l2", role="learner-only", until="10", seed=2, backend="trio"),
@@ -186,11 +186,13 @@ def test_claimants_killed_while_closing_are_taken_over(cluster: Cluster) -> None
     stuck = max(claims)
     survivor = cluster.start("s", role="syncer", backend="trio")
     _wait_for_record(cluster.url, stuck, limit=60)
-    again = [cluster.start(name, role="syncer") for name in sorted(names)]
+    # One of them is enough to show a restarted claimant rejoins (the other kill tests
+    # restart theirs too); each restart costs a process start-up.
+    again = cluster.start("k-record", role="syncer")
     for process in learners:
         cluster.finished(process)
     cluster.stop_syncers()
-    for process in (survivor, *again):
+    for process in (survivor, again):
         cluster.finished(process)
     records = check_store(cluster.url)
     assert len(records) >= 11
@@ -206,11 +208,10 @@ def test_claimants_killed_while_closing_are_taken_over(cluster: Cluster) -> None
         if t["round"] == stuck
     ]
     assert after < FAST.lease_timeout + FAST.claim_timeout
-    for name in names:
-        assert cluster.report(name)["recovered"], f"{name} did not rejoin"
+    assert cluster.report("k-record")["recovered"], "k-record did not rejoin"
     for learner in ("l1", "l2"):
         _accounted(cluster, learner, records)
-    _commits_once(cluster, records, ("s", *sorted(names)))
+    _commits_once(cluster, records, ("s", "k-record"))
 
 
 def _wait_for_record(url: str, round: int, limit: float) -> None:
