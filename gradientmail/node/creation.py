@@ -109,11 +109,13 @@ async def open_run(
                     progress = (-1, now)
                     emit(AwaitingCreator(learner, tuple(c for _, c in claims)))
                 markers = len(await store.init_markers(last))
-                if markers != progress[0]:
+                # A claim that names nobody (malformed, or unverified in a signed run) has no
+                # creator to wait for.
+                if markers != progress[0] and claimant:
                     progress = (markers, now)
                 elif (
                     named is not None
-                    and now - progress[1] >= options.creation_timeout
+                    and (not claimant or now - progress[1] >= options.creation_timeout)
                     and await store.claim_creation(last + 1, learner)
                 ):
                     emit(TookOverCreation(learner, now - progress[1]))
