@@ -103,8 +103,8 @@ async def test_forged_and_replayed_claims_name_nobody() -> None:
 
 async def test_forged_creation_claims_and_markers_do_not_stall_creation() -> None:
     """Mallory holds the creation claims and keeps adding Θ⁰ markers under the newest one,
-    as a creator making progress would: none of it counts, and the honest node takes over
-    creation after one ``creation_timeout``."""
+    as a creator making progress would: her claims name nobody, so the honest node takes
+    over creation at once, well within one ``creation_timeout``."""
     box = MemoryMailbox()
     ref = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
     for attempt in (0, 1):
@@ -130,7 +130,7 @@ async def test_forged_creation_claims_and_markers_do_not_stall_creation() -> Non
     assert joined.created_by == "a"  # type: ignore[attr-defined]
     assert sink.of(AwaitingCreator)
     (took_over,) = sink.of(TookOverCreation)
-    assert took_over.stalled < timeout + 1.0  # type: ignore[attr-defined]
+    assert took_over.stalled < timeout  # type: ignore[attr-defined]
 
 
 async def test_a_forged_record_is_never_followed() -> None:
