@@ -20,19 +20,7 @@ from node_helpers import (
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.node import node as open_node
 
-pytestmark = [
-    pytest.mark.anyio,
-    # aiobotocore warns that plain httpx is deprecated in favour of httpx2; both work.
-    pytest.mark.filterwarnings(
-        "ignore:aiobotocore's httpx backend now prefers httpx2:DeprecationWarning"
-    ),
-    # A node's tasks are cancelled at close, sometimes mid-request; httpx then leaves the
-    # response's byte-stream generator for the garbage collector to finalize. Reported to
-    # the mailbox layer; nothing of the node's leaks.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in.*ByteStream:pytest.PytestUnraisableExceptionWarning"
-    ),
-]
+pytestmark = pytest.mark.anyio
 
 # HTTP round trips to moto cost milliseconds each (tens on a loaded machine): poll and beat
 # less often than in memory, or the three nodes' requests queue up behind each other.
