@@ -11,8 +11,10 @@ forever: squatting a create-once key is a denial of service no signature can pre
 ``docs/reliability.md``.)
 """
 
+import logging
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -37,16 +39,18 @@ from gradientmail.events import (
     TookOverCreation,
     TookOverRound,
 )
+from gradientmail.events.sinks import json_logs
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys, records
 from gradientmail.protocol.records import (
     BlobRef,
     CreateClaim,
     InitMarker,
+    Manifest,
     RoundClaim,
     RoundRecord,
 )
-from gradientmail.protocol.signing import RunKey, SignatureError
+from gradientmail.protocol.signing import ENV_VAR, RunKey, SignatureError
 
 pytestmark = pytest.mark.anyio
 
@@ -187,3 +191,45 @@ async def test_a_forged_record_is_never_followed() -> None:
     assert signature_errors
     assert {e.reason for e in signature_errors} == {"unsigned"}
     assert all(e.key == keys.record(forged_at) for e in signature_errors)
+
+
+async def test_the_run_key_is_never_written_or_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signed run from the environment variable, with every event in a JSON log and
+    every library log captured: the secret is in no object of the store, no log line, no
+    event, and no repr of the node or its state."""
+    secret = "hunter2-but-much-longer-and-unguessable"
+    monkeypatch.setenv(ENV_VAR, secret)
+    caplog.set_level(logging.DEBUG, logger="gradientmail")
+    box = MemoryMailbox()
+    log = tmp_path / "events.jsonl"
+    sink = Recorder()
+    shown: list[str] = []
+
+    async def member(name: str, seed: int) -> None:
+        model = tiny_model(seed)
+        async with gradientmail.node(
+            model, box, learner=name, config=CONFIG, options=FAST, sinks=[sink, json_logs(log)]
+        ) as node:
+            trainer = Trainer(model, seed)
+            with anyio.fail_after(60):
+                while node.state.round < 4:
+                    trainer.step()
+                    await node.step(tokens=16)
+                    await anyio.sleep(0.002)
+            shown.extend([repr(node), repr(node.state), repr(node.manifest)])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(member, "a", 0)
+        tg.start_soon(member, "b", 1)
+
+    manifest = records.decode(await box.get(keys.MANIFEST) or b"", Manifest)
+    assert manifest.key_id == RunKey(secret).key_id
+    needles = (secret.encode(), secret.encode().hex().encode())
+    for key in await box.list(""):
+        data = await box.get(key) or b""
+        assert not any(needle in data for needle in needles), key
+    text = log.read_text() + caplog.text + "".join(map(repr, sink.events)) + "".join(shown)
+    assert log.read_text()
+    assert not any(needle.decode() in text for needle in needles)
