@@ -233,9 +233,13 @@ class Store:
         return encode(self._signed(key, obj))
 
     def _decode(self, key: str, data: bytes, kind: type[S]) -> S:
+        """``data`` read from ``key`` as a ``kind``; ``RecordError`` naming the key."""
         if self._run_key is not None:
             self._run_key.verify(key, data)
-        return decode(data, kind)
+        try:
+            return decode(data, kind)
+        except RecordError as exc:
+            raise RecordError(f"{key}: {exc}") from exc
 
     def _claimant(self, key: str, data: bytes, kind: type[CreateClaim] | type[RoundClaim]) -> str:
         """Who holds the claim at ``key``: nobody (``""``) when it is malformed or does not
@@ -283,7 +287,10 @@ class Store:
         data = await self.get(keys.MANIFEST)
         if data is None:
             return None
-        manifest = decode(data, Manifest)
+        try:
+            manifest = decode(data, Manifest)
+        except RecordError as exc:
+            raise RecordError(f"{keys.MANIFEST}: {exc}") from exc
         check_manifest(manifest, self._run_key)
         if self._run_key is not None:
             self._run_key.verify(keys.MANIFEST, data)

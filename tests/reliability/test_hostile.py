@@ -274,7 +274,7 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 
 BROKEN_RECORDS = {
-    "not JSON": (b"{record", "not a JSON object"),
+    "not JSON": (b"{record", "records/0000000002: RoundRecord: not a JSON object"),
     "over the size limit": (b'{"format":1,"pad":"' + b"x" * MAX_RECORD_BYTES + b'"}', "limit"),
     "an unknown format": (b'{"format":99}', "format 99"),
     "the wrong shape": (b'{"format":1,"round":"two"}', "RoundRecord"),
