@@ -17,10 +17,14 @@ the model's order. Two patterns:
     Blocks are numbered in order of first appearance. A model with fewer blocks than
     fragments deals out single parameters instead.
 
-The schedule: fragment ``f`` is offset by ``f·H // F`` local steps (``H = sync_every``), so
-that on a steady learner one fragment is in flight at a time, and is due after every local
-step ``s > 0`` with ``s ≡ offset(f) (mod H)``: fragment 0 after steps H, 2H, …; fragment
-``f > 0`` after steps ``offset(f)``, ``offset(f) + H``, ….
+The schedule: fragments are staggered by ``H // F`` local steps (``H = sync_every``), so that
+on a steady learner one fragment is in flight at a time, and in round order: fragment ``f``
+is due after every local step ``s > 0`` with ``s ≡ offset(f) (mod H)``, where
+``offset(f) = (f + 1)·H // F mod H``. Fragment 0 goes first (after step ``H // F``), fragment
+``F − 1`` last (after step ``H``), then the cycle repeats. Round ``r`` updates fragment
+``r mod F``, so a learner's first snapshots land in rounds 0, 1, 2, … in that order; with
+fragment 0 last instead, round 0 would be the last of its period to get a snapshot and every
+syncer (rounds close in order) would wait on it, or close the rounds before it empty.
 
 Pure: no I/O.
 """
@@ -168,10 +172,11 @@ def mismatch(run: Sequence[FragmentSpec], ours: Sequence[FragmentSpec]) -> str |
 
 
 def offset(fragment: int, config: RunConfig) -> int:
-    """The local step, modulo ``sync_every``, at which ``fragment`` is due."""
+    """The local step, modulo ``sync_every``, at which ``fragment`` is due:
+    ``(fragment + 1) · sync_every // fragments mod sync_every``."""
     if not 0 <= fragment < config.fragments:
         raise ValueError(f"fragment {fragment} is not in [0, {config.fragments})")
-    return fragment * config.sync_every // config.fragments
+    return (fragment + 1) * config.sync_every // config.fragments % config.sync_every
 
 
 def due(step: int, config: RunConfig) -> tuple[int, ...]:
@@ -185,5 +190,9 @@ def due(step: int, config: RunConfig) -> tuple[int, ...]:
     if step == 0:
         return ()
     phase = step % config.sync_every
-    fragment = -(-phase * config.fragments // config.sync_every)
-    return (fragment,) if fragment < config.fragments and offset(fragment, config) == phase else ()
+    # Inverts offset(): for 0 < phase, (f + 1) = ceil(phase · F / H) is the only candidate.
+    if phase == 0:
+        fragment = config.fragments - 1
+    else:
+        fragment = -(-phase * config.fragments // config.sync_every) - 1
+    return (fragment,) if offset(fragment, config) == phase else ()

@@ -183,12 +183,12 @@ def test_mismatch_names_fragment_count_and_split() -> None:
 
 def test_offsets_and_due_steps() -> None:
     config = RunConfig(fragments=3, sync_every=8)
-    assert [offset(f, config) for f in range(3)] == [0, 2, 5]
+    assert [offset(f, config) for f in range(3)] == [2, 5, 0]
     schedule = {step: due(step, config) for step in range(20)}
     assert schedule[0] == ()
-    assert [s for s, d in schedule.items() if d == (0,)] == [8, 16]
-    assert [s for s, d in schedule.items() if d == (1,)] == [2, 10, 18]
-    assert [s for s, d in schedule.items() if d == (2,)] == [5, 13]
+    assert [s for s, d in schedule.items() if d == (0,)] == [2, 10, 18]
+    assert [s for s, d in schedule.items() if d == (1,)] == [5, 13]
+    assert [s for s, d in schedule.items() if d == (2,)] == [8, 16]
     with pytest.raises(ValueError, match="local step"):
         due(-1, config)
     with pytest.raises(ValueError, match="fragment 3"):
@@ -206,3 +206,13 @@ def test_each_fragment_is_due_once_per_period(fragments: int, extra: int, start:
             f for f in range(fragments) if step % config.sync_every == offset(f, config)
         )
         assert due(step, config) == expected
+
+
+@CHECKS
+@given(st.integers(1, 12), st.integers(0, 60))
+def test_first_snapshots_come_in_round_order(fragments: int, extra: int) -> None:
+    """A learner's first due steps follow fragment order, so its first snapshots land in
+    rounds 0, 1, 2, … as the syncers close them."""
+    config = RunConfig(fragments=fragments, sync_every=fragments + extra)
+    first = [f for step in range(1, config.sync_every + 1) for f in due(step, config)]
+    assert first == list(range(fragments))
