@@ -377,8 +377,11 @@ def run_gradientmail(
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     this = str(Path(__file__).resolve())
 
+    logs: list[Any] = []
+
     def spawn(role: str) -> subprocess.Popen[bytes]:
-        log = open(scratch / f"log-{role}.txt", "wb")  # noqa: SIM115 (closed by the child's exit)
+        log = open(scratch / f"log-{role}.txt", "wb")  # noqa: SIM115 (closed in the finally below)
+        logs.append(log)
         return subprocess.Popen(
             [sys.executable, this, "--worker", str(spec_path), role],
             env=env,
@@ -403,6 +406,8 @@ def run_gradientmail(
             if process.poll() is None:
                 process.kill()
                 process.wait()
+        for log in logs:
+            log.close()
     wall = time.perf_counter() - started
     reports = [json.loads((scratch / f"result-{k}.json").read_text()) for k in range(K)]
     syncer_report = json.loads((scratch / "result-syncer.json").read_text())

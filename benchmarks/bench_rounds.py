@@ -40,6 +40,10 @@ from gradientmail.protocol.records import RunConfig
 
 NAME = "rounds"
 POLL = 0.05
+SCALE_POLL = 0.1
+SCALE_TICK = 0.1
+SCALE_FRAGMENTS = 4
+SCALE_SYNC_EVERY = 16
 
 
 def plan(quick: bool) -> dict[str, Any]:
@@ -60,10 +64,10 @@ def plan(quick: bool) -> dict[str, Any]:
     }
 
 
-def _options() -> NodeOptions:
+def _options(poll: float = POLL) -> NodeOptions:
     return NodeOptions(
-        poll_interval=POLL,
-        lease_every=0.5,
+        poll_interval=poll,
+        lease_every=max(0.5, 5 * poll),
         lease_timeout=10.0,
         claim_timeout=30.0,
         creation_timeout=30.0,
@@ -113,6 +117,7 @@ async def _cohort(
     tally: h.Tally,
     config: RunConfig,
     body: Callable[[list[Node]], Any],
+    options: NodeOptions,
 ) -> Any:
     """Join ``len(models)`` nodes (the first creates the run), run ``body(nodes)``, then
     cancel them all (closing without flush: the figures are taken before)."""
@@ -126,7 +131,7 @@ async def _cohort(
             h.CountingMailbox(mailbox, tally, name),
             learner=name,
             config=config,
-            options=_options(),
+            options=options,
         ) as node:
             nodes[index] = node
             task_status.started()
@@ -197,7 +202,7 @@ async def latency(size: int, rounds: int, scratch: Path) -> dict[str, Any]:
         return waited
 
     async with LocalMailbox(scratch) as mailbox:
-        values = await _cohort(models, mailbox, tally, config, body)
+        values = await _cohort(models, mailbox, tally, config, body, _options())
     # The first round also pays for the syncers' first loads; report it apart.
     steady = values[1:] if len(values) > 1 else values
     return {
@@ -210,9 +215,20 @@ async def latency(size: int, rounds: int, scratch: Path) -> dict[str, Any]:
     }
 
 
-async def scale(n: int, settings: dict[str, Any], tick: float) -> dict[str, Any]:
-    """Requests per round and rounds per second with ``n`` simulated learners."""
-    config = RunConfig(fragments=4, sync_every=8, delta_encoding="int8", update_encoding="int8")
+async def scale(n: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """Requests per round and rounds per second with ``n`` simulated learners.
+
+    The tick (a round every ``SCALE_SYNC_EVERY / SCALE_FRAGMENTS`` ticks) is slow enough
+    that the rounds keep pace with it; requests per round are only comparable across N
+    while they do, since the polls are paced by time, not by rounds.
+    """
+    config = RunConfig(
+        fragments=SCALE_FRAGMENTS,
+        sync_every=SCALE_SYNC_EVERY,
+        delta_encoding="int8",
+        update_encoding="int8",
+    )
+    tick = SCALE_TICK
     shape = GPTConfig.tiny()
     models: list[nn.Module] = [GPT(shape, seed=0) for _ in range(n)]
     simulated = [Simulated(m, i) for i, m in enumerate(models)]
@@ -235,17 +251,21 @@ async def scale(n: int, settings: dict[str, Any], tick: float) -> dict[str, Any]
         marks["end"] = (time.perf_counter(), _snapshot(tally))
         return marks
 
-    marks = await _cohort(models, mailbox, tally, config, body)
+    marks = await _cohort(models, mailbox, tally, config, body, _options(SCALE_POLL))
     (t0, before), (t1, after) = marks["start"], marks["end"]
     committed = [r for r, at in tally.record_listed.items() if t0 <= at <= t1]
     rounds = len(committed)
     by_op = {op: after[op] - before[op] for op in after}
     total = sum(by_op.values())
+    nominal = SCALE_FRAGMENTS / (SCALE_SYNC_EVERY * tick)
     return {
         "n": n,
         "window_s": t1 - t0,
         "rounds": rounds,
         "rounds_per_s": rounds / (t1 - t0),
+        "nominal_rounds_per_s": nominal,
+        "kept_pace": rounds / (t1 - t0) >= 0.9 * nominal,
+        "requests_per_s_per_learner": total / (t1 - t0) / n,
         "requests": by_op,
         "requests_per_round": total / rounds if rounds else None,
         "per_round": {op: v / rounds for op, v in by_op.items()} if rounds else {},
@@ -259,18 +279,18 @@ def _snapshot(tally: h.Tally) -> dict[str, int]:
 
 def run(results: Path, quick: bool) -> Path:
     settings = plan(quick)
-    tick = 0.05
     parameters = settings | {
         "poll_interval": POLL,
+        "scale_poll_interval": SCALE_POLL,
         "latency_store": "LocalMailbox",
         "latency_learners": 2,
         "latency_fragments": 2,
         "latency_encoding": "int8",
         "scale_model": "GPTConfig.tiny",
         "scale_params": GPT(GPTConfig.tiny()).num_parameters(),
-        "scale_fragments": 4,
-        "scale_sync_every": 8,
-        "scale_tick_s": tick,
+        "scale_fragments": SCALE_FRAGMENTS,
+        "scale_sync_every": SCALE_SYNC_EVERY,
+        "scale_tick_s": SCALE_TICK,
         "scale_encoding": "int8",
     }
     result = h.header(NAME, quick=quick, parameters=parameters)
@@ -282,7 +302,7 @@ def run(results: Path, quick: bool) -> Path:
                 latency, size, settings["latency_rounds"], Path(scratch)
             )
     for n in settings["scale_ns"]:
-        figures["scale"]["by_n"][str(n)] = anyio.run(scale, n, settings, tick)
+        figures["scale"]["by_n"][str(n)] = anyio.run(scale, n, settings)
     points = [
         (float(n), entry["requests_per_round"])
         for n, entry in figures["scale"]["by_n"].items()

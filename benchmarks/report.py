@@ -631,11 +631,15 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
             f"**Scale**: N simulated learners in one process (each a full node with its "
             f"syncer), on a `MemoryMailbox` wrapped to count every request, "
             f"{p['scale_model']} ({p['scale_params']:,} parameters), F={p['scale_fragments']}, "
-            f"H={p['scale_sync_every']}, poll interval {p['poll_interval']} s; the learners "
-            f"step in lockstep every {p['scale_tick_s'] * 1e3:.0f} ms for "
-            f"{p['scale_seconds']} s after {p['scale_warmup_s']} s of warm-up; the requests "
-            "of every node in that window are divided by the rounds whose record was first "
-            "listed in it.",
+            f"H={p['scale_sync_every']}, poll interval "
+            f"{p.get('scale_poll_interval', p['poll_interval'])} s; the learners step in "
+            f"lockstep every {p['scale_tick_s'] * 1e3:.0f} ms for {p['scale_seconds']} s "
+            f"after {p['scale_warmup_s']} s of warm-up; the requests of every node in that "
+            "window are divided by the rounds whose record was first listed in it. Polls are "
+            "paced by time, not by rounds, so requests per round compare across N only "
+            "while the rounds keep the tick's pace (the `kept pace` column: at least 90% of "
+            "the nominal rate); a process that cannot keep up closes fewer rounds while its "
+            "nodes keep polling.",
             "",
             *_table(
                 [
@@ -645,6 +649,8 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
                     "requests/round",
                     *[f"{k}/round" for k in kinds],
                     "requests/round/learner",
+                    "requests/s/learner",
+                    "kept pace",
                 ],
                 [
                     [
@@ -654,6 +660,8 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
                         _num(entry["requests_per_round"], 1),
                         *[_num(entry["per_round"].get(k, 0.0), 1) for k in kinds],
                         _num(entry["requests_per_round_per_learner"], 2),
+                        _num(entry.get("requests_per_s_per_learner"), 1),
+                        {True: "yes", False: "**no**", None: "–"}[entry.get("kept_pace")],
                     ]
                     for n, entry in scale["by_n"].items()
                 ],
