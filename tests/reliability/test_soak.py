@@ -6,7 +6,7 @@ listings one poll behind, and latency. The run must not notice beyond retries: e
 commits exactly once, records are contiguous, every step of every learner is accounted for,
 every node rejoining at the end holds the same newest weights, and no task or thread of the
 run outlives it. The faults injected and the failures the nodes reported and survived are
-printed.
+printed to the terminal (past pytest's capture).
 
 ``test_soak_ci`` runs 50 rounds in CI; ``test_soak_full`` runs 200 rounds on two seeds (under
 both event loops) when ``GRADIENTMAIL_SOAK=1`` (the ``soak`` nox session).
@@ -62,7 +62,9 @@ def _leftover_threads(before: set[threading.Thread]) -> list[str]:
     ]
 
 
-async def soak(seed: int, rounds: int, limit: float) -> tuple[FaultCounts, Counter[str]]:
+async def soak(
+    seed: int, rounds: int, limit: float, capsys: pytest.CaptureFixture[str]
+) -> tuple[FaultCounts, Counter[str]]:
     box = MemoryMailbox()
     boxes = {name: FaultyMailbox(box, FAULTS, seed=seed * 100 + i) for i, name in enumerate(NODES)}
     sink = Recorder()
@@ -122,18 +124,19 @@ async def soak(seed: int, rounds: int, limit: float) -> tuple[FaultCounts, Count
             e, PollFailed | PublishFailed | RecoveryFailed | RoundFailed | RoundSuperseded
         )
     )
-    print(
-        f"\nsoak seed={seed}: {len(records)} rounds committed once each by {len(NODES)} nodes; "
-        f"{injected.operations} store operations, {injected.total} faults injected "
-        f"(unavailable {injected.unavailable}, conflict {injected.conflict}, lost reply "
-        f"{injected.lost_reply}, stale listing {injected.stale_list}), "
-        f"{injected.delayed} delayed; failures reported and survived: {dict(reported)}"
-    )
+    with capsys.disabled():
+        print(
+            f"\nsoak seed={seed}: {len(records)} rounds committed once each by {len(NODES)} nodes; "
+            f"{injected.operations} store operations, {injected.total} faults injected "
+            f"(unavailable {injected.unavailable}, conflict {injected.conflict}, lost reply "
+            f"{injected.lost_reply}, stale listing {injected.stale_list}), "
+            f"{injected.delayed} delayed; failures reported and survived: {dict(reported)}"
+        )
     return injected, reported
 
 
-async def test_soak_ci() -> None:
-    injected, _ = await soak(seed=1, rounds=50, limit=90)
+async def test_soak_ci(capsys: pytest.CaptureFixture[str]) -> None:
+    injected, _ = await soak(seed=1, rounds=50, limit=90, capsys=capsys)
     assert injected.total >= 0.045 * injected.operations
     for kind in ("unavailable", "conflict", "lost_reply", "stale_list"):
         assert getattr(injected, kind) > 0, f"no {kind} fault was injected"
@@ -144,5 +147,5 @@ async def test_soak_ci() -> None:
     os.environ.get("GRADIENTMAIL_SOAK") != "1", reason="the full soak runs with GRADIENTMAIL_SOAK=1"
 )
 @pytest.mark.parametrize("seed", [2, 3])
-async def test_soak_full(seed: int) -> None:
-    await soak(seed=seed, rounds=200, limit=280)
+async def test_soak_full(seed: int, capsys: pytest.CaptureFixture[str]) -> None:
+    await soak(seed=seed, rounds=200, limit=280, capsys=capsys)
