@@ -79,6 +79,9 @@ class Cluster:
             if process.poll() is None:
                 process.kill()
             process.wait()
+            # An unread pipe would be reported as an unclosed file when collected.
+            if process.stderr is not None and not process.stderr.closed:
+                process.stderr.close()
 
 
 @pytest.fixture
@@ -137,9 +140,10 @@ def _claims(url: str) -> dict[int, list[str]]:
 
 
 def test_a_learner_killed_mid_training_rejoins_and_resumes(cluster: Cluster) -> None:
+    # The victim trains until it is killed, however late it joins.
     a = cluster.start("a", until="14", seed=1)
     b = cluster.start("b", until="14", seed=2, backend="trio")
-    victim = cluster.start("c", until="14", seed=3, kill="steps:12")
+    victim = cluster.start("c", until="+1000", seed=3, kill="steps:20")
     cluster.killed(victim)
     again = cluster.start("c", until="+6", seed=3, backend="trio")
     for process in (a, b, again):
