@@ -652,10 +652,15 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
         )
     scale = f.get("scale")
     if scale:
+        syncers = (
+            f"the first {p['scale_syncers']} also syncers, the others learner-only"
+            if p.get("scale_syncers")
+            else "each also a syncer"
+        )
         kinds = sorted({k for entry in scale["by_n"].values() for k in entry["per_round"]})
         page.add(
-            f"**Scale**: N simulated learners in one process (each a full node with its "
-            f"syncer), on a `MemoryMailbox` wrapped to count every request, "
+            f"**Scale**: N simulated learners in one process, each a full node "
+            f"({syncers}), on a `MemoryMailbox` wrapped to count every request, "
             f"{p['scale_model']} ({p['scale_params']:,} parameters), F={p['scale_fragments']}, "
             f"H={p['scale_sync_every']}, poll interval "
             f"{p.get('scale_poll_interval', p['poll_interval'])} s; the learners step in "
