@@ -5,7 +5,8 @@ The machine drives the node's own pure decisions (``decide_round``, ``decide_clo
 record types and keys against an in-memory bucket whose listings may lag behind its writes.
 Hypothesis chooses who acts when: claims race on stale listings, closers stall between their
 blobs and their record, replies of successful writes are lost, nodes die and restart with
-the same id, and the clock jumps past every timeout. After every step:
+the same id, the clock jumps past every timeout, and an outsider puts broken claims and
+snapshots into the rounds ahead. After every step:
 
 - the records are contiguous from round 0, each names its round, fragment and version;
 - every node that believes it committed a round holds the round's one record;
@@ -31,6 +32,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from gradientmail.errors import RecordError
 from gradientmail.lease import Liveness
 from gradientmail.node.syncer import (
     Adopt,
@@ -201,8 +203,17 @@ class ProtocolModel(RuleBasedStateMachine):
             parsed = keys.parse_claim(key)
             data = self.bucket.get(key)
             if parsed is not None and data is not None:
-                found.append((parsed[1], records.decode(data, RoundClaim).learner))
+                found.append((parsed[1], self._claimant(data)))
         return tuple(found)
+
+    @staticmethod
+    def _claimant(data: bytes) -> str:
+        """``Store``'s reading of a claim: a malformed (or, signed, unverified) one names
+        nobody."""
+        try:
+            return records.decode(data, RoundClaim).learner
+        except RecordError:
+            return ""
 
     def _published(self, round: int, lag: int) -> list[str]:
         return [
@@ -246,6 +257,18 @@ class ProtocolModel(RuleBasedStateMachine):
         node = self.nodes[name]
         if node.alive:
             self._beat(name, node)
+
+    @rule(ahead=st.integers(0, 2), snapshot=st.booleans())
+    def forge(self, ahead: int, snapshot: bool) -> None:
+        """A writer outside the run puts a broken claim on a round at or ahead of the
+        newest, at its next claim number, or a broken snapshot into it."""
+        rounds = self._rounds()
+        round = (rounds[-1] + 1 if rounds else 0) + ahead
+        if snapshot:
+            self.bucket.put_if_absent(keys.snapshot(round, "mallory"), b"{forged")
+            return
+        taken = self.bucket.list(keys.claims_prefix(round), 0)
+        self.bucket.put_if_absent(keys.round_claim(round, len(taken)), b"{forged")
 
     # -- nodes dying and coming back --------------------------------------------------------
 
@@ -443,7 +466,10 @@ class ProtocolModel(RuleBasedStateMachine):
             data = self.bucket.get(keys.snapshot(closing.round, learner))
             if data is None:
                 continue
-            snapshot = records.decode(data, Snapshot)
+            try:
+                snapshot = records.decode(data, Snapshot)
+            except RecordError:
+                continue
             participants.append(
                 Participant(
                     learner=learner,
@@ -504,7 +530,10 @@ class ProtocolModel(RuleBasedStateMachine):
                 parsed = keys.parse_snapshot(key)
                 data = self.bucket.get(key)
                 if parsed is not None and data is not None:
-                    doomed.append(keys.blob(records.decode(data, Snapshot).delta.sha256))
+                    try:
+                        doomed.append(keys.blob(records.decode(data, Snapshot).delta.sha256))
+                    except RecordError:
+                        continue
             self.bucket.delete(doomed)
         old = round - WINDOW
         if old >= 0:
@@ -621,6 +650,8 @@ def test_long_random_walks(monkeypatch: pytest.MonkeyPatch) -> None:
                 machine.beat(name)
             elif roll < 0.93:
                 machine.crash(name)
+            elif roll < 0.95:
+                machine.forge(rng.randint(0, 2), rng.random() < 0.5)
             else:
                 machine.restart(name, lag)
             for check in INVARIANTS:
