@@ -410,7 +410,40 @@ def _convergence_notes(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
                 f"{steps} steps does not amortize.",
                 "",
             ]
+    lines += _closing_note(p, figures)
     return lines
+
+
+def _closing_note(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
+    """How each arm's excess moved between its last checkpoint and the end (mean over
+    seeds): for gradientmail the end is after the closing flush."""
+    change: dict[str, float] = {}
+    for arm, seeds in figures["per_seed"].items():
+        deltas = [
+            (r["curve"][-1][1] - r["curve"][-2][1]) for r in seeds.values() if len(r["curve"]) > 2
+        ]
+        if deltas:
+            change[arm] = sum(deltas) / len(deltas)
+    rose = sorted(
+        (arm for arm, d in change.items() if d > 0 and arm.startswith("gm-")), key=_arm_order
+    )
+    if "dp" not in change or not rose:
+        return []
+    last = int(figures["per_seed"]["dp"][next(iter(figures["per_seed"]["dp"]))]["curve"][-2][0])
+    return [
+        f"**The close**: from the last checkpoint (step {last}) to the end (step "
+        f"{p['steps']}), data-parallel's evaluation loss changed by "
+        f"{_num(change['dp'], 4)} nats (mean over seeds), but it rose for "
+        + ", ".join(
+            f"{arm} ({'+' if change[arm] > 0 else ''}{_num(change[arm], 4)})" for arm in rose
+        )
+        + ". A learner's final model is what it holds after the closing flush: the last "
+        "rounds apply the outer Nesterov step, with the momentum built over the run, to "
+        "deltas of the last few (low learning-rate) steps, which can carry the model past "
+        "its best point. The final figures above include that. (The final loss is measured "
+        "on a held-out set four times the checkpoints' that contains it.)",
+        "",
+    ]
 
 
 def step_overhead(page: Page, result: dict[str, Any] | None) -> None:
@@ -777,6 +810,31 @@ def generate(results: Path, docs: Path) -> Path:
         "measures taken in the same run on the same machine.",
         "",
     )
+    run = _load(results, "run")
+    if run is not None:
+        seconds = run["figures"]["seconds"]
+        page.add(
+            f"The {'quick' if run['quick'] else 'full'} run (finished {run['date']}, commit "
+            f"`{run['git_commit'][:12]}`) took {run['figures']['total_seconds'] / 60:.1f} "
+            "minutes on this machine ("
+            + ", ".join(f"{name} {value:.0f} s" for name, value in seconds.items())
+            + "), shared with other work: each section gives the 1-minute load average at "
+            "its start and end."
+            + (
+                f" Failed: {', '.join(run['figures']['failed'])}."
+                if run["figures"]["failed"]
+                else ""
+            ),
+            "",
+        )
+        for _, name in sections:
+            other = _load(results, name)
+            if other is not None and other["git_commit"] != run["git_commit"]:
+                page.add(
+                    f"- `{name}.json` was measured apart from that run: {other['date']}, "
+                    f"commit `{other['git_commit'][:12]}`.",
+                )
+        page.add("")
     if quick:
         page.add(
             "> **Some results below come from the quick variant** (smoke-test sizes); they "
