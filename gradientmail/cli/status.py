@@ -243,6 +243,8 @@ def document(
         "url": observation.url,
         "manifest": {
             "created_by": manifest.created_by,
+            "signed": isinstance(manifest.key_id, str),
+            "key_id": manifest.key_id if isinstance(manifest.key_id, str) else None,
             "fragments": count,
             "tensors": sum(len(spec.params) for spec in manifest.fragments),
             "parameters": sum(spec.numel for spec in manifest.fragments),
@@ -290,7 +292,9 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         ("run ", "bold"),
         (doc["url"], "bold cyan"),
         f"  created by {manifest['created_by']}: {manifest['parameters']:,} parameters in "
-        f"{manifest['tensors']} tensors, {manifest['fragments']} fragments\n",
+        f"{manifest['tensors']} tensors, {manifest['fragments']} fragments, "
+        + (f"signed (key id {manifest['key_id']})" if manifest["signed"] else "unsigned")
+        + "\n",
         ("config ", "dim"),
         config,
     )

@@ -7,12 +7,17 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import safetensors
 import safetensors.torch
 import torch
 from cli_helpers import FRAGMENTS, WrittenRun, cli
 
 from gradientmail.demo.model import GPT, GPTConfig
+from gradientmail.mailbox import LocalMailbox
+from gradientmail.protocol import keys
+from gradientmail.protocol.records import Manifest, decode, encode
+from gradientmail.protocol.signing import RunKey
 
 
 def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
@@ -21,6 +26,8 @@ def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
     doc = json.loads(result.stdout)
     manifest = written_run.manifest
     assert doc["manifest"]["created_by"] == "alpha"
+    assert doc["manifest"]["signed"] is False
+    assert doc["manifest"]["key_id"] is None
     assert doc["manifest"]["fragments"] == FRAGMENTS
     assert doc["manifest"]["parameters"] == GPT(GPTConfig.tiny()).num_parameters()
     assert doc["manifest"]["config"]["update_encoding"] == "int8"
@@ -172,3 +179,30 @@ def test_s3_without_a_run_or_without_the_bucket_is_exit_1(moto_server: str, s3_b
     assert "NoSuchBucket" in missing.stderr
     for result in (empty, missing):
         assert "Traceback" not in result.stderr
+
+
+def test_status_shows_that_a_run_is_signed_and_by_which_key_id(
+    written_run: WrittenRun, tmp_path: Path
+) -> None:
+    run_key = RunKey("a secret of at least sixteen bytes")
+    signed = tmp_path / "signed"
+
+    async def sign() -> None:
+        async with LocalMailbox(written_run.directory) as source, LocalMailbox(signed) as box:
+            for key in await source.list(""):
+                data = await source.get(key)
+                assert data is not None
+                if key == keys.MANIFEST:
+                    data = encode(run_key.sign(key, decode(data, Manifest)))
+                await box.put_if_absent(key, data)
+
+    anyio.run(sign)
+    result = cli("status", str(signed), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["manifest"]["signed"] is True
+    assert doc["manifest"]["key_id"] == run_key.key_id
+    table = cli("status", str(signed))
+    assert table.returncode == 0, table.stderr
+    assert f"signed (key id {run_key.key_id})" in table.stdout
+    assert "a secret of at least sixteen bytes" not in table.stdout + result.stdout
