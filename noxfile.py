@@ -1,4 +1,4 @@
-"""Development sessions: ``tests``, ``lint``, ``types`` (and later ``demo``, ``bench``).
+"""Development sessions: ``lint``, ``types``, ``tests`` (the default), ``soak``.
 
 The sessions run in the environment nox itself runs in, which the README's command creates
 once (``.venv`` with the ``dev`` extra, whose torch pin is the CPU wheel): installing torch
@@ -33,3 +33,21 @@ def lint(session: nox.Session) -> None:
 def types(session: nox.Session) -> None:
     """mypy, strict, on the package."""
     session.run(PYTHON, "-m", "mypy")
+
+
+@nox.session(default=False)
+def soak(session: nox.Session) -> None:
+    """The long soak: four nodes, 200 rounds, ~6% of store operations faulted, a plain and a
+    signed run, both event loops (``tests/reliability/test_soak.py``)."""
+    session.run(
+        PYTHON,
+        "-m",
+        "pytest",
+        "-q",
+        "-s",
+        "tests/reliability/test_soak.py",
+        "-k",
+        "full",
+        *session.posargs,
+        env={"GRADIENTMAIL_SOAK": "1"},
+    )
