@@ -55,10 +55,10 @@ def plan(quick: bool) -> dict[str, Any]:
         }
     return {
         "sizes": dict(SIZES),
-        "ops": {"1KiB": 200, "1MiB": 40, "64MiB": 2},
+        "ops": {"1KiB": 100, "1MiB": 40, "64MiB": 2},
         "repetitions": 3,
         "list_keys": 10_000,
-        "list_repetitions": 4,
+        "list_repetitions": 3,
     }
 
 
