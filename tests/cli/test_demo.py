@@ -111,11 +111,12 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     ) as demo:  # fmt: skip
         try:
-            _wait_for(training, "both learners training and two committed rounds", 120)
+            _wait_for(training, "both learners training and two committed rounds", 180)
             pids = [json.loads(path.read_text())["pid"] for path in progress]
             started = time.monotonic()
             demo.send_signal(signal.SIGINT)
-            output, _ = demo.communicate(timeout=30)
+            # Headroom for a loaded machine; the test bounds the stop time itself.
+            output, _ = demo.communicate(timeout=90)
             seconds = time.monotonic() - started
         finally:
             if demo.poll() is None:
@@ -128,7 +129,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
 def test_ctrl_c_stops_every_process_cleanly(demo_run: DemoRun) -> None:
     store, stop = demo_run.store, demo_run.interrupted
     assert stop.returncode == 130, stop.output
-    assert stop.seconds < 15
+    # "Within a few seconds" on an idle machine (learners get 10 s before being killed);
+    # timed from SIGINT, so start-up does not count.
+    assert stop.seconds < 20, f"Ctrl-C took {stop.seconds:.1f} s to stop the demo"
     assert "Traceback" not in stop.output
     assert f"gradientmail demo --store {store}` resumes it" in stop.output.replace("\n", "")
     for pid in stop.pids:
