@@ -26,14 +26,18 @@ attempts (three by default, with short jittered backoff), so an unreachable stor
 within seconds. A 412 ``PreconditionFailed`` is the create-once contract: ``put_if_absent``
 returns False. A 409 ``ConditionalRequestConflict`` (another conditional write on the same
 key was in flight, outcome unknown) is retried three times, then raised as
-``MailboxUnavailable``. Every other ``ClientError`` (a missing bucket, access denied,
-throttling that outlasts the retries) propagates unchanged. A payload above 5 GiB raises
+``MailboxUnavailable``. A missing bucket, denied access, credentials the store rejects and
+a bucket in another region raise ``S3AccessError``: a ``ClientError`` (same ``response`` and
+``operation_name``) whose message names the bucket and endpoint and says what to do, with the
+original chained; nothing transient, so nothing retries it. Every other ``ClientError``
+(throttling that outlasts the retries, say) propagates unchanged. A payload above 5 GiB raises
 ``ValueError`` before anything is sent. A bulk delete reports per-key failures in a 200
 response; the first is raised as a ``ClientError``.
 """
 
 import io
 import logging
+import urllib.parse
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -54,7 +58,7 @@ from botocore.exceptions import (
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._base import MAX_KEY_BYTES, check_key, check_prefix
 
-__all__ = ["MAX_OBJECT_BYTES", "S3Mailbox"]
+__all__ = ["MAX_OBJECT_BYTES", "S3AccessError", "S3Mailbox"]
 
 MAX_OBJECT_BYTES = 5 * 2**30
 """The largest single PUT S3 accepts; larger payloads need more fragments, not multipart."""
@@ -156,6 +160,73 @@ def _error_code(exc: ClientError) -> str | None:
     return str(code) if code is not None else None
 
 
+_MISSING = "does not exist: create it (e.g. `aws s3 mb s3://{bucket}`) or fix the bucket's name"
+_DENIED = (
+    "refused access: give credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+    "AWS_PROFILE) allowed to list, get, put and delete objects in this bucket and prefix"
+)
+_CREDENTIALS = (
+    "rejected the credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+    "AWS_PROFILE), and AWS_SESSION_TOKEN for temporary ones, for this endpoint"
+)
+_REGION = "is in another region: give its region in the URL (?region=...) or AWS_DEFAULT_REGION"
+_ADVICE = {
+    "NoSuchBucket": _MISSING,
+    "AccessDenied": _DENIED,
+    "AllAccessDisabled": _DENIED,
+    "AccountProblem": _DENIED,
+    "InvalidAccessKeyId": _CREDENTIALS,
+    "SignatureDoesNotMatch": _CREDENTIALS,
+    "InvalidToken": _CREDENTIALS,
+    "ExpiredToken": _CREDENTIALS,
+    "TokenRefreshRequired": _CREDENTIALS,
+    "AuthorizationHeaderMalformed": _REGION,
+    "PermanentRedirect": _REGION,
+    "IllegalLocationConstraintException": _REGION,
+}
+"""The error codes ``S3AccessError`` explains: the bucket, the access or the region is wrong."""
+
+
+def _shown_endpoint(endpoint: str) -> str:
+    """``endpoint`` without any user or password a URL might carry."""
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.username is None and parts.password is None:
+        return endpoint
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class S3AccessError(ClientError):  # type: ignore[misc]  # botocore is untyped
+    """The store refused an operation for a reason only the user can fix: the bucket does
+    not exist, access to it is denied, the credentials are rejected, or it lives in another
+    region (the codes in ``_ADVICE``).
+
+    A ``ClientError`` carrying the store's ``response`` and ``operation_name`` unchanged,
+    so that callers catching ``ClientError`` or reading ``response["Error"]["Code"]`` keep
+    working; the message names the bucket, the endpoint and the store's error code, and
+    says what to do. It never contains a credential: the store's own message is left out
+    (its ``response`` may echo the access key id), and the endpoint is shown without any
+    user or password. ``S3Mailbox`` raises it with the botocore error chained.
+    """
+
+    def __init__(
+        self, error_response: Any, operation_name: str, bucket: str, endpoint: str | None
+    ) -> None:
+        super().__init__(error_response, operation_name)
+        self.bucket = bucket
+        self.endpoint = endpoint
+        code = error_response.get("Error", {}).get("Code", "Unknown")
+        advice = _ADVICE.get(code, "was refused").format(bucket=bucket)
+        self.args = (
+            f"bucket {bucket!r} at {_shown_endpoint(endpoint) if endpoint else 'AWS'} {advice} "
+            f"({code} from {operation_name})",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.response, self.operation_name, self.bucket, self.endpoint)
+
+
 def _normalized_prefix(prefix: str) -> str:
     stripped = prefix.strip("/")
     if not stripped:
@@ -171,7 +242,7 @@ class S3Mailbox:
     Parameters
     ----------
     bucket
-        An existing bucket; a missing one surfaces as ``ClientError`` (``NoSuchBucket``).
+        An existing bucket; operations on a missing one raise ``S3AccessError``.
     prefix
         Scopes the mailbox inside the bucket (``"runs/a"`` and ``"runs/a/"`` are the same);
         empty for the whole bucket.
@@ -295,7 +366,7 @@ class S3Mailbox:
                 await stack.aclose()
 
     def __repr__(self) -> str:
-        where = self._endpoint_url or "aws"
+        where = _shown_endpoint(self._endpoint_url) if self._endpoint_url else "aws"
         state = "open" if self._stack is not None else "closed"
         return f"S3Mailbox(s3://{self._bucket}/{self._prefix} at {where}, {state})"
 
@@ -303,6 +374,15 @@ class S3Mailbox:
         if self._client is None or self._limiter is None:
             raise RuntimeError(f"{self!r} is not open: use it inside 'async with'")
         return self._client, self._limiter
+
+    def _explained(self, exc: ClientError) -> S3AccessError | None:
+        """``exc`` as an ``S3AccessError`` when its code is one the user must fix, else None."""
+        if isinstance(exc, S3AccessError) or _error_code(exc) not in _ADVICE:
+            return None
+        endpoint = self._client.meta.endpoint_url if self._client is not None else None
+        return S3AccessError(
+            exc.response, exc.operation_name, self._bucket, endpoint or self._endpoint_url
+        )
 
     def _full_key(self, key: str) -> str:
         check_key(key)
@@ -335,6 +415,8 @@ class S3Mailbox:
                 if code == "PreconditionFailed":
                     return False
                 if code != "ConditionalRequestConflict":
+                    if (explained := self._explained(exc)) is not None:
+                        raise explained from exc
                     raise
                 _log.info("conditional write of %r conflicted; retrying", key)
             except _TRANSIENT as exc:
@@ -355,6 +437,8 @@ class S3Mailbox:
                 except ClientError as exc:
                     if _error_code(exc) == "NoSuchKey":
                         return None
+                    if (explained := self._explained(exc)) is not None:
+                        raise explained from exc
                     raise
                 async with response["Body"] as stream:
                     data: bytes = await stream.read()
@@ -372,7 +456,12 @@ class S3Mailbox:
         try:
             while True:
                 async with limiter:
-                    page = await client.list_objects_v2(**request)
+                    try:
+                        page = await client.list_objects_v2(**request)
+                    except ClientError as exc:
+                        if (explained := self._explained(exc)) is not None:
+                            raise explained from exc
+                        raise
                 for item in page.get("Contents", ()):
                     full = item.get("Key")
                     if full is None or not full.startswith(self._prefix):
@@ -401,8 +490,15 @@ class S3Mailbox:
                         Bucket=self._bucket,
                         Delete={"Objects": [{"Key": key} for key in chunk], "Quiet": True},
                     )
+            except ClientError as exc:
+                if (explained := self._explained(exc)) is not None:
+                    raise explained from exc
+                raise
             except _TRANSIENT as exc:
                 raise MailboxUnavailable(f"delete {len(chunk)} keys: {exc}") from exc
             # Per-key failures arrive in a 200 response, not as an exception.
             if errors := response.get("Errors"):
-                raise ClientError({"Error": errors[0]}, "DeleteObjects")
+                failure = ClientError({"Error": errors[0]}, "DeleteObjects")
+                if (explained := self._explained(failure)) is not None:
+                    raise explained
+                raise failure

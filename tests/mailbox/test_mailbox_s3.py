@@ -2,12 +2,14 @@
 
 Against moto where moto can play the part (a stopped or paused server, a missing bucket),
 against a scripted HTTP endpoint where it cannot (409 conflicts, dropped connections,
-per-key delete errors, a gateway that ignores StartAfter, requests held in flight).
+refused access and credentials, per-key delete errors, a gateway that ignores StartAfter,
+requests held in flight).
 """
 
 import gc
 import logging
 import os
+import pickle
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +26,7 @@ from botocore.exceptions import ClientError
 
 import gradientmail.mailbox.s3 as s3_module
 from gradientmail.mailbox import MailboxUnavailable, S3Mailbox, retrying
+from gradientmail.mailbox.s3 import S3AccessError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("aws_credentials")]
 
@@ -135,11 +138,92 @@ async def _create_bucket(endpoint: str, name: str) -> None:
         assert (await plain.put(f"{endpoint}/{name}")).status_code == 200
 
 
-async def test_other_client_errors_propagate_unchanged(moto_server: str) -> None:
-    async with S3Mailbox("no-such-bucket-here", endpoint_url=moto_server) as mailbox:
-        with pytest.raises(ClientError) as caught:
-            await mailbox.put_if_absent("k", b"x")
-    assert caught.value.response["Error"]["Code"] == "NoSuchBucket"
+async def test_a_missing_bucket_is_named_with_its_endpoint_by_every_operation(
+    moto_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "wJalrXUtnFEMI-a-secret-that-must-never-show"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    async with S3Mailbox("no-such-bucket-here", "run", endpoint_url=moto_server) as mailbox:
+        for operation in every_operation(mailbox):
+            with pytest.raises(S3AccessError) as caught:
+                await operation()
+            error = caught.value
+            # Still a ClientError with botocore's response, for callers that catch those.
+            assert isinstance(error, ClientError)
+            assert isinstance(error.__cause__, ClientError)
+            assert error.response["Error"]["Code"] == "NoSuchBucket"
+            message = str(error)
+            assert "'no-such-bucket-here'" in message
+            assert moto_server in message
+            assert "does not exist" in message
+            assert "aws s3 mb s3://no-such-bucket-here" in message
+            assert f"NoSuchBucket from {error.operation_name}" in message
+            assert secret not in message + repr(error)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "advice"),
+    [
+        (403, "AccessDenied", "refused access"),
+        (403, "InvalidAccessKeyId", "rejected the credentials"),
+        (403, "SignatureDoesNotMatch", "rejected the credentials"),
+        (400, "ExpiredToken", "rejected the credentials"),
+        (400, "AuthorizationHeaderMalformed", "another region"),
+    ],
+)
+async def test_refused_access_names_bucket_and_endpoint_never_a_credential(
+    status: int, code: str, advice: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_id, secret = "AKIAEXAMPLEKEYID0001", "wJalrXUtnFEMI-a-secret-that-must-never-show"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+
+    async def refuse(request: Request) -> bytes:
+        # S3 echoes the access key id in some error bodies: it must not reach the message.
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?><Error>'
+            f"<Code>{code}</Code><Message>refused for {key_id}</Message>"
+            f"<AWSAccessKeyId>{key_id}</AWSAccessKeyId></Error>"
+        ).encode()
+        return response(status, "Refused", body)
+
+    async with fake_s3(refuse) as (endpoint, _), quick(endpoint, "guarded") as mailbox:
+        for operation in every_operation(mailbox):
+            with anyio.fail_after(BOUND), pytest.raises(S3AccessError) as caught:
+                await operation()
+            error = caught.value
+            assert error.response["Error"]["Code"] == code
+            message = str(error)
+            assert "'guarded'" in message
+            assert endpoint in message
+            assert advice in message
+            assert code in message
+            assert key_id not in message + repr(error)
+            assert secret not in message + repr(error)
+
+
+async def test_other_client_errors_propagate_unchanged() -> None:
+    async def invalid(request: Request) -> bytes:
+        return s3_error(400, "Bad Request", "InvalidArgument")
+
+    async with fake_s3(invalid) as (endpoint, _), quick(endpoint) as mailbox:
+        for operation in every_operation(mailbox):
+            with anyio.fail_after(BOUND), pytest.raises(ClientError) as caught:
+                await operation()
+            assert not isinstance(caught.value, S3AccessError)
+            assert caught.value.response["Error"]["Code"] == "InvalidArgument"
+
+
+def test_an_endpoint_is_shown_without_user_or_password() -> None:
+    mailbox = S3Mailbox("b", endpoint_url="https://user:hunter2@store.example:9000/base")
+    assert "hunter2" not in repr(mailbox)
+    assert "https://store.example:9000/base" in repr(mailbox)
+    error = S3AccessError(
+        {"Error": {"Code": "NoSuchBucket"}}, "GetObject", "b", "https://user:hunter2@h/"
+    )
+    assert "hunter2" not in str(error)
+    assert "https://h/" in str(error)
+    assert pickle.loads(pickle.dumps(error)).args == error.args
 
 
 async def test_a_conflict_is_retried_three_times_then_unavailable() -> None:
@@ -188,10 +272,11 @@ async def test_per_key_delete_errors_are_raised() -> None:
         return response(200, "OK", body)
 
     async with fake_s3(partial_failure) as (endpoint, _), quick(endpoint) as mailbox:
-        with pytest.raises(ClientError) as caught:
+        with pytest.raises(S3AccessError) as caught:
             await mailbox.delete(["a", "b"])
     assert caught.value.response["Error"]["Code"] == "AccessDenied"
     assert caught.value.response["Error"]["Key"] == "run/b"
+    assert "'bucket'" in str(caught.value)
 
 
 async def test_deletes_go_in_chunks_of_a_thousand() -> None:

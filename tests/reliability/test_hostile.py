@@ -247,11 +247,6 @@ def test_a_bad_url_is_named(url: str, named: str) -> None:
     assert named in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="S3Mailbox passes botocore's NoSuchBucket through without naming the bucket "
-    "(not strict, so that fixing it cannot fail CI: drop this mark then)",
-)
 async def test_a_missing_bucket_is_named_and_no_credential_is_printed(
     moto_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
