@@ -19,7 +19,7 @@ from gradientmail.mailbox.memory import MemoryMailbox
 from gradientmail.mailbox.url import open
 
 if TYPE_CHECKING:
-    from gradientmail.mailbox.s3 import MAX_OBJECT_BYTES, S3Mailbox
+    from gradientmail.mailbox.s3 import MAX_OBJECT_BYTES, S3AccessError, S3Mailbox
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -31,6 +31,7 @@ __all__ = [
     "Mailbox",
     "MailboxUnavailable",
     "MemoryMailbox",
+    "S3AccessError",
     "S3Mailbox",
     "check_key",
     "check_prefix",
@@ -38,7 +39,7 @@ __all__ = [
     "retrying",
 ]
 
-_LAZY = frozenset({"MAX_OBJECT_BYTES", "S3Mailbox"})
+_LAZY = frozenset({"MAX_OBJECT_BYTES", "S3AccessError", "S3Mailbox"})
 
 
 def __getattr__(name: str) -> object:
