@@ -323,7 +323,8 @@ def _worst(figures: dict[str, Any]) -> dict[str, Any]:
                     if value is None:
                         continue
                     if store not in worst or value < worst[store]["ratio"]:
-                        worst[store] = {"ratio": value, "where": f"{op} {size} on {backend}"}
+                        where = "list" if op == "list" else f"{op} {size}"
+                        worst[store] = {"ratio": value, "where": f"{where} on {backend}"}
     return worst
 
 
