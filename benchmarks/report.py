@@ -499,7 +499,9 @@ def step_overhead(page: Page, result: dict[str, Any] | None) -> None:
         f"≥ {result['target_ratio']}",
         _spread(f["ratio"], 3),
         f["ratio"]["median"] >= result["target_ratio"],
-        "",
+        ""
+        if f["ratio"]["median"] >= result["target_ratio"]
+        else f"{100 * (result['target_ratio'] - f['ratio']['median']):.1f} points under",
     )
 
 
@@ -591,7 +593,9 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
             f"≥ {result['target_ratio']}",
             f"{_num(worst['ratio'], 2)} ({worst['where'].replace('list list', 'list')})",
             worst["ratio"] >= result["target_ratio"],
-            "",
+            ""
+            if worst["ratio"] >= result["target_ratio"]
+            else f"{100 * (1 - worst['ratio'] / result['target_ratio']):.0f}% under",
         )
 
 
