@@ -1,14 +1,14 @@
 """Step overhead: steps per second of a training loop with a node against the same loop bare.
 
 The demo's transformer at its ``medium`` shape (about 10M parameters) trains with AdamW on
-the Markov language, as a synchronous loop in a worker thread. Segments alternate bare,
-with the node, with the node, bare (ABBA), so a load that drifts during the run weighs on
-both arms alike; the node segments are one session of one node (the only learner, its own
-syncer, on a ``LocalMailbox``, F=4, H=50, int8) that is entered before the first and left
+the Markov language, as a synchronous loop in a worker thread. Each session alternates
+bare, with the node, with the node, bare (ABBA), so a load that drifts during the run
+weighs on both arms alike; its node segments run in one node (the only learner, its own
+syncer, on a fresh ``LocalMailbox``, F=4, H=50, int8) entered before the first and left
 after the second, so joining (the upload of Θ⁰) and the closing flush are not timed; the
-bare segments run with no node at all. The loop calls ``handle.step(tokens)`` after each
-optimizer step (``Node.run_in_thread``), and the time of that call is measured on the
-caller.
+bare segments run with no node at all. The full run has two sessions. The loop calls
+``handle.step(tokens)`` after each optimizer step (``Node.run_in_thread``), and the time of
+that call is measured on the caller.
 
 The ratio is node steps per second over bare steps per second, for each pair of adjacent
 segments; its median is the headline.
@@ -45,8 +45,8 @@ BATCH = 4
 
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"model": "small", "sync_every": 8, "segment_steps": 8}
-    return {"model": "medium", "sync_every": 50, "segment_steps": 60}
+        return {"model": "small", "sync_every": 8, "segment_steps": 8, "sessions": 1}
+    return {"model": "medium", "sync_every": 50, "segment_steps": 60, "sessions": 2}
 
 
 def _trainer(model: GPT, batches: Iterator[torch.Tensor]) -> Callable[[], float]:
@@ -74,7 +74,7 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
     model = GPT(shape(vocab_size=64, context=CONTEXT), seed=0)
     corpus = synthetic(length=CONTEXT, seed=0)
     # Batches are drawn ahead so that sampling the Markov chain is not part of either arm.
-    total = 4 * settings["segment_steps"] + 2
+    total = 4 * settings["sessions"] * settings["segment_steps"] + 2
     pool = [next(corpus.train(0, batch_size=BATCH, length=CONTEXT)) for _ in range(8)]
     batches = iter([pool[i % len(pool)] for i in range(total)])
     step = _trainer(model, batches)
@@ -101,40 +101,45 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
             step_times.append(time.perf_counter() - before)
         return time.perf_counter() - started
 
-    seconds, trains = await anyio.to_thread.run_sync(_bare, step, n)
-    bare_seconds.append(seconds)
-    train_times += trains
     config = RunConfig(
         fragments=FRAGMENTS,
         sync_every=settings["sync_every"],
         delta_encoding="int8",
         update_encoding="int8",
     )
-    async with (
-        LocalMailbox(scratch) as mailbox,
-        join_run(model, mailbox, learner="solo", config=config, sinks=[count]) as node,
-    ):
-        node_seconds.append(await node.run_in_thread(with_node))
-        node_seconds.append(await node.run_in_thread(with_node))
-        state = node.state
-    seconds, trains = await anyio.to_thread.run_sync(_bare, step, n)
-    bare_seconds.append(seconds)
-    train_times += trains
+    ratios: list[float] = []
+    published = downloaded = 0
+    for session in range(settings["sessions"]):
+        first, trains = await anyio.to_thread.run_sync(_bare, step, n)
+        train_times += trains
+        async with (
+            LocalMailbox(scratch / f"run-{session}") as mailbox,
+            join_run(model, mailbox, learner="solo", config=config, sinks=[count]) as node,
+        ):
+            middle = [await node.run_in_thread(with_node) for _ in range(2)]
+            state = node.state
+        published += state.bytes_published
+        downloaded += state.bytes_downloaded
+        last, trains = await anyio.to_thread.run_sync(_bare, step, n)
+        train_times += trains
+        bare_seconds += [first, last]
+        node_seconds += middle
+        ratios += [first / middle[0], last / middle[1]]
     bare_rate = [n / s for s in bare_seconds]
     node_rate = [n / s for s in node_seconds]
     ms = [t * 1e3 for t in step_times]
     return {
         "steps_per_s_bare": h.summary(bare_rate),
         "steps_per_s_node": h.summary(node_rate),
-        "ratio": h.summary([node_rate[0] / bare_rate[0], node_rate[1] / bare_rate[1]]),
+        "ratio": h.summary(ratios),
         "step_ms_p50": h.percentile(ms, 50),
         "step_ms_p99": h.percentile(ms, 99),
         "step_ms_max": max(ms),
         "step_ms_mean": sum(ms) / len(ms),
         "train_ms_p50": h.percentile([t * 1e3 for t in train_times], 50),
         "rounds_committed": committed,
-        "bytes_published": state.bytes_published,
-        "bytes_downloaded": state.bytes_downloaded,
+        "bytes_published": published,
+        "bytes_downloaded": downloaded,
         "params": model.num_parameters(),
     }
 
@@ -151,7 +156,7 @@ def run(results: Path, quick: bool) -> Path:
         "context": CONTEXT,
         "batch": BATCH,
         "encoding": "int8",
-        "segments": 2,
+        "segments": 2 * settings["sessions"],
         "torch_threads": 1,
     }
     result = h.header(NAME, quick=quick, parameters=parameters)
