@@ -1,4 +1,4 @@
-"""Development sessions: ``lint``, ``types``, ``tests`` (the default), ``soak``.
+"""Development sessions: ``lint``, ``types``, ``tests`` (the default), ``soak``, ``bench``.
 
 The sessions run in the environment nox itself runs in, which the README's command creates
 once (``.venv`` with the ``dev`` extra, whose torch pin is the CPU wheel): installing torch
@@ -51,3 +51,10 @@ def soak(session: nox.Session) -> None:
         *session.posargs,
         env={"GRADIENTMAIL_SOAK": "1"},
     )
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Every benchmark, then ``docs/benchmarks.md`` generated from ``benchmarks/results``;
+    ``nox -s bench -- --quick`` for the smoke-test sizes."""
+    session.run(PYTHON, "benchmarks/run.py", *session.posargs)
