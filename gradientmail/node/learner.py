@@ -169,6 +169,16 @@ class LearnerState:
             ledger = ledger.publish_failed(fragment)
         return replace(self, ledger=ledger, fragments=self._with(fragment, entry))
 
+    def publishing(self, record: RoundRecord) -> bool:
+        """Whether this learner's snapshot for ``record``'s round is still being written.
+
+        Until the write returns, a participant named like this learner in the record may be
+        an earlier life's snapshot under the same key (the write then finds other bytes there
+        and fails), so the record is folded only after it."""
+        entry = self.fragments[record.fragment]
+        published = entry.published
+        return entry.in_flight and published is not None and published.round == record.round
+
     def recorded(self, record: RoundRecord, learner: str) -> tuple["LearnerState", list[Event]]:
         """Fold ``record`` (the next round in order): step accounting, the outcome of this
         learner's snapshot in it, and the download it calls for."""
@@ -327,7 +337,7 @@ async def _receive_once(rt: Runtime, cell: StateCell, pin: bool) -> bool:
         except RecordError as exc:
             problem = exc
             break
-        if record is None:
+        if record is None or cell.value.publishing(record):
             break
         rt.emit(RoundRecorded(rt.learner, record))
         cell.value, events = cell.value.recorded(record, rt.learner)
