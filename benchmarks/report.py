@@ -671,8 +671,7 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
             "The latency spans the closing syncer's poll, reading and decoding the snapshots, "
             "the outer step, encoding and hashing θ, the outer state and the update, writing "
             "them and the record, and a learner's poll. The first round is shown apart: it "
-            "also waits for round 0, which no learner publishes to (fragment 0 is first due "
-            "after fragment 1) and which closes empty after the grace period.",
+            "also pays for the syncers' first loads of θ and the outer state.",
             "",
             *_table(
                 ["fragment size", "rounds", "p50", "p90", "max", "first round"],
