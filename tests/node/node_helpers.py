@@ -1,18 +1,14 @@
 """Helpers for the node's tests: a tiny model, its training step, and what runs check."""
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 import anyio
 import torch
+from run_checks import Recorder as Recorder
+from run_checks import assert_steps_accounted as assert_steps_accounted
+from run_checks import commits_by_round as commits_by_round
 from torch import nn
 
-from gradientmail.events import (
-    Event,
-    RoundCommitted,
-    SnapshotPublished,
-    StepsDropped,
-)
 from gradientmail.mailbox import Mailbox
 from gradientmail.node import Node, NodeOptions
 from gradientmail.protocol import keys
@@ -62,19 +58,6 @@ class Trainer:
                 if param.grad is not None:
                     param.sub_(param.grad, alpha=0.05)
         return float(loss.detach())
-
-
-@dataclass
-class Recorder:
-    """A sink keeping every event it is given."""
-
-    events: list[Event] = field(default_factory=list)
-
-    def __call__(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Event]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 async def train(
@@ -143,38 +126,3 @@ async def assert_holds_committed(
             assert torch.equal(params[spec.name].detach(), value), (
                 f"{spec.name} (fragment {fragment}) differs from version {version}"
             )
-
-
-def assert_steps_accounted(
-    learner: str, steps: int, tokens: int, events: Sequence[Event], history: Sequence[RoundRecord]
-) -> None:
-    """Every step (and token) of ``learner`` is, for each fragment, in exactly one committed
-    round's participants or in one drop report."""
-    fragments = {record.fragment for record in history} | {
-        e.fragment for e in events if isinstance(e, SnapshotPublished | StepsDropped)
-    }
-    for fragment in sorted(fragments):
-        committed = [
-            p
-            for record in history
-            if record.fragment == fragment
-            for p in record.participants
-            if p.learner == learner
-        ]
-        dropped = [
-            e
-            for e in events
-            if isinstance(e, StepsDropped) and e.learner == learner and e.fragment == fragment
-        ]
-        counted = sum(p.steps for p in committed) + sum(e.steps for e in dropped)
-        assert counted == steps, f"{learner} fragment {fragment}: {counted} of {steps} steps"
-        counted_tokens = sum(p.tokens for p in committed) + sum(e.tokens for e in dropped)
-        assert counted_tokens == tokens, f"{learner} fragment {fragment}: tokens"
-
-
-def commits_by_round(events: Sequence[Event]) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for event in events:
-        if isinstance(event, RoundCommitted):
-            counts[event.record.round] = counts.get(event.record.round, 0) + 1
-    return counts

@@ -26,7 +26,11 @@ def test_three_processes_train_one_model_in_a_directory(tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(WORKER.parent), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join((str(WORKER.parent), str(WORKER.parents[1]))),
+        "OMP_NUM_THREADS": "1",
+    }
     started = time.monotonic()
     workers: dict[str, subprocess.Popen[bytes]] = {}
     try:

@@ -2,13 +2,12 @@
 checks a run must pass whatever happened to it (records contiguous, one commit per round,
 every step accounted for, weights equal to what was committed)."""
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-
 import torch
+from run_checks import Recorder as Recorder
+from run_checks import assert_steps_accounted as assert_steps_accounted
+from run_checks import commits_by_round as commits_by_round
 from torch import nn
 
-from gradientmail.events import Event, RoundCommitted, SnapshotPublished, StepsDropped
 from gradientmail.mailbox import Mailbox
 from gradientmail.node import NodeOptions
 from gradientmail.protocol import keys
@@ -57,19 +56,6 @@ class Trainer:
                     param.sub_(param.grad, alpha=0.05)
 
 
-@dataclass
-class Recorder:
-    """A sink keeping every event it is given."""
-
-    events: list[Event] = field(default_factory=list)
-
-    def __call__(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Event]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-
 async def history(mailbox: Mailbox) -> list[RoundRecord]:
     """Every committed round record, in order; asserts they are contiguous from round 0 and
     that each names the fragment and version its round produces."""
@@ -91,41 +77,6 @@ async def _get(mailbox: Mailbox, key: str) -> bytes:
     data = await mailbox.get(key)
     assert data is not None, f"{key} is missing"
     return data
-
-
-def commits_by_round(events: Sequence[Event]) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for event in events:
-        if isinstance(event, RoundCommitted):
-            counts[event.record.round] = counts.get(event.record.round, 0) + 1
-    return counts
-
-
-def assert_steps_accounted(
-    learner: str, steps: int, tokens: int, events: Sequence[Event], records: Sequence[RoundRecord]
-) -> None:
-    """For each fragment, every step (and token) of ``learner`` is in exactly one committed
-    round's participants or in one drop report: the ledger's invariant, seen from outside."""
-    fragments = {record.fragment for record in records} | {
-        e.fragment for e in events if isinstance(e, SnapshotPublished | StepsDropped)
-    }
-    for fragment in sorted(fragments):
-        included = [
-            p
-            for record in records
-            if record.fragment == fragment
-            for p in record.participants
-            if p.learner == learner
-        ]
-        dropped = [
-            e
-            for e in events
-            if isinstance(e, StepsDropped) and e.learner == learner and e.fragment == fragment
-        ]
-        counted = sum(p.steps for p in included) + sum(e.steps for e in dropped)
-        assert counted == steps, f"{learner} fragment {fragment}: {counted} of {steps} steps"
-        counted_tokens = sum(p.tokens for p in included) + sum(e.tokens for e in dropped)
-        assert counted_tokens == tokens, f"{learner} fragment {fragment}: tokens"
 
 
 async def newest_theta(mailbox: Mailbox) -> dict[str, torch.Tensor]:

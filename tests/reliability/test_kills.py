@@ -37,7 +37,11 @@ class Cluster:
         self.url = url
         self.out = out
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self.env = {**os.environ, "PYTHONPATH": str(WORKER.parent), "OMP_NUM_THREADS": "1"}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join((str(WORKER.parent), str(WORKER.parents[1]))),
+            "OMP_NUM_THREADS": "1",
+        }
 
     def start(
         self,
