@@ -348,27 +348,30 @@ class Store:
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def beat(self, learner: str, beat: int) -> bool:
-        key = keys.lease(learner, beat)
+    async def beat(self, learner: str, beat: int, role: keys.Role) -> bool:
+        key = keys.lease(learner, beat, role)
         return await self.create(key, self._encode(key, LeaseBeat(learner=learner)))
 
-    async def own_beats(self, learner: str, *, attempts: int | None = None) -> list[int]:
-        """The beats of ``learner``'s lease present, oldest first."""
+    async def own_beats(
+        self, learner: str, *, attempts: int | None = None
+    ) -> list[tuple[int, str]]:
+        """The beats of ``learner``'s lease present, as ``(beat, key)``, oldest first."""
         beats = []
         for key in await self.list_keys(keys.lease_prefix(learner), attempts=attempts):
             parsed = keys.parse_lease(key)
             if parsed is not None:
-                beats.append(parsed[1])
-        return beats
+                beats.append((parsed[1], key))
+        return sorted(beats)
 
-    async def leases(self) -> dict[str, int]:
-        """Every learner holding a lease, with its newest beat."""
-        newest: dict[str, int] = {}
+    async def leases(self) -> dict[str, tuple[int, keys.Role]]:
+        """Every node holding a lease, with its newest beat and that beat's role."""
+        newest: dict[str, tuple[int, keys.Role]] = {}
         for key in await self.list_keys(keys.LEASES):
             parsed = keys.parse_lease(key)
             if parsed is not None:
-                learner, beat = parsed
-                newest[learner] = max(beat, newest.get(learner, -1))
+                learner, beat, role = parsed
+                if beat > newest.get(learner, (-1, role))[0]:
+                    newest[learner] = (beat, role)
         return newest
 
     # -- snapshots, claims, records -----------------------------------------------------------

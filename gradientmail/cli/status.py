@@ -144,7 +144,7 @@ class RunReader:
         for key in await self._list(keys.LEASES):
             parsed = keys.parse_lease(key)
             if parsed is not None:
-                learner, beat = parsed
+                learner, beat, _ = parsed
                 newest, count = leases.get(learner, (-1, 0))
                 leases[learner] = (max(newest, beat), count + 1)
         pending = max([*self._records, *self._broken], default=-1) + 1

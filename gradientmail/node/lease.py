@@ -1,4 +1,5 @@
-"""The lease task: beats ``leases/{learner}/{beat}`` while the node runs, deletes it at the end.
+"""The lease task: beats ``leases/{learner}/{beat}.{role}`` while the node runs, deletes it at
+the end.
 
 The first beat continues after the newest beat already in the store (a node restarted with
 the same id never reuses a beat number, so observers see its lease renewed, not stale).
@@ -33,25 +34,27 @@ Emit: TypeAlias = Callable[[Event], None]
 async def run_lease(
     store: Store,
     learner: str,
+    role: keys.Role,
     every: float,
     clock: Clock,
     emit_released: Emit,
     *,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Beat until cancelled, then release (see the module docstring). Reports started once
-    the first beat is in the store."""
+    """Beat until cancelled, then release (see the module docstring). ``role`` is what every
+    beat says of this node (``protocol.keys.Role``). Reports started once the first beat is
+    in the store."""
     try:
         existing = await store.own_beats(learner)
-        beat = existing[-1] + 1 if existing else 0
-        await store.beat(learner, beat)
-        await store.delete(keys.lease(learner, old) for old in existing)
+        beat = existing[-1][0] + 1 if existing else 0
+        await store.beat(learner, beat, role)
+        await store.delete(key for _, key in existing)
         task_status.started()
         while True:
             await clock.sleep(every)
             beat += 1
-            await store.beat(learner, beat)
-            await store.delete([keys.lease(learner, beat - 1)])
+            await store.beat(learner, beat, role)
+            await store.delete([keys.lease(learner, beat - 1, role)])
     finally:
         await release(store, learner, emit_released)
 
@@ -61,7 +64,7 @@ async def release(store: Store, learner: str, emit: Emit) -> None:
     with anyio.move_on_after(RELEASE_TIMEOUT, shield=True) as scope:
         try:
             beats = await store.own_beats(learner, attempts=3)
-            await store.delete((keys.lease(learner, b) for b in beats), attempts=3)
+            await store.delete((key for _, key in beats), attempts=3)
         except GradientmailError as exc:
             emit(ReleaseFailed(learner, exc))
             return

@@ -335,6 +335,7 @@ class Node:
             await run_lease(
                 rt.store,
                 rt.learner,
+                "syncer" if self._cell is None else "learner",
                 rt.options.lease_every,
                 rt.clock,
                 rt.emit,

@@ -21,9 +21,11 @@ live learner has published; then aggregates, applies the outer step, writes the 
 outer-state and update blobs, and the record last (``RoundClosed``, ``RoundCommitted``).
 After each commit it collects garbage (``collect_garbage``).
 
-Live learners are the learners holding a live lease (``Liveness``) that this syncer has
-seen publish a snapshot or take part in a round: a syncer-only node beats a lease so that
-its claims can be judged, but never publishes, so it never counts toward a quorum.
+Live learners are the nodes holding a live lease (``Liveness``) whose role is ``learner``,
+from the moment they join, not only once they have published: a round then waits (up to
+``grace``) for a learner that joined together with the others instead of closing on the
+first snapshot and leaving the rest late. A syncer-only node beats a ``syncer`` lease so
+that its claims can be judged; it never counts toward a quorum.
 
 The whole state (θ and outer momentum of every fragment) is in the store. ``run_syncer``
 rebuilds it from the newest record of each fragment on start and after every failure
@@ -169,9 +171,9 @@ def decide_round(view: RoundView) -> RoundAction:
     return Follow(claimant)
 
 
-def quorum_learners(live: frozenset[str], publishers: frozenset[str]) -> frozenset[str]:
-    """The learners a quorum counts: holders of a live lease that have published."""
-    return live & publishers
+def quorum_learners(live: frozenset[str], learners: frozenset[str]) -> frozenset[str]:
+    """The learners a quorum counts: holders of a live lease whose role is ``learner``."""
+    return live & learners
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +301,7 @@ async def recover(rt: Runtime) -> SyncerState:
 
 @dataclass
 class _Observer:
-    """The syncer's running view of the leases and of who has published.
+    """The syncer's running view of the leases: who is live, and whose lease says it trains.
 
     Leases are listed at most every ``every`` seconds: a lease changes once per beat, and
     listing them on every poll would multiply a follower's requests for nothing.
@@ -307,18 +309,21 @@ class _Observer:
 
     liveness: Liveness
     every: float
-    publishers: frozenset[str] = frozenset()
+    learners: frozenset[str] = frozenset()
     looked: float | None = None
 
     async def look(self, rt: Runtime) -> frozenset[str]:
         now = rt.clock.now()
         if self.looked is None or now - self.looked >= self.every:
-            self.liveness = self.liveness.observed(await rt.store.leases(), now)
+            leases = await rt.store.leases()
+            self.liveness = self.liveness.observed(
+                {learner: beat for learner, (beat, _) in leases.items()}, now
+            )
+            self.learners = frozenset(
+                learner for learner, (_, role) in leases.items() if role == "learner"
+            )
             self.looked = now
         return self.liveness.live(now)
-
-    def saw(self, learners: Sequence[str]) -> None:
-        self.publishers = self.publishers | frozenset(learners)
 
 
 async def run_syncer(rt: Runtime) -> None:
@@ -371,7 +376,6 @@ async def _run_round(rt: Runtime, state: SyncerState, observer: _Observer) -> Sy
         live = await observer.look(rt)
         if claims and claims[-1][1] != rt.learner:
             published = await rt.store.snapshot_learners(round)
-            observer.saw(published)
             if published and first_snapshot_at is None:
                 first_snapshot_at = rt.clock.now()
         now = rt.clock.now()
@@ -437,7 +441,6 @@ async def _close(
             rt.emit(RoundSuperseded(rt.learner, record))
             return await _adopt(rt, state, record)
         published = await rt.store.snapshot_learners(round)
-        observer.saw(published)
         live = await observer.look(rt)
         if not published and passed_at is None:
             for later in range(round + 1, round + config.fragments):
@@ -447,7 +450,7 @@ async def _close(
         now = rt.clock.now()
         view = CloseView(
             snapshots=frozenset(published),
-            learners=quorum_learners(live, observer.publishers),
+            learners=quorum_learners(live, observer.learners),
             quorum_at=quorum_at,
             now=now,
             passed_at=passed_at,
@@ -472,7 +475,6 @@ async def _close(
     assert current.theta is not None
     spec = rt.specs[fragment]
     snapshots = await rt.store.snapshots(round)
-    observer.saw([s.learner for s, problem in snapshots if problem is None])
     candidates = await gather(
         [partial(_candidate, rt, s, problem, fragment, spec) for s, problem in snapshots]
     )

@@ -9,7 +9,7 @@ key                                             what                         wri
 ``manifest``                                    the run's identity           the creator
 ``create/{attempt:04d}``                        creation claims              would-be creators
 ``init/{attempt:04d}/{fragment:04d}``           Θ⁰ progress markers          that attempt
-``leases/{learner}/{beat:012d}``                lease beats                  that learner
+``leases/{learner}/{beat:012d}.{role}``         lease beats                  that node
 ``rounds/{round:010d}/snapshots/{learner}``     a learner's snapshot         that learner
 ``rounds/{round:010d}/claims/{k:04d}``          the k-th claim to close      syncers
 ``records/{round:010d}``                        the committed round record   the claimant
@@ -18,12 +18,15 @@ key                                             what                         wri
 
 Round ``r`` of a run with ``F`` fragments produces version ``r // F + 1`` of fragment
 ``r % F``; version 0 of every fragment is Θ⁰. A round and its (fragment, version) determine
-each other. Zero-padded numbers make byte order equal numeric order in listings.
+each other. Zero-padded numbers make byte order equal numeric order in listings. A lease
+beat's ``role`` (``Role``) says whether its node trains, so that one listing of ``leases/``
+tells a syncer both who is alive and who a round should wait for.
 
 Pure: string functions only.
 """
 
 import re
+from typing import Literal, TypeAlias
 
 __all__ = [
     "BLOBS",
@@ -34,6 +37,7 @@ __all__ = [
     "MANIFEST",
     "RECORDS",
     "ROUNDS",
+    "Role",
     "blob",
     "check_learner",
     "claims_prefix",
@@ -67,6 +71,12 @@ ROUNDS = "rounds/"
 RECORDS = "records/"
 BLOBS = "blobs/"
 CLAIMS = "claims/"
+
+Role: TypeAlias = Literal["learner", "syncer"]
+"""What a lease says of its holder: ``learner`` trains (and counts toward a round's quorum
+from the moment it joins), ``syncer`` only closes rounds (its lease lets others judge its
+claims)."""
+_ROLES = ("learner", "syncer")
 
 _LEARNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -130,17 +140,22 @@ def lease_prefix(learner: str) -> str:
     return f"{LEASES}{check_learner(learner)}/"
 
 
-def lease(learner: str, beat: int) -> str:
-    return f"{lease_prefix(learner)}{_digits(beat, 12, 'beat')}"
+def lease(learner: str, beat: int, role: Role) -> str:
+    if role not in _ROLES:
+        raise ValueError(f"a lease's role is 'learner' or 'syncer', got {role!r}")
+    return f"{lease_prefix(learner)}{_digits(beat, 12, 'beat')}.{role}"
 
 
-def parse_lease(key: str) -> tuple[str, int] | None:
-    """``(learner, beat)`` of a ``leases/`` key, or None for a key outside the layout."""
+def parse_lease(key: str) -> tuple[str, int, Role] | None:
+    """``(learner, beat, role)`` of a ``leases/`` key, or None for a key outside the layout."""
     parts = key.split("/")
     if len(parts) != 3 or parts[0] != LEASES.rstrip("/") or _LEARNER.fullmatch(parts[1]) is None:
         return None
-    beat = _number(parts[2], 12)
-    return None if beat is None else (parts[1], beat)
+    number, _, role = parts[2].partition(".")
+    beat = _number(number, 12)
+    if beat is None or role not in _ROLES:
+        return None
+    return parts[1], beat, "learner" if role == "learner" else "syncer"
 
 
 def round_prefix(round: int) -> str:

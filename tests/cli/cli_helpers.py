@@ -106,7 +106,7 @@ async def write_run(directory: Path) -> WrittenRun:
             records[round] = record
         for learner, beats in (("alpha", (3, 4)), ("beta", (7,))):
             for beat in beats:
-                await mailbox.put_if_absent(keys.lease(learner, beat), b"{}")
+                await mailbox.put_if_absent(keys.lease(learner, beat, "learner"), b"{}")
         delta = theta0[2]
         snapshot = Snapshot(
             learner="beta",

@@ -71,7 +71,7 @@ def test_a_round_without_snapshots_never_times_out() -> None:
     assert decide_round(idle) == Follow("b")
 
 
-def test_only_publishing_learners_count_toward_the_quorum() -> None:
+def test_only_live_learner_leases_count_toward_the_quorum() -> None:
     live = frozenset({"a", "b", "syncer"})
     assert quorum_learners(live, frozenset({"a", "b", "gone"})) == {"a", "b"}
 

@@ -82,12 +82,16 @@ async def test_a_malformed_record_is_a_record_error() -> None:
 async def test_listings_parse_the_layout() -> None:
     box = MemoryMailbox()
     store = Store(box)
-    await store.beat("a", 1)
-    await store.beat("a", 2)
-    await store.beat("b", 7)
+    await store.beat("a", 1, "learner")
+    await store.beat("a", 2, "learner")
+    await store.beat("b", 7, "syncer")
     await box.put_if_absent("leases/odd-key", b"x")
-    assert await store.leases() == {"a": 2, "b": 7}
-    assert await store.own_beats("a") == [1, 2]
+    await box.put_if_absent("leases/a/000000000009.driver", b"x")
+    assert await store.leases() == {"a": (2, "learner"), "b": (7, "syncer")}
+    assert await store.own_beats("a") == [
+        (1, "leases/a/000000000001.learner"),
+        (2, "leases/a/000000000002.learner"),
+    ]
     for round in (0, 1, 2):
         await box.put_if_absent(keys.record(round), b"{}")
     assert await store.record_rounds() == [0, 1, 2]

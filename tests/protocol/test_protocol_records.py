@@ -295,7 +295,8 @@ def test_run_config_checks_its_ranges(changes: dict[str, Any], match: str) -> No
 def test_key_layout() -> None:
     assert keys.create_claim(3) == "create/0003"
     assert keys.init_marker(1, 12) == "init/0001/0012"
-    assert keys.lease("node-1", 42) == "leases/node-1/000000000042"
+    assert keys.lease("node-1", 42, "learner") == "leases/node-1/000000000042.learner"
+    assert keys.lease("node-1", 42, "syncer") == "leases/node-1/000000000042.syncer"
     assert keys.snapshot(7, "a.b") == "rounds/0000000007/snapshots/a.b"
     assert keys.round_claim(7, 2) == "rounds/0000000007/claims/0002"
     assert keys.record(12) == "records/0000000012"
@@ -307,7 +308,8 @@ def test_key_layout() -> None:
 def test_keys_parse_back(round: int, small: int, learner: str) -> None:
     assert keys.parse_create_claim(keys.create_claim(small)) == small
     assert keys.parse_init_marker(keys.init_marker(small, small)) == (small, small)
-    assert keys.parse_lease(keys.lease(learner, round)) == (learner, round)
+    for role in ("learner", "syncer"):
+        assert keys.parse_lease(keys.lease(learner, round, role)) == (learner, round, role)
     assert keys.parse_snapshot(keys.snapshot(round, learner)) == (round, learner)
     assert keys.parse_claim(keys.round_claim(round, small)) == (round, small)
     assert keys.parse_record(keys.record(round)) == round
@@ -324,6 +326,8 @@ def test_keys_parse_back(round: int, small: int, learner: str) -> None:
         "rounds/0000000001/snapshots/-bad",
         "rounds/0000000001/claims/01",
         "leases/a/12",
+        "leases/a/000000000012",
+        "leases/a/000000000012.driver",
         "init/0001",
         "create/abcd",
         "blobs/XYZ",
@@ -350,7 +354,8 @@ def test_keys_outside_the_layout_parse_as_none(key: str) -> None:
         (lambda: keys.record(10**10), "round"),
         (lambda: keys.create_claim(10_000), "attempt"),
         (lambda: keys.round_claim(1, -2), "claim number"),
-        (lambda: keys.lease("a", True), "beat"),
+        (lambda: keys.lease("a", True, "learner"), "beat"),
+        (lambda: keys.lease("a", 1, "driver"), "role"),
         (lambda: keys.snapshot(1, "a/b"), "invalid learner"),
         (lambda: keys.snapshot(1, ""), "invalid learner"),
         (lambda: keys.blob("abc"), "invalid blob digest"),

@@ -191,7 +191,7 @@ def test_key_parsers_return_none_or_a_parse(parse: Any, key: str) -> None:
             keys.round_claim(7, 2),
             keys.create_claim(3),
             keys.init_marker(2, 1),
-            keys.lease("a", 9),
+            keys.lease("a", 9, "learner"),
             keys.record(12),
             keys.snapshot(4, "bob"),
         ]

@@ -217,7 +217,7 @@ async def test_a_different_model_is_refused_by_name() -> None:
     with pytest.raises(RunMismatch, match=r"0\.weight|shape|parameter"):
         async with gradientmail.node(Wider(), box, learner="other", options=FAST):
             pass
-    assert await box.get(keys.lease("other", 0)) is None
+    assert await box.get(keys.lease("other", 0, "learner")) is None
 
 
 async def test_a_contradicting_config_is_refused_by_field() -> None:

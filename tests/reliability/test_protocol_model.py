@@ -121,7 +121,7 @@ class Closing:
 class SyncerModel:
     next_round: int
     liveness: Liveness = field(default_factory=lambda: Liveness(LEASE_TIMEOUT))
-    publishers: frozenset[str] = frozenset()
+    learners: frozenset[str] = frozenset()
     following: str | None = None
     following_since: float | None = None
     first_snapshot_at: float | None = None
@@ -191,7 +191,7 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def _beat(self, name: str, node: NodeModel) -> None:
         node.beat += 1
-        self.bucket.put_if_absent(keys.lease(name, node.beat), b"{}")
+        self.bucket.put_if_absent(keys.lease(name, node.beat, "learner"), b"{}")
 
     def _record(self, round: int) -> RoundRecord | None:
         data = self.bucket.get(keys.record(round))
@@ -224,18 +224,22 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def _live(self, syncer: SyncerModel, lag: int) -> frozenset[str]:
         leases: dict[str, int] = {}
+        learners: set[str] = set()
         for key in self.bucket.list(keys.LEASES, lag):
             parsed = keys.parse_lease(key)
             if parsed is not None:
                 leases[parsed[0]] = max(parsed[1], leases.get(parsed[0], -1))
+                if parsed[2] == "learner":
+                    learners.add(parsed[0])
         syncer.liveness = syncer.liveness.observed(leases, self.now)
+        syncer.learners = frozenset(learners)
         return syncer.liveness.live(self.now)
 
     def _adopt(self, node: NodeModel, record: RoundRecord) -> None:
         node.syncer = SyncerModel(
             next_round=record.round + 1,
             liveness=node.syncer.liveness,
-            publishers=node.syncer.publishers,
+            learners=node.syncer.learners,
         )
 
     def _write_once(self, key: str, data: bytes, lost_reply: bool) -> bool:
@@ -397,7 +401,6 @@ class ProtocolModel(RuleBasedStateMachine):
         live = self._live(syncer, lag)
         if claims and claims[-1][1] != name:
             published = self._published(round, lag)
-            syncer.publishers |= frozenset(published)
             if published and syncer.first_snapshot_at is None:
                 syncer.first_snapshot_at = self.now
         action = decide_round(
@@ -440,7 +443,6 @@ class ProtocolModel(RuleBasedStateMachine):
             self._adopt(node, record)
             return
         published = self._published(closing.round, lag)
-        syncer.publishers |= frozenset(published)
         live = self._live(syncer, lag)
         if not published and closing.passed_at is None:
             for later in range(closing.round + 1, closing.round + CONFIG.fragments):
@@ -449,7 +451,7 @@ class ProtocolModel(RuleBasedStateMachine):
                     break
         view = CloseView(
             snapshots=frozenset(published),
-            learners=quorum_learners(live, syncer.publishers),
+            learners=quorum_learners(live, syncer.learners),
             quorum_at=closing.quorum_at,
             now=self.now,
             passed_at=closing.passed_at,
