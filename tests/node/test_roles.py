@@ -11,6 +11,7 @@ from node_helpers import (
     CONFIG,
     FAST,
     Recorder,
+    Trainer,
     assert_holds_committed,
     assert_steps_accounted,
     commits_by_round,
@@ -195,3 +196,40 @@ async def test_a_stalled_creation_is_taken_over() -> None:
     assert len(sink.of(TookOverCreation)) == 1
     assert [k for k, _ in await store.create_claims()] == [0, 1]
     assert len(await store.init_markers(1)) == CONFIG.fragments
+
+
+async def test_a_round_waits_for_a_learner_that_joined_but_has_not_published_yet() -> None:
+    """A learner counts toward the quorum from the moment it joins (its lease says it
+    trains), not from its first snapshot: round 0 stays in grace for the second learner
+    instead of closing on the first learner's snapshot alone and leaving the second late."""
+    box = MemoryMailbox()
+    store = Store(box)
+    config = msgspec.structs.replace(CONFIG, grace=60.0)
+    due = CONFIG.sync_every // CONFIG.fragments
+    models = {"a": tiny_model(0), "b": tiny_model(0)}
+    with anyio.CancelScope() as scope:
+        async with (
+            open_node(models["a"], box, learner="a", config=config, options=FAST) as a,
+            open_node(models["b"], box, learner="b", config=config, options=LEARNER_ONLY) as b,
+        ):
+            for node, seed in ((a, 0), (b, 1)):
+                trainer = Trainer(models[node.learner], seed)
+                for _ in range(due):
+                    await anyio.to_thread.run_sync(trainer.step)
+                    await node.step(tokens=16)
+
+                async def published(name: str = node.learner) -> bool:
+                    return name in await store.snapshot_learners(0)
+
+                await wait_until(published)
+                if node is a:
+                    assert await store.record(0) is None, "round 0 closed before b published"
+
+            async def committed() -> bool:
+                return await store.record(0) is not None
+
+            await wait_until(committed)
+            record = await store.record(0)
+            assert record is not None
+            assert {p.learner for p in record.participants} == {"a", "b"}
+            scope.cancel()
