@@ -124,6 +124,19 @@ def _arm_order(arm: str) -> tuple[int, str, int]:
     return (2, {"fp32": "a", "int8": "b", "int4": "c"}.get(encoding, encoding), int(sync[1:]))
 
 
+def _seeding(p: dict[str, Any]) -> str:
+    """Which arms ran over which seeds, as a sentence fragment."""
+    seeds = ", ".join(map(str, p["seeds"]))
+    repeated = p.get("repeated")
+    if len(p["seeds"]) == 1 or repeated is None:
+        return f"Seed{'s' if len(p['seeds']) > 1 else ''} {seeds} for every arm"
+    labels = ", ".join(_ARM_LABEL.get(arm, arm) for arm in ["dp", "single", *repeated])
+    return (
+        f"Seeds {seeds} for {labels}; the rest of the gradientmail matrix on seed "
+        f"{p['seeds'][0]} only (the whole matrix over every seed does not fit the time budget)"
+    )
+
+
 def convergence(page: Page, result: dict[str, Any] | None) -> None:
     page.add("## 1. Convergence and bytes", "")
     if result is None:
@@ -132,7 +145,6 @@ def convergence(page: Page, result: dict[str, Any] | None) -> None:
     p = result["parameters"]
     figures = result["figures"]
     arms = figures["arms"]
-    seeds = len(p["seeds"])
     page.add(
         _provenance(result),
         "",
@@ -144,10 +156,10 @@ def convergence(page: Page, result: dict[str, Any] | None) -> None:
         f"learners' batches); gradientmail runs {p['learners']} learner processes and a "
         f"dedicated syncer process on a `LocalMailbox`, {p['fragments']} fragments, "
         f"sync_every H; the single learner trains on learner 0's batches alone. "
-        f"{seeds} seed{'s' if seeds > 1 else ''} ({', '.join(map(str, p['seeds']))}); each "
+        f"{_seeding(p)}; each "
         "seed draws its own language, initial weights and data streams, and every ratio is "
         "taken against data-parallel of the same seed. Cells show the median over seeds and "
-        "[min, max]. The model and the step count are small so that the whole matrix runs in "
+        "[min, max] (a single value: one seed). The model and the step count are small so that the whole matrix runs in "
         "the time budget on two cores; the ratios, not the absolute losses, are the result.",
         "",
         "Data-parallel's bytes are **computed**: a ring all-reduce of fp32 gradients moves "
