@@ -159,8 +159,9 @@ def convergence(page: Page, result: dict[str, Any] | None) -> None:
         f"{_seeding(p)}; each "
         "seed draws its own language, initial weights and data streams, and every ratio is "
         "taken against data-parallel of the same seed. Cells show the median over seeds and "
-        "[min, max] (a single value: one seed). The model and the step count are small so that the whole matrix runs in "
-        "the time budget on two cores; the ratios, not the absolute losses, are the result.",
+        "[min, max] (a single value: one seed). The model and the step count are small so "
+        "that the whole matrix runs in the time budget on two cores; the ratios, not the "
+        "absolute losses, are the result.",
         "",
         "Data-parallel's bytes are **computed**: a ring all-reduce of fp32 gradients moves "
         "2(K − 1)/K × 4 bytes × parameters per learner per step. gradientmail's are "
@@ -381,15 +382,20 @@ def _convergence_notes(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
                     f"{_num(ratios['max'], 2)}×, so three seeds pin the median only roughly. "
                 )
             rounds = entry["rounds_committed"]["median"] / p["fragments"]
-            participants = _num(entry["mean_participants"]["median"], 2)
+            participants = entry["mean_participants"]["median"]
             text += (
                 f"In {steps} steps each fragment takes only about {_num(rounds, 1)} outer "
-                f"steps (rounds, the closing flush's included), and a round averaged "
-                f"{participants} "
-                f"of {k} learners' snapshots: a learner whose snapshot lands after its round "
-                "closed (four learner processes and a syncer share two busy cores, so they "
-                "drift apart) merges that progress locally and offers it again a round later."
+                "steps (rounds, the closing flush's included)"
             )
+            if participants < k:
+                text += (
+                    f", and a round averaged {_num(participants, 2)} of {k} learners' "
+                    "snapshots: a learner whose snapshot lands after its round closed (four "
+                    "learner processes and a syncer share two busy cores, so they drift "
+                    "apart) merges that progress locally and offers it again a round later."
+                )
+            else:
+                text += f"; every round averaged all {k} learners' snapshots."
             lines += [text, ""]
         if not target["bytes_met"]:
             runs = list(figures["per_seed"][arm].values())
@@ -402,24 +408,31 @@ def _convergence_notes(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
             per_param = _BYTES_PER_PARAM[encoding]
             ideal = 2 * (k - 1) / k * 4 * steps / (2 * per_param * steps / h_steps)
             syncs = steps / h_steps
-            rounds = sum(r["rounds_committed"] for r in runs) / len(runs) / p["fragments"]
+            rounds = sum(r["rounds_committed"] for r in runs) / len(runs)
+            published = [
+                learner["events"].get("snapshot_published", 0)
+                for run in runs
+                for learner in run["learners"]
+            ]
+            blob = kinds.get("up:blobs", 0.0) / max(1.0, sum(published) / len(published))
+            raw = per_param * p["params"] / p["fragments"]
             lines += [
                 f"**{arm}, bytes**: data-parallel moves {_num(target['bytes_ratio'], 0)}× the "
                 f"bytes against a target of {target['bytes_ratio_min']:.0f}×, "
                 f"{100 * (1 - target['bytes_ratio'] / target['bytes_ratio_min']):.0f}% short. "
-                f"The target is what exactly one {encoding} copy of the model each way per H "
-                f"steps would give ({_num(ideal, 0)}×, {per_param:g} byte"
-                f"{'' if per_param == 1 else 's'} per parameter). "
-                f"Measured, {100 * payload / total:.0f}% of a learner's bytes are payload "
-                "(encoded deltas up, updates down, each with its block scales and "
-                "safetensors header) and "
-                f"{100 * (1 - payload / total):.0f}% protocol metadata (round records, "
-                "snapshot objects, leases), a share that shrinks as the model grows "
-                f"(this one has {p['params']:,} parameters); and each fragment went through "
-                f"{_num(rounds, 1)} rounds against {_num(syncs, 1)} syncs in {steps} steps: "
-                "the closing flush publishes every fragment's remaining steps, and every "
-                "round's update is downloaded, empty rounds included, which a run of "
-                f"{steps} steps does not amortize.",
+                f"Exactly one {encoding} copy of the model each way per H steps, and nothing "
+                f"else, would give {_num(ideal, 0)}× ({per_param:g} byte"
+                f"{'' if per_param == 1 else 's'} per parameter). Measured, against that: "
+                f"each fragment went through {_num(rounds / p['fragments'], 2)} rounds for "
+                f"{_num(syncs, 1)} syncs in {steps} steps (the closing flush publishes every "
+                "fragment's remaining steps, one more round for all but the last fragment, "
+                f"which {steps} steps do not amortize); an encoded fragment is "
+                f"{_bytes(blob)} for {_bytes(raw)} of {encoding} values "
+                f"(+{100 * (blob / raw - 1):.0f}%: the block scales and the safetensors "
+                "header, which names every tensor); and "
+                f"{100 * (1 - payload / total):.0f}% of a learner's bytes are protocol "
+                "metadata (round records, snapshot objects, leases). The last two shrink as "
+                f"the model grows (this one has {p['params']:,} parameters).",
                 "",
             ]
     lines += _closing_note(p, figures)
@@ -449,11 +462,11 @@ def _closing_note(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
         + ", ".join(
             f"{arm} ({'+' if change[arm] > 0 else ''}{_num(change[arm], 4)})" for arm in rose
         )
-        + ". A learner's final model is what it holds after the closing flush: the last "
-        "rounds apply the outer Nesterov step, with the momentum built over the run, to "
-        "deltas of the last few (low learning-rate) steps, which can carry the model past "
-        "its best point. The final figures above include that. (The final loss is measured "
-        "on a held-out set four times the checkpoints' that contains it.)",
+        + ". A learner's final model is what it holds after the closing flush, whose "
+        "rounds apply the outer Nesterov step, with the momentum built over the run, to the "
+        "deltas of the last few (low learning-rate) steps; the final figures above include "
+        "that. (The final loss is measured on a held-out set four times the checkpoints' "
+        "that contains it, so part of this change is the larger set.)",
         "",
     ]
 
