@@ -20,10 +20,14 @@ Guarantees
 ``put_if_absent`` writes the bytes to a fresh file in ``tmp/`` and hard-links it into
 place with ``os.link``, which fails with ``EEXIST`` when the object already exists: creation
 is atomic across threads and processes (the loser gets False) and a reader never sees a
-partial object. ``list`` reads directory entries only (never a file), prunes subtrees that
-cannot match the prefix or lie wholly at or before ``after``, and returns keys in UTF-8 byte
-order. ``delete`` unlinks and then removes the directories it emptied; a concurrent
-``put_if_absent`` whose directory vanished under it recreates it and tries again.
+partial object. ``list`` reads directory entries only (never a file): their names, told
+apart by the marks above, and an entry's type only where a directory's link count cannot
+prove that no object-named entry is a directory. It prunes subtrees that cannot match the
+prefix or lie wholly at or before ``after``, never follows a symbolic link to a directory,
+skips entries the layout never makes (a directory named like an object, a file named like a
+directory, a name that is not UTF-8), and returns keys in UTF-8 byte order. ``delete``
+unlinks and then removes the directories it emptied; a concurrent ``put_if_absent`` whose
+directory vanished under it recreates it and tries again.
 
 With ``durable=True`` the object's bytes, its directory entry and every directory created
 for it are fsynced before ``put_if_absent`` returns (and directory entries after
@@ -42,10 +46,11 @@ APFS does not. Temporary files left behind by a killed process are removed by th
 """
 
 import builtins
+import errno
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -62,6 +67,7 @@ _PIECE_BYTES = 240
 _FILE_MARK = "%"
 _MORE_MARK = "%+"
 _STALE_TEMP_SECONDS = 3600.0
+_SUBDIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 # A put whose parent directory is removed by a concurrent delete retries; this bounds a
 # pathological livelock, not any expected case.
 _PUT_ATTEMPTS = 100
@@ -141,6 +147,104 @@ def _may_hold(partial: str, prefix: str, after: str) -> bool:
         return False
     # Every key under ``partial`` sorts before ``after`` when they differ within ``partial``.
     return not (partial < after and not after.startswith(partial))
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _joined(names: list[str]) -> str:
+    """``names``, each followed by a NUL (which no name holds), as one string."""
+    return "\0".join(names) + "\0"
+
+
+def _by_name(names: list[str]) -> tuple[list[str], list[str]]:
+    """``names`` split into files and directories by the layout's marks alone."""
+    if _joined(names).count(_FILE_MARK + "\0") == len(names):
+        return names, []
+    files = [name for name in names if name.endswith(_FILE_MARK)]
+    directories = [name for name in names if not name.endswith(_FILE_MARK)]
+    return files, directories
+
+
+def _typed_files(directory: int) -> list[str]:
+    """The names in ``directory`` that end in the file mark and are not directories, by
+    each entry's type (``d_type``, no ``stat`` where the filesystem provides it)."""
+    files: list[str] = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if not entry.name.endswith(_FILE_MARK):
+                continue
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    files.append(entry.name)
+            except FileNotFoundError:
+                continue
+    return files
+
+
+def _file_keys(files: list[str], key_so_far: str, prefix: str, after: str) -> list[str]:
+    """The keys of the objects named ``files`` (each ending in the mark) in the directory
+    whose keys start with ``key_so_far``, less those that do not match ``prefix`` and
+    ``after``; unsorted."""
+    if not files:
+        return []
+    joined = _joined(files)
+    if joined.count(_FILE_MARK) == len(files):
+        # No name holds an escape: one replace and one split build every key.
+        keys = (key_so_far + joined.replace(_FILE_MARK + "\0", "\0" + key_so_far)).split("\0")
+        # What follows the last NUL: ``key_so_far`` alone.
+        keys.pop()
+    else:
+        keys = [key_so_far + _unescape(name[: -len(_FILE_MARK)]) for name in files]
+    if key_so_far.startswith(prefix) and key_so_far > after:
+        # Every key here extends ``key_so_far``, so every key matches.
+        return keys
+    return [key for key in keys if key.startswith(prefix) and key > after]
+
+
+def _walk(directory: int, key_so_far: str, prefix: str, after: str, keys: list[str]) -> None:
+    """Append to ``keys`` those under the open ``directory`` that match ``prefix`` and
+    ``after``, where every key starts with ``key_so_far``.
+
+    The names come from ``os.listdir``, which skips the per-entry objects of
+    ``os.scandir``, and the layout's marks tell files from directories. A directory is
+    entered only if it opens as one (never through a symbolic link). A file-named entry
+    could still be a directory that is not ours: where the filesystem counts
+    subdirectories in the link count (2 plus one per subdirectory: ext4, xfs, tmpfs, zfs)
+    and every subdirectory was entered, the count proves there is none (unless a
+    subdirectory appeared between the count and the listing, alongside a stranger's);
+    otherwise (a subdirectory pruned, a stranger's, or btrfs, which reports 1) each
+    file-named entry's type is read.
+    """
+    links = os.fstat(directory).st_nlink
+    files, directories = _by_name(os.listdir(directory))
+    entered = 0
+    for name in directories:
+        partial = _partial(key_so_far, name, is_file=False)
+        if partial is None or not _may_hold(partial, prefix, after):
+            continue
+        try:
+            child = os.open(name, _SUBDIRECTORY, dir_fd=directory)
+        except (FileNotFoundError, NotADirectoryError):
+            # Deleted since it was listed, or not a directory (a symbolic link is not).
+            continue
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+            continue
+        entered += 1
+        try:
+            _walk(child, partial, prefix, after, keys)
+        finally:
+            os.close(child)
+    if files and entered != links - 2:
+        files = _typed_files(directory)
+    keys.extend(_file_keys(files, key_so_far, prefix, after))
 
 
 def _fsync_directory(path: Path) -> None:
@@ -290,30 +394,21 @@ class LocalMailbox:
             return None
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
-        keys = list(self._walk(self._objects, "", prefix, after))
-        keys.sort(key=lambda key: key.encode("utf-8"))
-        return keys
-
-    def _walk(
-        self, directory: Path | str, key_so_far: str, prefix: str, after: str
-    ) -> Iterator[str]:
         try:
-            entries = list(os.scandir(directory))
+            fd = os.open(self._objects, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
-            return
-        for entry in entries:
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            partial = _partial(key_so_far, entry.name, is_file=not is_dir)
-            if partial is None:
-                continue
-            if is_dir:
-                if _may_hold(partial, prefix, after):
-                    yield from self._walk(entry.path, partial, prefix, after)
-            elif partial.startswith(prefix) and partial > after:
-                yield partial
+            return []
+        keys: builtins.list[str] = []
+        try:
+            _walk(fd, "", prefix, after, keys)
+        finally:
+            os.close(fd)
+        if not "".join(keys).isascii():
+            # A name that is not UTF-8 (decoded with surrogate escapes) is never ours.
+            keys = [key for key in keys if _is_utf8(key)]
+        # For strings without surrogates, code point order is UTF-8 byte order.
+        keys.sort()
+        return keys
 
     def _delete(self, paths: builtins.list[tuple[str, ...]]) -> None:
         parents: set[Path] = set()

@@ -3,13 +3,14 @@ durability and the temporary area."""
 
 import os
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import anyio
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradientmail.mailbox import LocalMailbox, check_key
@@ -195,3 +196,69 @@ async def test_ten_thousand_keys_list_quickly(tmp_path: Path) -> None:
         elapsed = time.perf_counter() - started
     assert listed == [f"many/{index:05d}" for index in range(100, 10_000)]
     assert elapsed < 5.0
+
+
+tricky_segments = st.one_of(
+    st.text(alphabet="ab%+!~ é\U0001f600", min_size=1, max_size=6),
+    # Long enough to be cut into pieces, with escapes and wide characters at the cuts.
+    st.text(alphabet="a%é\U0001f600", min_size=120, max_size=260),
+).filter(lambda segment: segment not in (".", ".."))
+tricky_keys = st.lists(tricky_segments, min_size=1, max_size=3).map("/".join)
+
+
+def cuts(draw: st.DrawFn, keys: list[str]) -> str:
+    """A prefix of one of ``keys`` (or of none), cut anywhere."""
+    key = draw(st.sampled_from([*keys, ""]))
+    return key[: draw(st.integers(0, len(key)))]
+
+
+@st.composite
+def listings(draw: st.DrawFn) -> tuple[list[str], str, str]:
+    keys = draw(
+        st.lists(tricky_keys, min_size=1, max_size=10, unique=True).map(
+            lambda drawn: [key for key in drawn if len(key.encode()) <= 1024]
+        )
+    )
+    prefix = cuts(draw, keys)
+    if prefix.removesuffix("/").split("/")[-1] in (".", ".."):
+        prefix = ""
+    return keys, prefix, cuts(draw, keys) + draw(st.sampled_from(["", "%", "~", "a"]))
+
+
+@pytest.mark.anyio
+# Each example writes real files; the machine may be busy.
+@settings(deadline=None)
+@given(listings())
+async def test_listing_matches_the_byte_ordered_filter_of_what_was_put(
+    listing: tuple[list[str], str, str],
+) -> None:
+    keys, prefix, after = listing
+    with tempfile.TemporaryDirectory() as directory:
+        async with LocalMailbox(directory) as mailbox:
+            for key in keys:
+                assert await mailbox.put_if_absent(key, b"")
+            expected = sorted(
+                (key for key in keys if key.startswith(prefix) and key > after),
+                key=lambda key: key.encode(),
+            )
+            assert await mailbox.list(prefix, after=after) == expected
+
+
+@pytest.mark.anyio
+async def test_entries_the_layout_never_makes_are_not_listed(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path) as mailbox:
+        for key in ("d/a", "d/b/c", "d/e%/f"):
+            assert await mailbox.put_if_absent(key, b"")
+        here = tmp_path / "objects" / "d"
+        # A directory named like an object, with an object-named file inside.
+        (here / "stray%").mkdir()
+        (here / "stray%" / "inner%").write_bytes(b"")
+        # A file named like a directory, and a symbolic link to one of ours.
+        (here / "plain").write_bytes(b"")
+        (here / "link").symlink_to(here / "b")
+        # A name that is not UTF-8.
+        os.close(os.open(os.fsencode(here) + b"/\xff%", os.O_CREAT | os.O_WRONLY))
+        assert await mailbox.list("") == ["d/a", "d/b/c", "d/e%/f"]
+        assert await mailbox.list("d/", after="d/a") == ["d/b/c", "d/e%/f"]
+        assert await mailbox.list("d/s") == []
+        assert await mailbox.list("d/l") == []
