@@ -3,34 +3,42 @@
 A blob is addressed by the sha256 of its bytes (``digest``); whoever reads one checks the
 bytes against the address it followed (``verify``).
 
-A fragment's tensors travel as one safetensors file (never pickle, never ``torch.load``),
-always as a list in ``FragmentSpec.params`` order. The file's ``__metadata__`` holds one key,
-``gradientmail``, whose value is canonical JSON naming the blob's ``format``
-(``FRAGMENT_FORMAT``), ``encoding``, ``block_size`` and ``fragment``; one key keeps the bytes
-deterministic, so two nodes that encode the same tensors write the same blob. Encodings:
+A fragment's tensors travel as one safetensors file (never pickle, never ``torch.load``)
+holding at most two flat tensors: ``values``, every parameter's stored elements concatenated
+in ``FragmentSpec.params`` order, and, for the quantized encodings, ``scales``, every
+parameter's block scales concatenated in the same order. The spec already names and shapes
+every parameter, so the blob does not: a header with one entry per parameter would cost more
+than the values of a small fragment (measured: 1,424 of a 7,848-byte int4 blob of 12,416
+parameters). The file's ``__metadata__`` holds one key, ``gradientmail``, whose value is
+canonical JSON naming the blob's ``format`` (``FRAGMENT_FORMAT``), ``encoding``,
+``block_size``, ``fragment`` and ``params`` (``spec_digest``: 16 hex digits of the sha256 of
+the fragment's parameter names, shapes and dtypes), so a blob is never decoded into another
+fragment's parameters of the same total size. One key keeps the bytes deterministic, so two
+nodes that encode the same tensors write the same blob. Encodings:
 
 ``fp32``
-    Each parameter as an ``F32`` tensor of its shape under its own name. Exact.
+    ``values`` is ``F32``. Exact.
 ``bf16``
-    Each parameter as a ``BF16`` tensor of its shape (round to nearest even). The error of an
-    element is at most half a bf16 step at that element: ``|x − x̂| ≤ 2⁻⁹·2^⌈log₂|x|⌉``.
+    ``values`` is ``BF16`` (round to nearest even). The error of an element is at most half
+    a bf16 step at that element: ``|x − x̂| ≤ 2⁻⁹·2^⌈log₂|x|⌉``.
 ``int8``, ``int4``
-    Blockwise absmax, per tensor: each parameter is flattened and cut into blocks of
+    Blockwise absmax, per parameter: each parameter is flattened and cut into blocks of
     ``block_size`` elements (the last one may be shorter; a block never straddles two
     parameters, so a small bias is not quantized with a large weight's scale). A block's scale
     is ``s = absmax / Q`` with ``Q = 127`` (int8) or ``Q = 7`` (int4); an element is stored as
     ``q = round(x / s)`` in ``[−Q, Q]`` and decodes to ``q·s``, so its error is at most half a
-    step, ``s / 2`` (up to fp32 rounding). int8 stores ``q`` as an ``I8`` tensor of the
-    parameter's shape; int4 stores ``q + 8`` two to a byte (low nibble first; an odd tail
-    is padded with the nibble 8, i.e. zero) as a flat ``U8`` tensor. The scales are an ``F32``
-    tensor named ``{name}::scale``. A block holding NaN or ±Inf gets the scale NaN and decodes
-    as all NaN, so a non-finite delta stays non-finite and a round still rejects it.
+    step, ``s / 2`` (up to fp32 rounding). int8 stores ``q`` as ``I8``; int4 stores ``q + 8``
+    two to a byte (low nibble first, over the whole fragment; an odd tail is padded with the
+    nibble 8, i.e. zero) as ``U8``. ``scales`` is ``F32``. A block holding NaN or ±Inf gets
+    the scale NaN and decodes as all NaN, so a non-finite delta stays non-finite and a round
+    still rejects it.
 
 Decoding returns fresh fp32 CPU tensors of the spec's shapes, the caller's to keep or mutate.
-It checks everything against the spec first: the file's framing, the metadata, the set of
-names, every dtype, shape and size, and the range of every quantized value; anything else
-raises ``CodecError``, whose ``reason`` says whether the blob is ``shape`` (well formed, for
-another model or fragment) or ``corrupt``.
+It checks everything against the spec first: the file's framing, the metadata (the
+fragment and its parameters' digest included), the set of tensors, their dtypes and sizes,
+and the range of every quantized value; anything else raises ``CodecError``, whose
+``reason`` says whether the blob is ``shape`` (well formed, for another model or fragment)
+or ``corrupt``.
 
 Pure: no I/O. Encoding and decoding run on whatever thread calls them; both are vectorized
 torch operations, one pass over each parameter.
@@ -59,17 +67,19 @@ __all__ = [
     "decode_fragment",
     "digest",
     "encode_fragment",
+    "spec_digest",
     "verify",
 ]
 
-FRAGMENT_FORMAT: Final = "gradientmail-fragment/1"
+FRAGMENT_FORMAT: Final = "gradientmail-fragment/2"
 """The ``format`` a fragment blob's metadata names; another value is not read."""
-MAX_HEADER_BYTES: Final = 16 << 20
-"""The largest safetensors header a reader parses (it names every parameter of a fragment)."""
+MAX_HEADER_BYTES: Final = 1 << 16
+"""The largest safetensors header a reader parses (a fragment blob's is a few hundred bytes)."""
 ENCODINGS: Final[tuple[Encoding, ...]] = get_args(Encoding)
 
 _METADATA_KEY: Final = "gradientmail"
-_SCALE_SUFFIX: Final = "::scale"
+_VALUES: Final = "values"
+_SCALES: Final = "scales"
 _LEVELS: Final = {"int8": 127, "int4": 7}
 _STORED_DTYPE: Final = {"fp32": "F32", "bf16": "BF16", "int8": "I8", "int4": "U8"}
 
@@ -104,14 +114,22 @@ def verify(data: bytes, sha256: str) -> bytes:
     return data
 
 
+_meta_encoder = msgspec.json.Encoder(order="deterministic")
+
+
 class _Meta(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     format: str
     encoding: str
     block_size: int
     fragment: int
+    params: str
 
 
-_meta_encoder = msgspec.json.Encoder(order="deterministic")
+def spec_digest(spec: FragmentSpec) -> str:
+    """16 hex digits of the sha256 of ``spec``'s parameters (names, shapes, dtypes, in
+    order): what a blob's metadata names so that it only decodes into those parameters."""
+    described = [[param.name, list(param.shape), param.dtype] for param in spec.params]
+    return hashlib.sha256(_meta_encoder.encode(described)).hexdigest()[:16]
 
 
 def _blocks(numel: int, block_size: int) -> int:
@@ -122,22 +140,14 @@ def _expected(
     spec: FragmentSpec, encoding: Encoding, block_size: int
 ) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Every tensor the blob must hold: name -> (safetensors dtype, shape)."""
-    expected: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for param in spec.params:
-        entries: list[tuple[str, str, tuple[int, ...]]]
-        if encoding in ("fp32", "bf16", "int8"):
-            entries = [(param.name, _STORED_DTYPE[encoding], tuple(param.shape))]
-        else:
-            entries = [(param.name, "U8", (_blocks(param.numel, 2),))]
-        if encoding in _LEVELS:
-            entries.append((param.name + _SCALE_SUFFIX, "F32", (_blocks(param.numel, block_size),)))
-        for name, dtype, shape in entries:
-            if name in expected:
-                raise ValueError(
-                    f"fragment {spec.index}: the tensor name {name!r} occurs twice in a "
-                    f"{encoding} blob; rename the parameter"
-                )
-            expected[name] = (dtype, shape)
+    numel = sum(param.numel for param in spec.params)
+    stored = _blocks(numel, 2) if encoding == "int4" else numel
+    expected: dict[str, tuple[str, tuple[int, ...]]] = {
+        _VALUES: (_STORED_DTYPE[encoding], (stored,))
+    }
+    if encoding in _LEVELS:
+        blocks = sum(_blocks(param.numel, block_size) for param in spec.params)
+        expected[_SCALES] = ("F32", (blocks,))
     return expected
 
 
@@ -200,20 +210,23 @@ def encode_fragment(
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     _check_tensors(tensors, spec)
-    _expected(spec, encoding, block_size)
+    flat = [tensor.detach().to(device="cpu", dtype=torch.float32).reshape(-1) for tensor in tensors]
     out: dict[str, Tensor] = {}
-    for tensor, param in zip(tensors, spec.params, strict=True):
-        value = tensor.detach().to(device="cpu", dtype=torch.float32)
-        if encoding == "fp32":
-            out[param.name] = value.contiguous()
-        elif encoding == "bf16":
-            out[param.name] = value.to(torch.bfloat16).contiguous()
-        else:
-            q, scales = _quantize(value.reshape(-1), _LEVELS[encoding], block_size)
-            out[param.name] = q.view(param.shape) if encoding == "int8" else _pack4(q)
-            out[param.name + _SCALE_SUFFIX] = scales.contiguous()
+    if encoding == "fp32":
+        out[_VALUES] = torch.cat(flat)
+    elif encoding == "bf16":
+        out[_VALUES] = torch.cat(flat).to(torch.bfloat16)
+    else:
+        quantized = [_quantize(values, _LEVELS[encoding], block_size) for values in flat]
+        q = torch.cat([q for q, _ in quantized])
+        out[_VALUES] = q if encoding == "int8" else _pack4(q)
+        out[_SCALES] = torch.cat([scales for _, scales in quantized])
     meta = _Meta(
-        format=FRAGMENT_FORMAT, encoding=encoding, block_size=block_size, fragment=spec.index
+        format=FRAGMENT_FORMAT,
+        encoding=encoding,
+        block_size=block_size,
+        fragment=spec.index,
+        params=spec_digest(spec),
     )
     return safetensors.torch.save(
         out, metadata={_METADATA_KEY: _meta_encoder.encode(meta).decode()}
@@ -260,6 +273,12 @@ def _meta(header: dict[str, Any], spec: FragmentSpec) -> _Meta:
     if meta.fragment != spec.index:
         raise CodecError(
             f"the blob holds fragment {meta.fragment}, decoded as fragment {spec.index}",
+            reason="shape",
+        )
+    if meta.params != spec_digest(spec):
+        raise CodecError(
+            f"the blob was encoded for other parameters than fragment {spec.index}'s "
+            f"(digest {meta.params!r}, expected {spec_digest(spec)!r}): another model",
             reason="shape",
         )
     return meta
@@ -313,26 +332,25 @@ def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:
         stored = safetensors.torch.load(bytes(data))
     except (safetensors.SafetensorError, RuntimeError, ValueError) as exc:
         raise CodecError(f"malformed safetensors data: {exc}") from None
+    values = stored[_VALUES]
+    numels = [param.numel for param in spec.params]
+    if encoding in ("fp32", "bf16"):
+        parts = torch.split(values.to(torch.float32), numels)
+        return [part.view(param.shape) for part, param in zip(parts, spec.params, strict=True)]
+    levels = _LEVELS[encoding]
+    q = values if encoding == "int8" else _unpack4(values, sum(numels))
+    blocks = [_blocks(n, meta.block_size) for n in numels]
     result: list[Tensor] = []
-    for param in spec.params:
-        value = stored[param.name]
-        if encoding == "fp32":
-            result.append(value.clone())
-            continue
-        if encoding == "bf16":
-            result.append(value.to(torch.float32))
-            continue
-        scales = stored[param.name + _SCALE_SUFFIX]
+    for param, q_part, scales in zip(
+        spec.params, torch.split(q, numels), torch.split(stored[_SCALES], blocks), strict=True
+    ):
         if bool((scales < 0).any()) or bool(torch.isinf(scales).any()):
             raise CodecError(f"{param.name}: a block scale is negative or infinite")
-        if encoding == "int8":
-            q = value.reshape(-1)
-            if q.numel() and int(q.min()) < -_LEVELS["int8"]:
-                raise CodecError(f"{param.name}: int8 value -128 is outside [-127, 127]")
-        else:
-            q = _unpack4(value, param.numel)
-            if q.numel() and int(q.min()) < -_LEVELS["int4"]:
-                raise CodecError(f"{param.name}: int4 nibble 0 is outside [-7, 7]")
-        flat = _dequantize(q, scales, param.numel, meta.block_size)
+        if q_part.numel() and int(q_part.min()) < -levels:
+            raise CodecError(
+                f"{param.name}: an {encoding} value is below -{levels}, outside "
+                f"[-{levels}, {levels}]"
+            )
+        flat = _dequantize(q_part, scales, param.numel, meta.block_size)
         result.append(flat.view(param.shape))
     return result

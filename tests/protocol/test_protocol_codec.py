@@ -19,6 +19,7 @@ from gradientmail.protocol.codec import (
     decode_fragment,
     digest,
     encode_fragment,
+    spec_digest,
     verify,
 )
 from gradientmail.protocol.records import FragmentSpec, ParamSpec
@@ -93,20 +94,45 @@ def test_encoding_is_deterministic_and_leaves_inputs_alone(encoding: str) -> Non
     assert all(torch.equal(a, b) for a, b in zip(tensors, copies, strict=True))
 
 
-def test_metadata_names_format_encoding_block_size_and_fragment() -> None:
-    spec = spec_of((2, 2), index=3)
-    data = encode_fragment(sample([(2, 2)]), spec, "int8", block_size=17)
+def test_metadata_names_format_encoding_block_size_fragment_and_parameters() -> None:
+    spec = spec_of((2, 2), (5,), index=3)
+    data = encode_fragment(sample([(2, 2), (5,)]), spec, "int8", block_size=3)
     (size,) = struct.unpack_from("<Q", data)
     header = json.loads(data[8 : 8 + size])
     meta = json.loads(header["__metadata__"]["gradientmail"])
     assert meta == {
         "format": FRAGMENT_FORMAT,
         "encoding": "int8",
-        "block_size": 17,
+        "block_size": 3,
         "fragment": 3,
+        "params": spec_digest(spec),
     }
-    assert header["layer.0.weight"]["dtype"] == "I8"
-    assert header["layer.0.weight::scale"]["shape"] == [1]
+    assert set(header) == {"__metadata__", "values", "scales"}
+    assert header["values"]["dtype"] == "I8"
+    assert header["values"]["shape"] == [9]
+    assert header["scales"]["shape"] == [2 + 2], "blocks never straddle two parameters"
+
+
+def test_the_header_does_not_grow_with_the_number_of_parameters() -> None:
+    few, many = spec_of((64, 64)), spec_of(*[(64,)] * 64)
+    sizes = []
+    for spec in (few, many):
+        tensors = sample([param.shape for param in spec.params])
+        data = encode_fragment(tensors, spec, "int4", block_size=64)
+        sizes.append(struct.unpack_from("<Q", data)[0])
+    assert sizes[0] == sizes[1] < 400
+
+
+def test_a_blob_decodes_only_into_the_parameters_it_was_encoded_for() -> None:
+    ours, other = spec_of((2, 3)), spec_of((3, 2))
+    renamed = FragmentSpec(
+        index=0, params=(ParamSpec(name="other.weight", shape=(2, 3), dtype="float32"),)
+    )
+    data = encode_fragment(sample([(3, 2)]), other, "fp32", block_size=4)
+    for spec in (ours, renamed):
+        with pytest.raises(CodecError, match="other parameters") as info:
+            decode_fragment(data, spec)
+        assert info.value.reason == "shape"
 
 
 def test_any_floating_dtype_is_encoded_as_fp32() -> None:
@@ -210,12 +236,15 @@ def raw_blob(tensors: dict[str, torch.Tensor], meta: object) -> bytes:
     return safetensors.torch.save(tensors, metadata=metadata)
 
 
-META = {"format": FRAGMENT_FORMAT, "encoding": "int8", "block_size": 4, "fragment": 0}
 SPEC = spec_of((2, 3))
-GOOD = {
-    "layer.0.weight": torch.ones(2, 3, dtype=torch.int8),
-    "layer.0.weight::scale": torch.ones(2),
+META = {
+    "format": FRAGMENT_FORMAT,
+    "encoding": "int8",
+    "block_size": 4,
+    "fragment": 0,
+    "params": spec_digest(SPEC),
 }
+GOOD = {"values": torch.ones(6, dtype=torch.int8), "scales": torch.ones(2)}
 
 
 def test_a_hand_built_blob_decodes() -> None:
@@ -236,43 +265,33 @@ def test_a_hand_built_blob_decodes() -> None:
         (raw_blob(GOOD, {**META, "block_size": 0}), "block size", "corrupt"),
         (raw_blob(GOOD, {**META, "block_size": "4"}), "malformed fragment metadata", "corrupt"),
         (raw_blob(GOOD, {**META, "fragment": 1}), "holds fragment 1", "shape"),
-        (raw_blob({"layer.0.weight": GOOD["layer.0.weight"]}, META), "missing", "shape"),
+        (raw_blob(GOOD, {**META, "params": "0" * 16}), "other parameters", "shape"),
+        (raw_blob({"values": GOOD["values"]}, META), "missing", "shape"),
         (raw_blob({**GOOD, "x": torch.ones(1)}, META), "unexpected", "shape"),
+        (raw_blob({**GOOD, "values": torch.ones(5, dtype=torch.int8)}, META), "shape", "shape"),
+        (raw_blob({**GOOD, "scales": torch.ones(3)}, META), "shape", "shape"),
+        (raw_blob({**GOOD, "values": torch.ones(6)}, META), "dtype 'F32'", "corrupt"),
         (
-            raw_blob({**GOOD, "layer.0.weight": torch.ones(3, 2, dtype=torch.int8)}, META),
-            "shape",
-            "shape",
-        ),
-        (
-            raw_blob({**GOOD, "layer.0.weight::scale": torch.ones(3)}, META),
-            "shape",
-            "shape",
-        ),
-        (raw_blob({**GOOD, "layer.0.weight": torch.ones(2, 3)}, META), "dtype 'F32'", "corrupt"),
-        (
-            raw_blob({**GOOD, "layer.0.weight": torch.full((2, 3), -128, dtype=torch.int8)}, META),
-            "-128",
+            raw_blob({**GOOD, "values": torch.full((6,), -128, dtype=torch.int8)}, META),
+            "below -127",
             "corrupt",
         ),
         (
-            raw_blob({**GOOD, "layer.0.weight::scale": torch.tensor([1.0, -1.0])}, META),
+            raw_blob({**GOOD, "scales": torch.tensor([1.0, -1.0])}, META),
             "negative",
             "corrupt",
         ),
         (
-            raw_blob({**GOOD, "layer.0.weight::scale": torch.tensor([1.0, math.inf])}, META),
+            raw_blob({**GOOD, "scales": torch.tensor([1.0, math.inf])}, META),
             "infinite",
             "corrupt",
         ),
         (
             raw_blob(
-                {
-                    "layer.0.weight": torch.zeros(3, dtype=torch.uint8),
-                    "layer.0.weight::scale": torch.ones(2),
-                },
+                {"values": torch.zeros(3, dtype=torch.uint8), "scales": torch.ones(2)},
                 {**META, "encoding": "int4"},
             ),
-            "nibble",
+            "below -7",
             "corrupt",
         ),
         (raw_blob(GOOD, META)[:-3], "malformed safetensors", "corrupt"),
