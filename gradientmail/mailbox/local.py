@@ -22,12 +22,13 @@ place with ``os.link``, which fails with ``EEXIST`` when the object already exis
 is atomic across threads and processes (the loser gets False) and a reader never sees a
 partial object. ``list`` reads directory entries only (never a file): their names, told
 apart by the marks above, and an entry's type only where a directory's link count cannot
-prove that no object-named entry is a directory. It prunes subtrees that cannot match the
-prefix or lie wholly at or before ``after``, never follows a symbolic link to a directory,
-skips entries the layout never makes (a directory named like an object, a file named like a
-directory, a name that is not UTF-8), and returns keys in UTF-8 byte order. ``delete``
-unlinks and then removes the directories it emptied; a concurrent ``put_if_absent`` whose
-directory vanished under it recreates it and tries again.
+prove that no object-named entry is a directory. It starts in the directory of the prefix's
+whole segments, prunes subtrees that cannot match the prefix or lie wholly at or before
+``after``, never follows a symbolic link to a directory, skips entries the layout never
+makes (a directory named like an object, a file named like a directory, a name that is not
+UTF-8), and returns keys in UTF-8 byte order. ``delete`` unlinks and then removes the
+directories it emptied; a concurrent ``put_if_absent`` whose directory vanished under it
+recreates it and tries again.
 
 With ``durable=True`` the object's bytes, its directory entry and every directory created
 for it are fsynced before ``put_if_absent`` returns (and directory entries after
@@ -207,6 +208,19 @@ def _file_keys(files: list[str], key_so_far: str, prefix: str, after: str) -> li
     return [key for key in keys if key.startswith(prefix) and key > after]
 
 
+def _open_subdirectory(directory: int, name: str) -> int | None:
+    """``name`` in the open ``directory``, opened; None if it is missing or is not a
+    directory (a symbolic link is not)."""
+    try:
+        return os.open(name, _SUBDIRECTORY, dir_fd=directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        return None
+
+
 def _walk(directory: int, key_so_far: str, prefix: str, after: str, keys: list[str]) -> None:
     """Append to ``keys`` those under the open ``directory`` that match ``prefix`` and
     ``after``, where every key starts with ``key_so_far``.
@@ -228,14 +242,8 @@ def _walk(directory: int, key_so_far: str, prefix: str, after: str, keys: list[s
         partial = _partial(key_so_far, name, is_file=False)
         if partial is None or not _may_hold(partial, prefix, after):
             continue
-        try:
-            child = os.open(name, _SUBDIRECTORY, dir_fd=directory)
-        except (FileNotFoundError, NotADirectoryError):
-            # Deleted since it was listed, or not a directory (a symbolic link is not).
-            continue
-        except OSError as error:
-            if error.errno != errno.ELOOP:
-                raise
+        child = _open_subdirectory(directory, name)
+        if child is None:
             continue
         entered += 1
         try:
@@ -394,13 +402,27 @@ class LocalMailbox:
             return None
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
+        # Every key that starts with the prefix's whole segments lies below their
+        # directory: start there rather than reading each directory above it.
+        parent, slash, _ = prefix.rpartition("/")
+        key_so_far = parent + slash
+        if not _may_hold(key_so_far, prefix, after):
+            return []
         try:
             fd = os.open(self._objects, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             return []
+        for name in key_path(key_so_far + "k")[:-1]:
+            try:
+                child = _open_subdirectory(fd, name)
+            finally:
+                os.close(fd)
+            if child is None:
+                return []
+            fd = child
         keys: builtins.list[str] = []
         try:
-            _walk(fd, "", prefix, after, keys)
+            _walk(fd, key_so_far, prefix, after, keys)
         finally:
             os.close(fd)
         if not "".join(keys).isascii():

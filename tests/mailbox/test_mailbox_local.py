@@ -262,3 +262,6 @@ async def test_entries_the_layout_never_makes_are_not_listed(tmp_path: Path) -> 
         assert await mailbox.list("d/", after="d/a") == ["d/b/c", "d/e%/f"]
         assert await mailbox.list("d/s") == []
         assert await mailbox.list("d/l") == []
+        assert await mailbox.list("d/b/") == ["d/b/c"]
+        assert await mailbox.list("d/link/") == []
+        assert await mailbox.list("d/plain/") == []
