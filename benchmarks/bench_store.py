@@ -58,7 +58,7 @@ def plan(quick: bool) -> dict[str, Any]:
         "ops": {"1KiB": 100, "1MiB": 40, "64MiB": 2},
         "repetitions": 3,
         "list_keys": 10_000,
-        "list_repetitions": 3,
+        "list_repetitions": 7,
     }
 
 
