@@ -429,7 +429,7 @@ def _convergence_notes(p: dict[str, Any], figures: dict[str, Any]) -> list[str]:
                 f"which {steps} steps do not amortize); an encoded fragment is "
                 f"{_bytes(blob)} for {_bytes(raw)} of {encoding} values "
                 f"(+{100 * (blob / raw - 1):.0f}%: the block scales and the safetensors "
-                "header, which names every tensor); and "
+                "header with the blob's metadata); and "
                 f"{100 * (1 - payload / total):.0f}% of a learner's bytes are protocol "
                 "metadata (round records, snapshot objects, leases). The last two shrink as "
                 f"the model grows (this one has {p['params']:,} parameters).",
@@ -543,8 +543,9 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
         "thread hop per operation, as the mailbox makes), and `S3Mailbox` against direct "
         "aiobotocore calls configured as the mailbox configures its client, on the same moto "
         "server on 127.0.0.1. Objects are written and read one at a time, each put to a fresh "
-        f"key; {p['repetitions']} repetitions per figure, the two arms alternating; `list` "
-        f"returns {p['list_keys']:,} keys. Ratio = mailbox throughput ÷ baseline throughput "
+        f"key; {p['repetitions']} repetitions per figure ({p['list_repetitions']} for "
+        f"`list`), the two arms alternating; `list` returns {p['list_keys']:,} keys. "
+        "Ratio = mailbox throughput ÷ baseline throughput "
         "(medians); above 1 the mailbox is faster.",
         "",
     )
@@ -637,8 +638,9 @@ _STORE_CAUSES = {
     ("local", "get"): "a get is the baseline's open and read plus the key check and the "
     "key-to-path mapping; the difference is small against the per-repetition spread",
     ("local", "list"): "the baseline is one `os.listdir` and a sort of names; the mailbox "
-    "walks the directory tree with `os.scandir`, checks each entry's type, decodes each "
-    "file name back into a key and sorts by UTF-8 bytes, which is per-key Python work",
+    "reads every directory of the key layout below the prefix the same way, tells files "
+    "from directories by the layout's marks (checked against the directory's link count), "
+    "turns the names back into keys and sorts them once",
     ("s3", "put"): "the mailbox asks for a SHA-256 checksum of every upload "
     "(`request_checksums='when_supported'`) and sends `If-None-Match: *`; the baseline "
     "sends botocore's default CRC32 and no condition, and moto does the extra check",
