@@ -6,7 +6,7 @@ bare, with the node, with the node, bare (ABBA), so a load that drifts during th
 weighs on both arms alike; its node segments run in one node (the only learner, its own
 syncer, on a fresh ``LocalMailbox``, F=4, H=50, int8) entered before the first and left
 after the second, so joining (the upload of Θ⁰) and the closing flush are not timed; the
-bare segments run with no node at all. The full run has two sessions. The loop calls
+bare segments run with no node at all. The full run has three sessions. The loop calls
 ``handle.step(tokens)`` after each optimizer step (``Node.run_in_thread``), and the time of
 that call is measured on the caller.
 
@@ -46,7 +46,7 @@ BATCH = 4
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
         return {"model": "small", "sync_every": 8, "segment_steps": 8, "sessions": 1}
-    return {"model": "medium", "sync_every": 50, "segment_steps": 60, "sessions": 2}
+    return {"model": "medium", "sync_every": 50, "segment_steps": 60, "sessions": 3}
 
 
 def _trainer(model: GPT, batches: Iterator[torch.Tensor]) -> Callable[[], float]:
