@@ -47,6 +47,7 @@ APFS does not. Temporary files left behind by a killed process are removed by th
 """
 
 import builtins
+import contextlib
 import errno
 import os
 import time
@@ -72,6 +73,7 @@ _SUBDIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 # A put whose parent directory is removed by a concurrent delete retries; this bounds a
 # pathological livelock, not any expected case.
 _PUT_ATTEMPTS = 100
+_RACE_CHECK_BYTES = 1 << 16
 
 
 def _escape(text: str) -> str:
@@ -372,19 +374,24 @@ class LocalMailbox:
 
     def _put(self, names: tuple[str, ...], data: bytes) -> bool:
         target = self._objects.joinpath(*names)
-        # Writing a large object only to lose the race is wasted work; the link decides.
-        if target.exists():
+        # Writing a large object only to lose the race is wasted work; for a small one the
+        # extra stat would cost more than the write it might save. The link decides either way.
+        if len(data) >= _RACE_CHECK_BYTES and target.exists():
             return False
         temp = self._write_temp(data)
+        created: builtins.list[Path] = []
         try:
             for _ in range(_PUT_ATTEMPTS):
                 try:
-                    created = self._make_parents(target)
                     os.link(temp, target)
                 except FileExistsError:
                     return False
                 except FileNotFoundError:
-                    # A concurrent delete removed a directory it had just emptied.
+                    # A directory of the key is missing: not made yet, or removed by a
+                    # concurrent delete that had just emptied it (which can also happen while
+                    # making them). Make them and link again.
+                    with contextlib.suppress(FileNotFoundError):
+                        created += self._make_parents(target)
                     continue
                 if self._durable:
                     for directory in {target.parent, *(path.parent for path in created)}:
