@@ -641,9 +641,9 @@ _STORE_CAUSES = {
     "reads every directory of the key layout below the prefix the same way, tells files "
     "from directories by the layout's marks (checked against the directory's link count), "
     "turns the names back into keys and sorts them once",
-    ("s3", "put"): "the mailbox asks for a SHA-256 checksum of every upload "
-    "(`request_checksums='when_supported'`) and sends `If-None-Match: *`; the baseline "
-    "sends botocore's default CRC32 and no condition, and moto does the extra check",
+    ("s3", "put"): "the mailbox sends `If-None-Match: *` (the create-once condition, "
+    "which moto checks) and the same CRC32 checksum as the baseline; nothing else in the "
+    "request differs",
     ("s3", "get"): "a get adds only the key check and the concurrency limiter to the same "
     "`get_object`, nothing that grows with the object; no cause for a gap was found in the "
     "mailbox, which leaves moto (serving bodies from Python) and the shared machine, as the "
