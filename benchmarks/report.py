@@ -626,15 +626,15 @@ def store(page: Page, result: dict[str, Any] | None) -> None:
 
 
 _STORE_CAUSES = {
-    ("local", "put"): "each put checks that the key is free, writes the bytes to a "
-    "temporary file, checks the parent directories, hard-links the file into place (the "
-    "create-once guarantee: a concurrent writer of the same key loses cleanly) and unlinks "
-    "the temporary name: four more file-system calls than the baseline's open-write-close, "
-    "a cost per object that weighs most on small objects",
+    ("local", "put"): "each put writes the bytes to a temporary file, hard-links it into "
+    "place (the create-once guarantee: a concurrent writer of the same key loses cleanly) "
+    "and unlinks the temporary name: two more file-system calls than the baseline's "
+    "open-write-close, a cost per object that weighs most on small objects",
     ("local", "put", "large"): "the bytes are written once either way (the mailbox to a "
-    "temporary name that it then hard-links into place), so at this size the four extra "
-    "file-system calls per object are a small share; the per-repetition spread shows how "
-    "much the shared machine's load moved between the arms' turns",
+    "temporary name that it then hard-links into place), so at this size the three extra "
+    "file-system calls per object (a check that the key is free, the link, the unlink) are "
+    "a small share; the per-repetition spread shows how much the shared machine's load "
+    "moved between the arms' turns",
     ("local", "get"): "a get is the baseline's open and read plus the key check and the "
     "key-to-path mapping; the difference is small against the per-repetition spread",
     ("local", "list"): "the baseline is one `os.listdir` and a sort of names; the mailbox "
