@@ -17,8 +17,10 @@ For round ``r``:
 
 Closing waits for the quorum (at least ``quorum_min`` snapshots and at least
 ``quorum_fraction`` of the live learners), then up to ``grace`` seconds more or until every
-live learner has published; then aggregates, applies the outer step, writes the θ,
-outer-state and update blobs, and the record last (``RoundClosed``, ``RoundCommitted``).
+live learner has published (a decision to close is taken on a listing of the leases made
+at that moment, not on one up to ``lease_every`` old); then aggregates, applies the outer
+step, writes the θ, outer-state and update blobs, and the record last (``RoundClosed``,
+``RoundCommitted``).
 After each commit it collects garbage (``collect_garbage``).
 
 Live learners are the nodes holding a live lease (``Liveness``) whose role is ``learner``,
@@ -312,9 +314,11 @@ class _Observer:
     learners: frozenset[str] = frozenset()
     looked: float | None = None
 
-    async def look(self, rt: Runtime) -> frozenset[str]:
+    async def look(self, rt: Runtime, *, fresh: bool = False) -> frozenset[str]:
+        """The live learners, from a listing of the leases at most ``every`` seconds old, or
+        taken now when ``fresh``."""
         now = rt.clock.now()
-        if self.looked is None or now - self.looked >= self.every:
+        if fresh or self.looked is None or now - self.looked >= self.every:
             leases = await rt.store.leases()
             self.liveness = self.liveness.observed(
                 {learner: beat for learner, (beat, _) in leases.items()}, now
@@ -441,6 +445,7 @@ async def _close(
             rt.emit(RoundSuperseded(rt.learner, record))
             return await _adopt(rt, state, record)
         published = await rt.store.snapshot_learners(round)
+        looking = rt.clock.now()
         live = await observer.look(rt)
         if not published and passed_at is None:
             for later in range(round + 1, round + config.fragments):
@@ -459,6 +464,12 @@ async def _close(
         if decision != "waiting" and quorum_at is None:
             quorum_at = now
             view = replace(view, quorum_at=now)
+            decision = decide_close(view, config)
+        if decision == "close" and (observer.looked is None or observer.looked < looking):
+            # Closing is final: judge it on the leases as they are now, so that a learner
+            # that joined since the last listing is waited for like the others.
+            live = await observer.look(rt, fresh=True)
+            view = replace(view, learners=quorum_learners(live, observer.learners))
             decision = decide_close(view, config)
         if decision == "close":
             break
