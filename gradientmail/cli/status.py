@@ -14,6 +14,7 @@ judges a lease live while its newest beat changed within ``--lease-timeout`` sec
 import contextlib
 import json
 import math
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -381,7 +382,9 @@ async def status(
     console: Console | None = None,
 ) -> None:
     """Print the status of the run at ``url`` once, or with ``watch`` every ``interval``
-    seconds until cancelled (``--json --watch`` prints one JSON document per line).
+    seconds until cancelled or sent SIGINT or SIGTERM, then return normally (``--json
+    --watch`` prints one JSON document per line). With ``watch`` it must run in the main
+    thread (it installs signal handlers for its duration).
 
     Raises ``CliError`` when there is no store or no run, ``MailboxUnavailable`` when the
     store stays out of reach over a few retries.
@@ -398,16 +401,30 @@ async def status(
             return
         clock = MonotonicClock()
         liveness = Liveness(timeout=lease_timeout)
-        with contextlib.ExitStack() as stack:
+        with (
+            contextlib.ExitStack() as stack,
+            anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+        ):
             view = None if as_json else stack.enter_context(Live(console=out, auto_refresh=False))
-            while True:
-                observation = await reader.observe()
-                now = clock.now()
-                beats = {learner: beat for learner, (beat, _) in observation.leases.items()}
-                liveness = liveness.observed(beats, now)
-                doc = document(observation, last=last, live=liveness.live(now))
-                if view is None:
-                    print(json.dumps(doc), flush=True)
-                else:
-                    view.update(render(doc), refresh=True)
-                await anyio.sleep(interval)
+            async with anyio.create_task_group() as group:
+
+                async def until_signal() -> None:
+                    # The loop's own SIGINT handling cancels the main task natively, which a
+                    # cancel scope exiting at that moment can absorb (seen: a watch that
+                    # ignored SIGINT under load); a signal receiver stops it on either loop.
+                    async for _ in signals:
+                        group.cancel_scope.cancel()
+                        return
+
+                group.start_soon(until_signal)
+                while True:
+                    observation = await reader.observe()
+                    now = clock.now()
+                    beats = {learner: beat for learner, (beat, _) in observation.leases.items()}
+                    liveness = liveness.observed(beats, now)
+                    doc = document(observation, last=last, live=liveness.live(now))
+                    if view is None:
+                        print(json.dumps(doc), flush=True)
+                    else:
+                        view.update(render(doc), refresh=True)
+                    await anyio.sleep(interval)
