@@ -9,7 +9,9 @@ corpus, and data-parallel's step ``t`` is the union of the learners' step-``t`` 
   of fp32 gradients would move per learner, ``2 (K − 1) / K × 4 × params`` per step:
   computed, not measured.
 - ``gm-{encoding}-H{H}``: ``K`` learner processes and one dedicated syncer process on a
-  ``LocalMailbox``, ``F`` fragments, deltas and updates in ``encoding``. A learner's bytes
+  ``LocalMailbox``, ``F`` fragments, deltas and updates in ``encoding``, grace 3 s (longer
+  than the learners drift apart with five processes on two cores, so that a round does not
+  close without one of them; learners never wait on a round). A learner's bytes
   are measured by its node (``node.state``: bytes written and read) from the moment all
   learners have joined to the end of its closing flush; the syncer's are reported apart.
 - ``single``: one learner, batch ``b``, the same steps (a quarter of the tokens).
