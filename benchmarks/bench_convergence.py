@@ -183,7 +183,7 @@ def run_local(arm: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _options(*, syncer: bool) -> Any:
-    from gradientmail.node import NodeOptions
+    from gradientmail._node import NodeOptions
 
     return NodeOptions(
         poll_interval=0.05,
@@ -220,11 +220,11 @@ def _learner_worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
     import anyio
     import torch
 
+    from gradientmail._node import node as join_run
     from gradientmail.demo.data import evaluate, synthetic
     from gradientmail.demo.model import GPT
     from gradientmail.events import Event, kind_name
     from gradientmail.mailbox import LocalMailbox
-    from gradientmail.node import node as join_run
 
     torch.set_num_threads(1)
     seed, steps = spec["seed"], spec["steps"]
@@ -308,9 +308,9 @@ def _learner_worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
 def _syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import anyio
 
+    from gradientmail._node import node as join_run
     from gradientmail.events import Event, RoundCommitted, kind_name
     from gradientmail.mailbox import LocalMailbox
-    from gradientmail.node import node as join_run
 
     scratch = Path(spec["scratch"])
     counts: dict[str, int] = {}

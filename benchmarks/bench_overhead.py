@@ -28,12 +28,12 @@ import _harness as h
 import anyio
 import torch
 
+from gradientmail._node import StepHandle
+from gradientmail._node import node as join_run
 from gradientmail.demo.data import synthetic
 from gradientmail.demo.model import GPT, GPTConfig
 from gradientmail.events import Event, RoundCommitted
 from gradientmail.mailbox import LocalMailbox
-from gradientmail.node import StepHandle
-from gradientmail.node import node as join_run
 from gradientmail.protocol.records import RunConfig
 
 NAME = "overhead"

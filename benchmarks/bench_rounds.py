@@ -33,10 +33,10 @@ import anyio
 import torch
 from torch import nn
 
+from gradientmail._node import Node, NodeOptions
+from gradientmail._node import node as join_run
 from gradientmail.demo.model import GPT, GPTConfig
 from gradientmail.mailbox import LocalMailbox, Mailbox, MemoryMailbox
-from gradientmail.node import Node, NodeOptions
-from gradientmail.node import node as join_run
 from gradientmail.protocol.records import RunConfig
 
 NAME = "rounds"

@@ -1,6 +1,7 @@
 """gradientmail: train one PyTorch model on many machines that share nothing but a bucket."""
 
 from gradientmail import events
+from gradientmail._node import Node, NodeOptions, NodeState, StepHandle, node
 from gradientmail.errors import (
     CorruptBlob,
     GradientmailError,
@@ -9,7 +10,6 @@ from gradientmail.errors import (
     RecordError,
     RunMismatch,
 )
-from gradientmail.node import Node, NodeOptions, NodeState, StepHandle, node
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.records import RunConfig
 

@@ -15,9 +15,9 @@ import sys
 
 import anyio
 
+from gradientmail._node import NodeOptions, node
 from gradientmail.cli._errors import CliError
 from gradientmail.events import SyncerStopped, json_logs
-from gradientmail.node import NodeOptions, node
 from gradientmail.protocol.keys import check_learner
 
 __all__ = ["default_learner", "serve", "syncer"]

@@ -14,9 +14,9 @@ from typing import Literal
 
 import msgspec
 
+from gradientmail._node import NodeOptions
 from gradientmail.demo.data import Corpus, synthetic, text_file
 from gradientmail.demo.model import GPTConfig
-from gradientmail.node import NodeOptions
 from gradientmail.protocol.records import Encoding, RunConfig
 
 __all__ = [

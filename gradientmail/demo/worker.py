@@ -28,6 +28,7 @@ import msgspec
 import torch
 from torch import Tensor
 
+from gradientmail._node import Node, node
 from gradientmail.demo.model import GPT
 from gradientmail.demo.settings import (
     DemoSettings,
@@ -44,7 +45,6 @@ from gradientmail.demo.settings import (
 )
 from gradientmail.errors import GradientmailError, RunMismatch
 from gradientmail.events import json_logs
-from gradientmail.node import Node, node
 
 __all__ = ["main", "train"]
 

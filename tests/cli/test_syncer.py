@@ -11,10 +11,10 @@ from pathlib import Path
 import anyio
 import torch
 
+from gradientmail._node import NodeOptions, node
 from gradientmail.demo.data import synthetic
 from gradientmail.demo.model import GPT, GPTConfig
 from gradientmail.mailbox.local import LocalMailbox
-from gradientmail.node import NodeOptions, node
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import RoundRecord, RunConfig, decode
 

@@ -9,8 +9,8 @@ from run_checks import assert_steps_accounted as assert_steps_accounted
 from run_checks import commits_by_round as commits_by_round
 from torch import nn
 
+from gradientmail._node import Node, NodeOptions
 from gradientmail.mailbox import Mailbox
-from gradientmail.node import Node, NodeOptions
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment
 from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, decode

@@ -18,9 +18,9 @@ import anyio
 import safetensors.torch
 from node_helpers import CONFIG, FAST, Recorder, tiny_model, train
 
+from gradientmail._node import node as open_node
 from gradientmail.events import StepsDropped
 from gradientmail.mailbox import open as open_mailbox
-from gradientmail.node import node as open_node
 from gradientmail.patterns import Barrier
 
 # Generous: a loaded machine may take tens of seconds to start a process and import torch.

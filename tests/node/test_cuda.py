@@ -15,8 +15,8 @@ from node_helpers import (
     train,
 )
 
+from gradientmail._node import node as open_node
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.node import node as open_node
 
 pytestmark = [
     pytest.mark.anyio,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from gradientmail.node.options import NodeOptions
-from gradientmail.node.syncer import (
+from gradientmail._node.options import NodeOptions
+from gradientmail._node.syncer import (
     Adopt,
     Claim,
     CloseView,

@@ -6,8 +6,8 @@ import msgspec
 import pytest
 from node_helpers import CONFIG, FAST, assert_holds_committed, records, tiny_model, train
 
+from gradientmail._node import node as open_node
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.node import node as open_node
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import Manifest, decode
 

@@ -6,7 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from gradientmail.node.learner import FragmentState, LearnerState, Ready, merge_in_place
+from gradientmail._node.learner import FragmentState, LearnerState, Ready, merge_in_place
 from gradientmail.protocol import keys
 from gradientmail.protocol.merge import Ledger, merged
 from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord

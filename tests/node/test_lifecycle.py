@@ -18,11 +18,11 @@ from node_helpers import (
     wait_until,
 )
 
+from gradientmail._node import StepHandle
+from gradientmail._node import node as open_node
 from gradientmail.errors import NodeFailed
 from gradientmail.events import Closed, Closing, FragmentAligned, LeaseReleased, StepsDropped
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.node import StepHandle
-from gradientmail.node import node as open_node
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio

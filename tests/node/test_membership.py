@@ -15,11 +15,11 @@ from node_helpers import (
 )
 from torch import nn
 
+from gradientmail._node import NodeState
+from gradientmail._node import node as open_node
 from gradientmail.errors import RunMismatch
 from gradientmail.events import Joined, LeaseReleased
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.node import NodeState
-from gradientmail.node import node as open_node
 from gradientmail.protocol.records import RunConfig
 from gradientmail.store import Store
 

@@ -12,9 +12,9 @@ from node_helpers import (
     train,
 )
 
+from gradientmail._node import node as open_node
 from gradientmail.events import Closed, Joined, RoundCommitted
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.node import node as open_node
 
 pytestmark = pytest.mark.anyio
 

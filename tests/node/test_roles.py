@@ -21,6 +21,8 @@ from node_helpers import (
     wait_until,
 )
 
+from gradientmail._node import NodeOptions
+from gradientmail._node import node as open_node
 from gradientmail.events import (
     AwaitingCreator,
     FollowingRound,
@@ -30,8 +32,6 @@ from gradientmail.events import (
     TookOverRound,
 )
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.node import NodeOptions
-from gradientmail.node import node as open_node
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio

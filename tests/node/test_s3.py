@@ -17,8 +17,8 @@ from node_helpers import (
     train,
 )
 
+from gradientmail._node import node as open_node
 from gradientmail.mailbox import open as open_mailbox
-from gradientmail.node import node as open_node
 
 pytestmark = pytest.mark.anyio
 

@@ -15,9 +15,9 @@ from node_helpers import (
     wait_until,
 )
 
+from gradientmail._node import node as open_node
 from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.node import node as open_node
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.records import Manifest, Snapshot, decode, encode

@@ -15,7 +15,7 @@ from gradientmail.protocol.records import FragmentSpec, ParamSpec
 
 # torch itself imports asyncio, so the loaded-modules check cannot forbid it; the source
 # check below does.
-LOADED = ("anyio", "trio", "gradientmail.mailbox", "gradientmail.node", "aiobotocore", "httpx")
+LOADED = ("anyio", "trio", "gradientmail.mailbox", "gradientmail._node", "aiobotocore", "httpx")
 IMPORTED = (*LOADED, "asyncio", "threading", "time", "gradientmail.clock", "gradientmail.events")
 
 # The package's own __init__ re-exports the node, the events and the patterns (which do use

@@ -32,9 +32,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gradientmail.errors import RecordError
-from gradientmail.lease import Liveness
-from gradientmail.node.syncer import (
+from gradientmail._node.syncer import (
     Adopt,
     Claim,
     CloseView,
@@ -46,6 +44,8 @@ from gradientmail.node.syncer import (
     decide_round,
     quorum_learners,
 )
+from gradientmail.errors import RecordError
+from gradientmail.lease import Liveness
 from gradientmail.protocol import keys, records
 from gradientmail.protocol.codec import digest
 from gradientmail.protocol.merge import Ledger

@@ -37,6 +37,21 @@ from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 from torch import Tensor
 
+from gradientmail._node.creation import load_newest, open_run
+from gradientmail._node.learner import (
+    FragmentState,
+    Job,
+    LearnerState,
+    StateCell,
+    merge_in_place,
+    run_publisher,
+    run_receive,
+)
+from gradientmail._node.lease import run_lease
+from gradientmail._node.options import NodeOptions
+from gradientmail._node.runtime import Runtime
+from gradientmail._node.state import NodeState
+from gradientmail._node.syncer import run_syncer
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import NodeFailed
 from gradientmail.events import (
@@ -55,21 +70,6 @@ from gradientmail.events import (
 )
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox import open as open_mailbox
-from gradientmail.node.creation import load_newest, open_run
-from gradientmail.node.learner import (
-    FragmentState,
-    Job,
-    LearnerState,
-    StateCell,
-    merge_in_place,
-    run_publisher,
-    run_receive,
-)
-from gradientmail.node.lease import run_lease
-from gradientmail.node.options import NodeOptions
-from gradientmail.node.runtime import Runtime
-from gradientmail.node.state import NodeState
-from gradientmail.node.syncer import run_syncer
 from gradientmail.protocol import keys
 from gradientmail.protocol.fragments import due
 from gradientmail.protocol.merge import Ledger

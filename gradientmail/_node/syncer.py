@@ -50,6 +50,7 @@ import anyio.to_thread
 import torch
 from torch import Tensor
 
+from gradientmail._node.runtime import Runtime, backoff
 from gradientmail.errors import CorruptBlob, GradientmailError, RecordError
 from gradientmail.events.kinds import (
     FollowingRound,
@@ -63,7 +64,6 @@ from gradientmail.events.kinds import (
     TookOverRound,
 )
 from gradientmail.lease import Liveness
-from gradientmail.node.runtime import Runtime, backoff
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Candidate, aggregate
 from gradientmail.protocol.codec import CodecError, decode_fragment, encode_fragment

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import anyio.to_thread
 from torch import Tensor
 
+from gradientmail._node.lease import Emit
+from gradientmail._node.options import NodeOptions
 from gradientmail.clock import Clock
 from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
-from gradientmail.node.lease import Emit
-from gradientmail.node.options import NodeOptions
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
 from gradientmail.protocol.fragments import mismatch, signature

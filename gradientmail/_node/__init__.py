@@ -5,8 +5,8 @@ timings and roles), ``NodeState`` (what ``Node.state`` returns) and ``StepHandle
 ``Node.run_in_thread`` hands to a synchronous training loop). See ``docs/node.md``.
 """
 
-from gradientmail.node.node import Node, StepHandle, node
-from gradientmail.node.options import NodeOptions
-from gradientmail.node.state import NodeState
+from gradientmail._node.node import Node, StepHandle, node
+from gradientmail._node.options import NodeOptions
+from gradientmail._node.state import NodeState
 
 __all__ = ["Node", "NodeOptions", "NodeState", "StepHandle", "node"]

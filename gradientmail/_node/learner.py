@@ -33,6 +33,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream
 from torch import Tensor
 
+from gradientmail._node.runtime import Runtime
 from gradientmail.errors import GradientmailError, RecordError
 from gradientmail.events.kinds import (
     Event,
@@ -43,7 +44,6 @@ from gradientmail.events.kinds import (
     SnapshotRejected,
     StepsDropped,
 )
-from gradientmail.node.runtime import Runtime
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
 from gradientmail.protocol.merge import Ledger, Outcome, Resolution

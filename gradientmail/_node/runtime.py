@@ -7,9 +7,9 @@ instead of reaching into the node. ``backoff`` is the retry schedule the tasks s
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gradientmail._node.options import NodeOptions
 from gradientmail.clock import Clock
 from gradientmail.events import Event
-from gradientmail.node.options import NodeOptions
 from gradientmail.protocol.records import FragmentSpec, Manifest, RunConfig
 from gradientmail.store import Store
 
