@@ -43,6 +43,7 @@ __all__ = [
     "RoundClosed",
     "RoundCommitted",
     "RoundFailed",
+    "RoundIncomplete",
     "RoundRecorded",
     "RoundSuperseded",
     "SnapshotPublished",
@@ -331,6 +332,18 @@ class SyncerStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundIncomplete:
+    """This node closed ``round`` without the live learners ``missing`` (their leases were
+    live, they had no snapshot in it); ``empty`` when nobody had published to it. Rounds that
+    keep closing so are a run whose learners have drifted apart."""
+
+    learner: str
+    round: int
+    missing: tuple[str, ...]
+    empty: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EventsDropped:
     """The sink or subscriber named ``sink`` fell behind and lost ``count`` events, all
     emitted just before this one; it is delivered to that sink alone, once it has room
@@ -373,6 +386,7 @@ SyncerEvent: TypeAlias = (
     | RoundSuperseded
     | RoundFailed
     | SyncerStopped
+    | RoundIncomplete
 )
 """What the syncer side of a node reports: claiming, closing and committing rounds."""
 
@@ -407,6 +421,7 @@ KINDS: tuple[type[Event], ...] = (
     RoundSuperseded,
     RoundFailed,
     SyncerStopped,
+    RoundIncomplete,
     EventsDropped,
 )
 """Every kind of event, learner kinds first, then syncer kinds, then the bus's."""

@@ -18,9 +18,12 @@ order of checks, each with a reason:
     It claims fewer than one step, negative tokens, or more than ``max_tokens_per_step``
     tokens per step.
 ``outlier``
-    With three or more snapshots left after the checks above, its delta's L2 norm (recomputed
-    here; ``Snapshot.norm`` is the writer's claim and is not trusted) exceeds
-    ``outlier_factor`` times the median norm of those snapshots.
+    Its delta's L2 norm exceeds ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (θ the fragment's current
+    version, n its number of elements; only when the caller passes θ): a delta that large is
+    a learner that diverged, whatever the number of snapshots, so one or two of them cannot
+    take the model. Or, with three or more snapshots left after the checks above, its
+    delta's L2 norm (recomputed here; ``Snapshot.norm`` is the writer's claim and is not
+    trusted) exceeds ``outlier_factor`` times the median norm of those snapshots.
 
 The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
 equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
@@ -49,7 +52,11 @@ from gradientmail.protocol.records import (
     Snapshot,
 )
 
-__all__ = ["Aggregate", "Candidate", "aggregate", "l2_norm"]
+__all__ = ["MAX_DELTA_RATIO", "Aggregate", "Candidate", "aggregate", "l2_norm", "refused"]
+
+MAX_DELTA_RATIO = 100.0
+"""The largest delta a round accepts, relative to ``‖θ‖ + √n`` of its fragment: a hundred
+times the fragment's norm, or a root-mean-square change of a hundred per element."""
 
 
 @dataclass(frozen=True)
@@ -169,10 +176,40 @@ def _cosine(deltas: Sequence[Sequence[Tensor]], mean: Sequence[Tensor]) -> float
     return math.fsum(cosines) / len(cosines)
 
 
+def refused(result: Aggregate, detail: str) -> Aggregate:
+    """``result`` with every participant rejected as ``non-finite`` (``detail`` says why):
+    the round commits its fragment unchanged."""
+    rejected = [
+        Rejection(
+            learner=p.learner, reason="non-finite", steps=p.steps, tokens=p.tokens, detail=detail
+        )
+        for p in result.participants
+    ]
+    rejected.extend(result.rejected)
+    rejected.sort(key=lambda r: r.learner)
+    return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
+
+
+def _too_large(
+    kept: list[tuple[Candidate, list[Tensor], float]], theta: Sequence[Tensor] | None
+) -> tuple[set[int], float]:
+    if theta is None:
+        return set(), math.inf
+    numel = sum(t.numel() for t in theta)
+    limit = MAX_DELTA_RATIO * ((l2_norm(theta) or math.inf) + math.sqrt(numel))
+    return {id(c) for c, _, norm in kept if norm > limit}, limit
+
+
 def aggregate(
-    version: int, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
+    version: int,
+    candidates: Sequence[Candidate],
+    spec: FragmentSpec,
+    config: RunConfig,
+    *,
+    theta: Sequence[Tensor] | None = None,
 ) -> Aggregate:
-    """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``.
+    """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``
+    (``theta``: that version's θ, for the bound on a delta's size; None: no bound).
 
     Deterministic: candidates are taken in learner order, whatever order they come in.
     Raises ``ValueError`` for two candidates of one learner or a candidate with neither a
@@ -190,7 +227,13 @@ def aggregate(
         if isinstance(checked, tuple):
             rejected.append(_rejection(candidate.snapshot, *checked))
         else:
-            kept.append((candidate, checked, l2_norm(checked) or 0.0))
+            kept.append((candidate, checked, l2_norm(checked) or math.inf))
+    huge, bound = _too_large(kept, theta)
+    for candidate, _, norm in kept:
+        if id(candidate) in huge:
+            detail = f"norm {norm:.6g} is over {MAX_DELTA_RATIO:g} × (‖θ‖ + √n) = {bound:.6g}"
+            rejected.append(_rejection(candidate.snapshot, "outlier", detail))
+    kept = [entry for entry in kept if id(entry[0]) not in huge]
     if len(kept) >= 3:
         median = statistics.median(norm for _, _, norm in kept)
         limit = config.outlier_factor * median

@@ -3,7 +3,8 @@
 import pytest
 
 from gradientmail._node.options import NodeOptions
-from gradientmail._node.syncer import (
+from gradientmail.protocol.records import RunConfig
+from gradientmail.protocol.rounds import (
     Adopt,
     Claim,
     CloseView,
@@ -15,7 +16,6 @@ from gradientmail._node.syncer import (
     decide_round,
     quorum_learners,
 )
-from gradientmail.protocol.records import RunConfig
 
 
 def view(**changes: object) -> RoundView:
