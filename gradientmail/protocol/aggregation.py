@@ -196,7 +196,8 @@ def _too_large(
     if theta is None:
         return set(), math.inf
     numel = sum(t.numel() for t in theta)
-    limit = MAX_DELTA_RATIO * ((l2_norm(theta) or math.inf) + math.sqrt(numel))
+    norm = l2_norm(theta)
+    limit = MAX_DELTA_RATIO * ((math.inf if norm is None else norm) + math.sqrt(numel))
     return {id(c) for c, _, norm in kept if norm > limit}, limit
 
 
@@ -227,7 +228,8 @@ def aggregate(
         if isinstance(checked, tuple):
             rejected.append(_rejection(candidate.snapshot, *checked))
         else:
-            kept.append((candidate, checked, l2_norm(checked) or math.inf))
+            norm = l2_norm(checked)
+            kept.append((candidate, checked, math.inf if norm is None else norm))
     huge, bound = _too_large(kept, theta)
     for candidate, _, norm in kept:
         if id(candidate) in huge:

@@ -38,6 +38,7 @@ from typing import Literal, TypeAlias
 from gradientmail.protocol.records import RoundRecord, RunConfig
 
 __all__ = [
+    "MAX_CLAIMS",
     "Adopt",
     "Again",
     "Claim",
@@ -52,6 +53,7 @@ __all__ = [
     "Step",
     "TakeOver",
     "Wait",
+    "counted",
     "decide_close",
     "decide_round",
     "observed",
@@ -143,22 +145,46 @@ RoundAction: TypeAlias = Adopt | Claim | Resume | Follow | TakeOver
 Step: TypeAlias = Adopt | Claim | TakeOver | Follow | Wait | Again | Commit
 
 
+MAX_CLAIMS = 10_000
+"""Claim numbers are four digits (``protocol.keys.round_claim``, ``keys.create_claim``)."""
+
+
+def counted(claims: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+    """The claims that count: the contiguous run numbered from 0. Honest nodes only ever take
+    the claim after the last one, so a claim after a gap (say one planted at ``9999``) is
+    someone else's object, ignored."""
+    run: list[tuple[int, str]] = []
+    for k, claimant in sorted(claims):
+        if k != len(run):
+            break
+        run.append((k, claimant))
+    return tuple(run)
+
+
 def decide_round(view: RoundView) -> RoundAction:
-    """What a syncer does next about ``view.round`` (see the module docstring)."""
+    """What a syncer does next about ``view.round`` (see the module docstring).
+
+    When every claim number is taken (``MAX_CLAIMS`` claims, which only a hostile writer
+    makes), a syncer that would take over closes without a claim (``Resume``): the record is
+    create-once, so closers racing for it still commit one outcome."""
     if view.has_record:
         return Adopt()
-    if not view.claims:
+    claims = counted(view.claims)
+    if not claims:
         return Claim(0)
-    k, claimant = view.claims[-1]
+    k, claimant = claims[-1]
     if claimant == view.me:
         return Resume()
+    cause: Literal["lease_gone", "no_record"] | None = None
     if claimant not in view.live:
-        return TakeOver(k + 1, "lease_gone")
-    if view.following_since is not None and view.first_snapshot_at is not None:
+        cause = "lease_gone"
+    elif view.following_since is not None and view.first_snapshot_at is not None:
         since = max(view.following_since, view.first_snapshot_at)
         if view.now - since >= view.claim_timeout:
-            return TakeOver(k + 1, "no_record")
-    return Follow(claimant)
+            cause = "no_record"
+    if cause is None:
+        return Follow(claimant)
+    return TakeOver(k + 1, cause) if k + 1 < MAX_CLAIMS else Resume()
 
 
 def quorum_learners(live: frozenset[str], learners: frozenset[str]) -> frozenset[str]:
