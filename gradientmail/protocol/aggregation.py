@@ -38,6 +38,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 from torch import Tensor
@@ -190,15 +191,37 @@ def refused(result: Aggregate, detail: str) -> Aggregate:
     return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
 
 
-def _too_large(
-    kept: list[tuple[Candidate, list[Tensor], float]], theta: Sequence[Tensor] | None
-) -> tuple[set[int], float]:
-    if theta is None:
-        return set(), math.inf
-    numel = sum(t.numel() for t in theta)
-    norm = l2_norm(theta)
-    limit = MAX_DELTA_RATIO * ((math.inf if norm is None else norm) + math.sqrt(numel))
-    return {id(c) for c, _, norm in kept if norm > limit}, limit
+Kept: TypeAlias = list[tuple[Candidate, list[Tensor], float]]
+"""Candidates that passed the checks so far, with their deltas and recomputed norms."""
+
+
+def _drop_large(
+    kept: Kept, theta: Sequence[Tensor] | None, config: RunConfig, rejected: list[Rejection]
+) -> Kept:
+    """``kept`` without the deltas too large to be honest, which go to ``rejected``: over
+    ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (when θ is known), then, among three or more, over
+    ``outlier_factor`` times the median norm."""
+    if theta is not None:
+        theta_norm = l2_norm(theta)
+        numel = sum(t.numel() for t in theta)
+        bound = MAX_DELTA_RATIO * (
+            (math.inf if theta_norm is None else theta_norm) + math.sqrt(numel)
+        )
+        why = f"{MAX_DELTA_RATIO:g} × (‖θ‖ + √n) = {bound:.6g}"
+        kept = _drop_over(kept, bound, why, rejected)
+    if len(kept) >= 3:
+        median = statistics.median(norm for _, _, norm in kept)
+        why = f"{config.outlier_factor:g} × the median {median:.6g}"
+        kept = _drop_over(kept, config.outlier_factor * median, why, rejected)
+    return kept
+
+
+def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) -> Kept:
+    for candidate, _, norm in kept:
+        if norm > limit:
+            detail = f"norm {norm:.6g} is over {why}"
+            rejected.append(_rejection(candidate.snapshot, "outlier", detail))
+    return [entry for entry in kept if entry[2] <= limit]
 
 
 def aggregate(
@@ -222,7 +245,7 @@ def aggregate(
     if len(set(learners)) != len(learners):
         raise ValueError(f"two candidates of one learner in round {round}: {learners}")
     rejected: list[Rejection] = []
-    kept: list[tuple[Candidate, list[Tensor], float]] = []
+    kept: Kept = []
     for candidate in ordered:
         checked = _check(candidate, version, round, spec, config)
         if isinstance(checked, tuple):
@@ -230,27 +253,7 @@ def aggregate(
         else:
             norm = l2_norm(checked)
             kept.append((candidate, checked, math.inf if norm is None else norm))
-    huge, bound = _too_large(kept, theta)
-    for candidate, _, norm in kept:
-        if id(candidate) in huge:
-            detail = f"norm {norm:.6g} is over {MAX_DELTA_RATIO:g} × (‖θ‖ + √n) = {bound:.6g}"
-            rejected.append(_rejection(candidate.snapshot, "outlier", detail))
-    kept = [entry for entry in kept if id(entry[0]) not in huge]
-    if len(kept) >= 3:
-        median = statistics.median(norm for _, _, norm in kept)
-        limit = config.outlier_factor * median
-        outliers = {id(c) for c, _, norm in kept if norm > limit}
-        for candidate, _, norm in kept:
-            if id(candidate) in outliers:
-                rejected.append(
-                    _rejection(
-                        candidate.snapshot,
-                        "outlier",
-                        f"norm {norm:.6g} is over {config.outlier_factor:g} × the median "
-                        f"{median:.6g}",
-                    )
-                )
-        kept = [entry for entry in kept if id(entry[0]) not in outliers]
+    kept = _drop_large(kept, theta, config, rejected)
     rejected.sort(key=lambda r: r.learner)
     if not kept:
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
