@@ -123,3 +123,19 @@ async def test_a_diverged_learner_cannot_take_the_honest_model() -> None:
     assert all(bool(torch.isfinite(p).all()) for p in honest.parameters())
     for record in await history(box):
         assert all(p.learner != "b" for p in record.participants), record
+
+
+async def test_a_signed_run_ignores_beats_that_do_not_verify() -> None:
+    from gradientmail.protocol.signing import RunKey
+
+    box = MemoryMailbox()
+    store = Store(box, run_key=RunKey("the run secret, long enough"))
+    await box.put_if_absent(keys.lease("ghost", 5, "learner"), b"{}")
+    await box.put_if_absent(keys.lease("victim", 10**12 - 1, "syncer"), b"{}")
+    clock = MonotonicClock()
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_lease, store, "victim", "learner", 0.05, clock, lambda _: None)
+        beats = await store.lease_beats()
+        tg.cancel_scope.cancel()
+    assert set(beats) == {"victim"}
+    assert set(beats["victim"].values()) == {"learner"}
