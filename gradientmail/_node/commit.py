@@ -139,7 +139,7 @@ async def commit(
         cosine=result.cosine,
     )
     rt.emit(RoundClosed(rt.learner, draft))
-    if step.missing:
+    if step.missing or not step.published:
         rt.emit(RoundIncomplete(rt.learner, round, tuple(sorted(step.missing)), not step.published))
     blobs = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec)
     theta_ref, outer_ref, update_ref = await gather(
@@ -248,7 +248,7 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
     config = rt.config
     try:
         stale, old = round - config.keep_rounds, round - window(config)
-        state = await _remember(rt, state, round, max(stale, old, -1))
+        state = await _remember(rt, state, round, old, stale)
         keep = {ref.sha256 for ref in rt.manifest.theta0}
         for rec in state.recent.values():
             if rec.round > old:
@@ -275,15 +275,17 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
     return state
 
 
-async def _remember(rt: Runtime, state: SyncerState, round: int, since: int) -> SyncerState:
-    """``state`` with the records and snapshot deltas of rounds ``since`` to ``round +
-    fragments - 1`` it does not hold yet (rounds after ``round`` are read every time: their
-    learners may still publish)."""
+async def _remember(
+    rt: Runtime, state: SyncerState, round: int, records_since: int, deltas_since: int
+) -> SyncerState:
+    """``state`` with the records of rounds ``records_since`` to ``round`` and the snapshot
+    deltas of rounds ``deltas_since`` to ``round + fragments - 1`` it does not hold yet
+    (rounds after ``round`` are read every time: their learners may still publish)."""
     recent, deltas = dict(state.recent), dict(state.deltas)
-    for r in range(max(since, 0), round + 1):
+    for r in range(max(records_since, 0), round + 1):
         if r not in recent and (found := await rt.store.record(r)) is not None:
             recent[r] = found
-    for r in range(max(since, 0), round + rt.config.fragments):
+    for r in range(max(deltas_since, 0), round + rt.config.fragments):
         if r not in deltas or r > round:
             deltas[r] = frozenset(s.delta.sha256 for s, _ in await rt.store.snapshots(r))
     return replace(state, recent=recent, deltas=deltas)

@@ -28,6 +28,7 @@ from gradientmail.events import (
     FollowingRound,
     RoundClaimed,
     RoundCommitted,
+    RoundIncomplete,
     TookOverCreation,
     TookOverRound,
 )
@@ -233,3 +234,19 @@ async def test_a_round_waits_for_a_learner_that_joined_but_has_not_published_yet
             assert record is not None
             assert {p.learner for p in record.participants} == {"a", "b"}
             scope.cancel()
+
+
+async def test_a_round_closed_without_a_live_learner_is_reported() -> None:
+    box = MemoryMailbox()
+    sink = Recorder()
+    model = tiny_model()
+    idle = tiny_model(1)
+    # "idle" joins and holds a live lease but never steps: rounds close without it.
+    async with (
+        open_node(model, box, learner="a", config=CONFIG, options=FAST, sinks=[sink]) as a,
+        open_node(idle, box, learner="idle", options=LEARNER_ONLY, sinks=[sink]),
+    ):
+        await train(a, model, seed=1, until_round=a.state.round + 3)
+    reports = sink.of(RoundIncomplete)
+    assert reports, "no RoundIncomplete"
+    assert all(r.missing == ("idle",) and not r.empty for r in reports)
