@@ -178,27 +178,28 @@ def _adopt(rt: Runtime, state: SyncerState, record: RoundRecord) -> SyncerState:
 async def _observe(
     rt: Runtime, held: RoundState, watch: LeaseWatch, verified: Verified, fresh: bool
 ) -> tuple[Observation, LeaseWatch]:
-    """One look at ``held.round``: what ``observed`` needs, and nothing more (no claims
-    while closing it, no snapshots before anyone claimed it, later rounds only while it is
-    empty and held)."""
+    """One look at ``held.round``: what ``observed`` needs, and nothing more (nothing past a
+    record, no claims while closing it, no snapshots before anyone claimed it, later rounds
+    only while it is empty and held)."""
     record = await rt.store.record(held.round)
-    claims = (
-        () if held.closing or record is not None else tuple(await rt.store.round_claims(held.round))
-    )
+    if record is not None:
+        now = rt.clock.now()
+        return Observation(record, (), frozenset(), frozenset(), frozenset(), now, now), watch
+    claims = () if held.closing else tuple(await rt.store.round_claims(held.round))
     published: frozenset[str] = frozenset()
-    if record is None and (held.closing or claims):
+    if held.closing or claims:
         published = await _published(rt, held.round, verified)
     snapshots_at = rt.clock.now()
     if fresh or watch.due(snapshots_at):
         watch = watch.observed(await rt.store.lease_beats(), rt.clock.now())
     later: frozenset[str] | None = None
-    if record is None and held.wants_later(published):
+    if held.wants_later(published):
         later = frozenset()
         for ahead in range(held.round + 1, held.round + rt.config.fragments):
             later |= await _published(rt, ahead, verified)
     assert watch.looked is not None
     view = Observation(
-        record=record,
+        record=None,
         claims=claims,
         snapshots=published,
         live=watch.live(rt.clock.now()),
