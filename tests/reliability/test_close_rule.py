@@ -14,27 +14,21 @@ last averaging round (see the syncer's report, issue 17), so the test is expecte
 until then.
 """
 
+from dataclasses import replace
+
 import anyio
 import pytest
 import torch
+from reliability_helpers import FAST
 from torch import nn
 
 import gradientmail
-from gradientmail._node import NodeOptions
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol.records import RunConfig
 
 pytestmark = pytest.mark.anyio
 
-OPTIONS = NodeOptions(
-    poll_interval=0.005,
-    lease_every=0.1,
-    lease_timeout=1.0,
-    claim_timeout=2.0,
-    creation_timeout=1.0,
-    close_timeout=10.0,
-    max_retry_delay=0.2,
-)
+OPTIONS = replace(FAST, poll_interval=0.005)
 TARGET = torch.randn(16, 1, generator=torch.Generator().manual_seed(7))
 
 
