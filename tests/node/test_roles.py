@@ -253,11 +253,12 @@ async def test_a_round_closed_without_a_live_learner_is_reported() -> None:
 
 
 async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() -> None:
-    """Issue 17's resynchronization: "b" steps 25 times slower than "a" for a stretch (rounds
+    """Issue 17's resynchronization: "b" steps 30 times slower than "a" for a stretch (rounds
     close without it after grace), then at the same speed again; from four rounds after the
     stretch on, every round has both, for ten rounds."""
     box = MemoryMailbox()
-    config = msgspec.structs.replace(CONFIG, sync_every=4, grace=0.2)
+    # A grace well above a loaded machine's hiccups; the stretch is slower than it.
+    config = msgspec.structs.replace(CONFIG, sync_every=4, grace=0.5)
     recovered: list[int] = []
 
     def until() -> int:
@@ -275,11 +276,11 @@ async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() 
                     step += 1
                     if step == slow.stop:
                         recovered.append(node.state.round)
-                    await anyio.sleep(0.25 if step in slow else 0.01)
+                    await anyio.sleep(0.3 if step in slow else 0.01)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(learner, "a", range(0))
-        tg.start_soon(learner, "b", range(8, 24))
+        tg.start_soon(learner, "b", range(8, 20))
     history = await records(box)
     assert recovered
     alone = [len(r.participants) for r in history if r.round <= recovered[0]]
