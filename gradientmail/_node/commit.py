@@ -240,7 +240,8 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
     ``round - keep_rounds`` with the delta blobs they name, and the θ/outer/update blobs of
     the record that has just left its fragment's newest ``keep_versions``; a blob is kept
     while Θ⁰, a kept record or a snapshot of a kept round (up to ``fragments - 1`` rounds
-    ahead) names it, since equal payloads share one blob.
+    ahead) names it, since equal payloads share one blob. A blob names its fragment
+    (``codec.spec_digest``), so only the rounds of the doomed blobs' fragments are read.
 
     Round records are never deleted. A failure here is logged and left for nobody: garbage
     is not worth failing a round over.
@@ -248,7 +249,10 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
     config = rt.config
     try:
         stale, old = round - config.keep_rounds, round - window(config)
-        state = await _remember(rt, state, round, old, stale)
+        if stale < 0 and old < 0:
+            return state
+        fragments = {r % config.fragments for r in (stale, old) if r >= 0}
+        state = await _remember(rt, state, round, (old, stale), fragments)
         keep = {ref.sha256 for ref in rt.manifest.theta0}
         for rec in state.recent.values():
             if rec.round > old:
@@ -276,16 +280,22 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
 
 
 async def _remember(
-    rt: Runtime, state: SyncerState, round: int, records_since: int, deltas_since: int
+    rt: Runtime,
+    state: SyncerState,
+    round: int,
+    since: tuple[int, int],
+    fragments: set[int],
 ) -> SyncerState:
-    """``state`` with the records of rounds ``records_since`` to ``round`` and the snapshot
-    deltas of rounds ``deltas_since`` to ``round + fragments - 1`` it does not hold yet
-    (rounds after ``round`` are read every time: their learners may still publish)."""
+    """``state`` with the records of rounds ``since[0]`` to ``round`` and the snapshot
+    deltas of the rounds of ``fragments`` from ``since[1]`` to ``round + fragments - 1`` it
+    does not hold yet (rounds after ``round`` are read every time: their learners may still
+    publish)."""
     recent, deltas = dict(state.recent), dict(state.deltas)
-    for r in range(max(records_since, 0), round + 1):
+    for r in range(max(since[0], 0), round + 1):
         if r not in recent and (found := await rt.store.record(r)) is not None:
             recent[r] = found
-    for r in range(max(deltas_since, 0), round + rt.config.fragments):
-        if r not in deltas or r > round:
+    count = rt.config.fragments
+    for r in range(max(since[1], 0), round + count):
+        if r % count in fragments and (r not in deltas or r > round):
             deltas[r] = frozenset(s.delta.sha256 for s, _ in await rt.store.snapshots(r))
     return replace(state, recent=recent, deltas=deltas)
