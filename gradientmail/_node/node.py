@@ -122,7 +122,7 @@ class Node:
             learner = self._driver.state
             round, steps, tokens = learner.newest_round, learner.step, learner.tokens
             versions, committed = learner.versions, learner.committed
-            aligned = _aligned_round(versions)
+            aligned = learner.aligned_round
         return NodeState(
             learner=self.learner,
             round=round,
@@ -276,7 +276,7 @@ class Node:
             driver.flush_once()
             state = driver.state
             if state.settled:
-                self._rt.emit(Closed(self.learner, _aligned_round(state.versions)))
+                self._rt.emit(Closed(self.learner, state.aligned_round))
                 return
             now = clock.now()
             progress = (state.newest_round, sum(state.versions))
@@ -294,17 +294,10 @@ class Node:
             (slot.published.round for slot in state.slots if slot.published is not None),
             default=state.newest_round + 1,
         )
-        self._rt.emit(GaveUp(self.learner, target, waited, _aligned_round(state.versions)))
+        self._rt.emit(GaveUp(self.learner, target, waited, state.aligned_round))
         if state.publishing:
             self._rt.emit(PublishCancelled(self.learner, waited))
         self._drop_unpublished("gave up closing")
-
-
-def _aligned_round(versions: Sequence[int]) -> int:
-    fragments = len(versions)
-    return max(
-        (keys.round_of(f, v, fragments) for f, v in enumerate(versions) if v > 0), default=-1
-    )
 
 
 class StepHandle:

@@ -151,6 +151,15 @@ class Learner:
         return tuple(slot.version for slot in self.slots)
 
     @property
+    def aligned_round(self) -> int:
+        """The newest round among the versions held (-1: Θ⁰ only)."""
+        fragments = len(self.slots)
+        return max(
+            (keys.round_of(f, s.version, fragments) for f, s in enumerate(self.slots) if s.version),
+            default=-1,
+        )
+
+    @property
     def settled(self) -> bool:
         """Closing is done: no fragment has steps or a version pending."""
         return not any(
