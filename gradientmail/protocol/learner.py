@@ -286,7 +286,7 @@ class Learner:
         for fragment in range(self.config.fragments):
             ledger, gone = ledger.dropped(fragment, reason)
             if gone.steps or gone.tokens:
-                actions.append(Dropped(fragment, gone.steps, gone.tokens, reason))
+                actions.append(gone)
         return replace(self, ledger=ledger), actions
 
     # -- transitions -------------------------------------------------------------------------
@@ -352,7 +352,7 @@ class Learner:
                 ledger, gone = state.ledger.dropped(fragment, reason)
                 state = replace(state, ledger=ledger)
                 if gone.steps or gone.tokens:
-                    actions.append(Dropped(fragment, gone.steps, gone.tokens, reason))
+                    actions.append(gone)
         return state, actions
 
     def _published(self, fragment: int, round: int, *, ok: bool) -> tuple["Learner", list[Action]]:

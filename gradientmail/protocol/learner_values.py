@@ -6,7 +6,7 @@ from typing import Literal, TypeAlias
 
 from torch import Tensor
 
-from gradientmail.protocol.merge import Outcome, Resolution
+from gradientmail.protocol.merge import Dropped, Outcome, Resolution
 from gradientmail.protocol.records import MergeRule, RoundRecord
 
 __all__ = [
@@ -98,16 +98,6 @@ class Resolved:
     """What a round did with this learner's snapshot (the ``Ledger``'s resolution)."""
 
     resolution: Resolution
-
-
-@dataclass(frozen=True, slots=True)
-class Dropped:
-    """``steps`` and ``tokens`` of ``fragment`` that no round will carry, and why."""
-
-    fragment: int
-    steps: int
-    tokens: int
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,52 +5,45 @@ once per record, not at every poll.
 The learner reads the store through ``Damaging``, which flips one byte of chosen blobs on
 every read; a syncer-only node reads the same store undamaged, so rounds keep closing."""
 
-from collections.abc import Iterable, Sequence
-from types import TracebackType
-from typing import Self
-
 import anyio
 import pytest
-from node_helpers import CONFIG, FAST, Recorder, assert_holds_committed, tiny_model, train
+from node_helpers import (
+    CONFIG,
+    FAST,
+    LEARNER_ONLY,
+    Recorder,
+    assert_holds_committed,
+    tiny_model,
+    train,
+)
 
-from gradientmail._node import NodeOptions
 from gradientmail._node import node as open_node
 from gradientmail.errors import RecordError
 from gradientmail.events import PollFailed
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.mailbox.faults import Faults, FaultyMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import RoundRecord, decode
 
 pytestmark = pytest.mark.anyio
 
-LEARNER_ONLY = NodeOptions(
-    poll_interval=FAST.poll_interval,
-    lease_every=FAST.lease_every,
-    lease_timeout=FAST.lease_timeout,
-    close_timeout=FAST.close_timeout,
-    syncer=False,
-)
 
-
-class Damaging:
-    """``inner`` as the learner sees it: every blob a record names for one of ``which``
-    (``"update"``, ``"theta"``) of a fragment in ``fragments`` comes back with one byte
-    flipped."""
+class Damaging(FaultyMailbox):
+    """``inner`` as the learner sees it (no injected faults): every blob a record names for
+    one of ``which`` (``"update"``, ``"theta"``) of a fragment in ``fragments`` comes back
+    with one byte flipped."""
 
     def __init__(
         self, inner: MemoryMailbox, which: set[str], fragments: set[int] | None = None
     ) -> None:
-        self.inner = inner
+        super().__init__(inner, Faults())
         self.which = which
         self.fragments = fragments
         self.damaged: set[str] = set()
         self.flipped = 0
 
-    async def put_if_absent(self, key: str, data: bytes) -> bool:
-        return await self.inner.put_if_absent(key, data)
-
     async def get(self, key: str) -> bytes | None:
-        data = await self.inner.get(key)
+        data = await super().get(key)
         if data is None:
             return None
         if keys.parse_record(key) is not None:
@@ -62,23 +55,6 @@ class Damaging:
             self.flipped += 1
             return data[:-1] + bytes([data[-1] ^ 0x01])
         return data
-
-    async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
-        return await self.inner.list(prefix, after=after)
-
-    async def delete(self, keys: Iterable[str]) -> None:
-        await self.inner.delete(keys)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
 
 async def syncer(box: MemoryMailbox, *, task_status: anyio.abc.TaskStatus[None]) -> None:

@@ -100,16 +100,23 @@ async def test_cancelling_mid_training_leaves_nothing_behind() -> None:
     assert all(r.round <= state.round + 2 for r in history)
 
 
+class BreakingMailbox(MemoryMailbox):
+    """Lists ``records/`` fine until ``armed``, then raises an error no layer expects."""
+
+    armed = False
+
+    async def list(self, prefix: str, *, after: str = "") -> list[str]:  # type: ignore[override]
+        if self.armed and prefix == "records/":
+            raise RuntimeError("the store broke in a way nobody expected")
+        return list(await super().list(prefix, after=after))
+
+
+EVALUATION = 30.0
+"""How long the body below "evaluates" without stepping: the block must end long before."""
+
+
 async def test_a_failed_task_is_raised_by_the_next_step() -> None:
-    class Broken(MemoryMailbox):
-        armed = False
-
-        async def list(self, prefix: str, *, after: str = "") -> list[str]:  # type: ignore[override]
-            if self.armed and prefix == "records/":
-                raise RuntimeError("the store broke in a way nobody expected")
-            return list(await super().list(prefix, after=after))
-
-    box = Broken()
+    box = BreakingMailbox()
     model = tiny_model()
 
     async def run() -> None:
@@ -126,21 +133,6 @@ async def test_a_failed_task_is_raised_by_the_next_step() -> None:
     with pytest.raises(NodeFailed) as failed:
         await run()
     assert isinstance(failed.value.__cause__, RuntimeError)
-
-
-class BreakingMailbox(MemoryMailbox):
-    """Lists ``records/`` fine until ``armed``, then raises an error no layer expects."""
-
-    armed = False
-
-    async def list(self, prefix: str, *, after: str = "") -> list[str]:  # type: ignore[override]
-        if self.armed and prefix == "records/":
-            raise RuntimeError("the store broke in a way nobody expected")
-        return list(await super().list(prefix, after=after))
-
-
-EVALUATION = 30.0
-"""How long the body below "evaluates" without stepping: the block must end long before."""
 
 
 async def test_a_task_failing_while_the_body_waits_raises_node_failed_from_the_block() -> None:
