@@ -17,8 +17,9 @@ two tasks of the node's task group. Each of them replaces the ``Learner`` value 
 
 The receive task lists ``records/`` after the newest round it fed, every ``poll_interval``;
 a record that does not decode or verify, or a gap in the records, stops the listing there
-(``PollFailed``, retried at the next poll). Each fragment's download fails alone: a corrupt
-or missing update falls back to the record's θ, and the other fragments are prepared anyway.
+(retried at every poll; one ``PollFailed`` per distinct failure, not one per poll). Each
+fragment's download fails alone: a corrupt or missing update falls back to the record's θ,
+and the other fragments are prepared anyway.
 The publisher encodes ``S − B`` in a worker thread, uploads the blob and then the snapshot.
 """
 
@@ -185,13 +186,18 @@ class LearnerDriver:
 
     async def run_receive(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
-        ``poll_interval``. A failed listing is reported (``PollFailed``) and retried."""
+        ``poll_interval``. A failed listing is retried at every poll and reported
+        (``PollFailed``) once: again only when it fails otherwise, or after it worked."""
         rt = self._rt
+        reported: str | None = None
         while True:
             try:
                 await self._receive_records()
+                reported = None
             except GradientmailError as exc:
-                rt.emit(PollFailed(rt.learner, exc))
+                if f"{type(exc).__name__}: {exc}" != reported:
+                    reported = f"{type(exc).__name__}: {exc}"
+                    rt.emit(PollFailed(rt.learner, exc))
             await self._prepare()
             await rt.clock.sleep(rt.options.poll_interval)
 

@@ -12,6 +12,7 @@ from node_helpers import (
     FAST,
     LEARNER_ONLY,
     Recorder,
+    Trainer,
     assert_holds_committed,
     tiny_model,
     train,
@@ -106,3 +107,27 @@ async def test_a_fragment_that_cannot_be_prepared_holds_up_no_other_and_is_repor
     assert all(isinstance(e.error, RecordError) for e in reports)  # type: ignore[attr-defined]
     assert all("neither its update nor its θ" in str(e.error) for e in reports)  # type: ignore[attr-defined]
     assert len(reports) == len(stuck), "each unusable record is reported once"
+
+
+async def test_a_record_that_fails_forever_is_reported_once_not_at_every_poll() -> None:
+    """A record object that does not decode sits at the next round's key: the learner keeps
+    retrying at every poll (50 a second here) and training goes on, but it says so once."""
+    box = MemoryMailbox()
+    model = tiny_model(1)
+    trainer = Trainer(model, 1)
+    sink = Recorder()
+    with anyio.CancelScope() as leave:  # left by cancelling: no round can commit here
+        async with open_node(
+            model, box, learner="l", config=CONFIG, options=LEARNER_ONLY, sinks=[sink]
+        ) as node:
+            assert await box.put_if_absent(keys.record(0), b"{not a record")
+            with anyio.fail_after(30):
+                for _ in range(50):  # a poll interval a step: 50 polls at least
+                    trainer.step()
+                    await node.step(16)
+                    await anyio.sleep(FAST.poll_interval)
+            leave.cancel()
+    reports = sink.of(PollFailed)
+    assert len(reports) == 1
+    assert isinstance(reports[0].error, RecordError)  # type: ignore[attr-defined]
+    assert "records/0000000000" in str(reports[0].error)  # type: ignore[attr-defined]
