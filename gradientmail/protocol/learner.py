@@ -40,11 +40,13 @@ local weights started from), the snapshot it published, and the version being pr
     fragment has steps or a pending version; what is given up is ``Dropped``.
 
 **Resynchronization.** A learner whose snapshot missed a round that others made (late or
-absent while it had steps for that fragment) moves its schedule: its phase (a number of
-steps added to its step count for ``due``) is advanced by its measured lag behind the
-round's first snapshot (estimated as the time it saw the record minus the record's
-``grace_seconds``) plus half the grace, converted to steps at its mean step time. Its next
-snapshots then land in the others' rounds instead of one grace too late, round after round.
+absent while it had steps for that fragment), or made it only in the late half of the
+grace, moves its schedule: its phase (a number of steps added to its step count for
+``due``) is advanced by its measured lag behind the round's quorum (estimated as the time
+it saw the record minus the record's ``grace_seconds``) plus half the grace, converted to
+steps at its mean step time. Its next snapshots then land in the others' rounds a little
+early instead of one grace too late, round after round; one that misjudged (its step time
+changed) corrects again at the next round.
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -406,13 +408,17 @@ class Learner:
             and (resolution is not None or self.ledger[fragment].in_flight is None)
         )
         if missed:
-            state = state._realigned(record, seen_at, published)
+            state = state._realigned(record, seen_at, published, least=0.0)
+        elif resolution is not None and resolution.outcome == "included":
+            # Waited for, in the late half of the grace: one jitter from missing the next.
+            state = state._realigned(record, seen_at, published, least=self.config.grace / 2)
         return state, actions
 
     def _realigned(
-        self, record: RoundRecord, seen_at: float, published: Published | None
+        self, record: RoundRecord, seen_at: float, published: Published | None, least: float
     ) -> "Learner":
-        """Advance the phase after missing ``record``'s round (see the module docstring)."""
+        """Advance the phase when this learner was more than ``least`` seconds behind the
+        first snapshots of ``record``'s round (see the module docstring)."""
         tau = self.step_time
         if tau is None or tau <= 0 or not math.isfinite(tau):
             return self
@@ -425,7 +431,7 @@ class Learner:
                 return self
             mine = seen_at + ahead * tau
         lag = mine - first
-        if lag <= 0:
+        if lag <= least:
             return self
         shift = math.ceil((lag + self.config.grace / 2) / tau)
         return replace(self, phase=(self.phase + shift) % self.config.sync_every)

@@ -170,14 +170,20 @@ def test_a_learner_that_missed_a_round_moves_its_schedule_into_the_others_rounds
     learner, _ = take(learner, actions)
 
 
-def test_an_included_snapshot_leaves_the_schedule_alone() -> None:
+@pytest.mark.parametrize(("waited", "phase"), [(0.2, 0), (0.4, 0), (0.7, 2)])
+def test_an_included_snapshot_moves_the_schedule_only_from_the_late_half_of_the_grace(
+    waited: float, phase: int
+) -> None:
+    """Included at t=4 in a round that waited ``waited`` seconds of its 1 s grace for it
+    (seen at 4.1): a lag behind the quorum over half the grace moves the phase by
+    ceil((lag + 0.5) / 1); less leaves it alone."""
     learner = fresh()
     learner, _ = learner.stepped(1, now=3.0)
     learner, actions = learner.stepped(1, now=4.0)
     learner, _ = take(learner, actions)
     learner, _ = learner.publish_done(0, 0)
-    learner, _ = learner.record_seen(record(0, included=("me", "other"), grace=2.5), now=4.5)
-    assert learner.phase == 0
+    learner, _ = learner.record_seen(record(0, included=("me", "x"), grace=waited), now=4.1)
+    assert learner.phase == phase
 
 
 class LearnerMachine(RuleBasedStateMachine):

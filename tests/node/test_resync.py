@@ -2,8 +2,8 @@
 
 Two learners step at the same pace (``TICK`` of simulated compute a step); for a stretch of
 ``SLOW_STEPS`` steps one of them takes ``2 × TICK`` a step, which leaves its schedule
-``SLOW_STEPS`` steps (``SLOW_STEPS × TICK`` = 0.4 s) behind the other's: more than the
-run's grace (0.25 s), and less than a period (``sync_every × TICK`` = 1.28 s) minus the
+``SLOW_STEPS`` steps (``SLOW_STEPS × TICK`` = 0.56 s) behind the other's: more than the
+run's grace (0.4 s), and less than a period (``sync_every × TICK`` = 1.28 s) minus the
 grace, so its snapshots are neither in time nor early enough for the others' rounds. On
 main it stays so for good: rounds alternate a, a, b, b, a, a, … (each learner's snapshots
 open rounds the other reaches a grace too late). Then they are equal again: within ``N``
@@ -21,9 +21,9 @@ from gradientmail.protocol.records import RunConfig
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = RunConfig(fragments=2, sync_every=32, grace=0.25, keep_versions=1000, keep_rounds=1000)
+CONFIG = RunConfig(fragments=2, sync_every=32, grace=0.4, keep_versions=1000, keep_rounds=1000)
 TICK = 0.04
-SLOW_FROM, SLOW_STEPS = 40, 10
+SLOW_FROM, SLOW_STEPS = 40, 14
 N = 4
 """Rounds after the end of the slow stretch within which every round has both learners."""
 CHECKED = 8
