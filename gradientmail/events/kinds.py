@@ -179,8 +179,10 @@ class StepsDropped:
 
 @dataclass(frozen=True, slots=True)
 class Closing:
-    """``close()`` began: publishing the steps since each fragment's last round when
-    ``flushing``, otherwise waiting for the rounds in flight."""
+    """The node began to close: with ``flushing``, it publishes the steps since each
+    fragment's last round and waits for their rounds (leaving the block normally); without,
+    it publishes nothing more and drops those steps (leaving by an exception, a
+    cancellation or a failure of the node)."""
 
     learner: str
     flushing: bool
