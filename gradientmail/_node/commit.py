@@ -123,7 +123,7 @@ async def commit(
         [partial(_candidate, rt, s, problem, fragment, spec) for s, problem in snapshots]
     )
     result, theta, momentum, update_bytes = await anyio.to_thread.run_sync(
-        _outcome, current, candidates, spec, config
+        _outcome, current, _counted(candidates, step.missing), spec, config
     )
     claimed = held.claimed_at if held.claimed_at is not None else started
     quorum_at = held.quorum_at if held.quorum_at is not None else started
@@ -183,16 +183,29 @@ async def _candidate(
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
 
 
+def _counted(candidates: Sequence[Candidate], missing: frozenset[str]) -> list[Candidate]:
+    """The snapshots the round is made of. Final snapshots (closing learners' last) make a
+    final round only when nothing else is in it and no live learner is missing; otherwise
+    they are left out (they carry no steps): a learner leaving while others go on changes
+    nothing of their rounds."""
+    ordinary = [c for c in candidates if c.snapshot.final is not True]
+    return ordinary if ordinary or missing else list(candidates)
+
+
 def _outcome(
     current: FragmentState, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
 ) -> tuple[Aggregate, list[Tensor], list[Tensor], bytes]:
     """The round's aggregate, θ_{v+1}, the momentum and the update blob (worker thread).
 
-    An outer step that is not finite (finite deltas whose sum overflows) is refused: every
-    accepted snapshot is rejected as ``non-finite`` and the fragment stays as it was."""
+    A final round (``candidates`` all final) commits θ + Δ̄ (Δ̄ their mean: equal weights,
+    as they carry no tokens) with no outer step and the momentum unchanged. An outer step
+    that is not finite (finite deltas whose sum overflows) is refused: every accepted
+    snapshot is rejected as ``non-finite`` and the fragment stays as it was."""
     assert current.theta is not None
+    final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
     result = aggregate(current.version, candidates, spec, config, theta=current.theta)
-    theta, momentum, update = _numerics(current.theta, current.momentum, result.mean, spec, config)
+    numerics = _final_numerics if final else _numerics
+    theta, momentum, update = numerics(current.theta, current.momentum, result.mean, spec, config)
     if result.mean is not None and not _finite(theta, momentum):
         result = refused(result, "the outer step gives a non-finite θ or momentum")
         theta, momentum, update = _numerics(current.theta, current.momentum, None, spec, config)
@@ -224,6 +237,24 @@ def _numerics(
         theta, raw, spec, config.update_encoding, block_size=config.block_size
     )
     return new_theta, new_momentum, update
+
+
+def _final_numerics(
+    theta: Sequence[Tensor],
+    momentum: Sequence[Tensor] | None,
+    mean: Sequence[Tensor] | None,
+    spec: FragmentSpec,
+    config: RunConfig,
+) -> tuple[list[Tensor], list[Tensor], bytes]:
+    """θ + Δ̄ with the momentum unchanged: a final round's numerics (worker thread)."""
+    if mean is None:
+        return _numerics(theta, momentum, None, spec, config)
+    raw = [t.add(d) for t, d in zip(theta, mean, strict=True)]
+    kept = list(momentum) if momentum is not None else [torch.zeros_like(t) for t in theta]
+    update, new_theta = committed_update(
+        theta, raw, spec, config.update_encoding, block_size=config.block_size
+    )
+    return new_theta, kept, update
 
 
 def _fp32_blobs(

@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import msgspec
 import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from torch import Tensor
@@ -113,6 +114,17 @@ class LearnerDriver:
     def flush_once(self) -> None:
         """One turn of the closing flush: apply what is prepared, snapshot what can be."""
         self._feed(*self._state.flush(self._rt.clock.now()))
+
+    def begin_close(self) -> None:
+        """Closing with flush begins: keep a copy of the live model for the final snapshots."""
+        models = [tuple(p.detach().to("cpu", copy=True) for p in group) for group in self._params]
+        self._state = self._state.began_closing(models)
+
+    def finalize(self) -> None:
+        """Queue the final snapshots once the flush has settled (``Learner.finalize``)."""
+        self._state, jobs = self._state.finalize()
+        for job in jobs:
+            self._jobs.send_nowait(_Job(job, None))
 
     def drop_all(self, reason: str) -> None:
         """Report every fragment's unpublished steps dropped, for ``reason``."""
@@ -307,6 +319,7 @@ class LearnerDriver:
             tokens=p.tokens,
             delta=ref,
             norm=norm,
+            final=True if p.final else msgspec.UNSET,
         )
         if not await rt.store.put_snapshot(snapshot):
             raise RecordError(

@@ -271,11 +271,13 @@ class Node:
         clock = self._rt.clock
         marker: tuple[int, int] | None = None
         since = clock.now()
+        driver.begin_close()
         while True:
             self._raise_failure()
             driver.flush_once()
+            driver.finalize()
             state = driver.state
-            if state.settled:
+            if state.finished:
                 self._rt.emit(Closed(self.learner, state.aligned_round))
                 return
             now = clock.now()

@@ -136,7 +136,10 @@ def _check(
         )
     if snapshot.base_version > version:
         return "stale", f"based on version {snapshot.base_version}, newer than {version}"
-    if snapshot.steps < 1 or snapshot.tokens < 0:
+    # A final snapshot (a closing learner's last) carries no steps; any other at least one.
+    if (snapshot.steps != 0 if snapshot.final is True else snapshot.steps < 1) or (
+        snapshot.tokens < 0
+    ):
         return "tokens", f"{snapshot.steps} steps and {snapshot.tokens} tokens"
     if snapshot.tokens > config.max_tokens_per_step * snapshot.steps:
         return "tokens", (

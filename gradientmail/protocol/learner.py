@@ -38,6 +38,13 @@ local weights started from), the snapshot it published, and the version being pr
 ``flush()`` / ``settled`` / ``dropped_all(reason)``
     Closing: every fragment with steps is snapshotted as soon as it can be; settled once no
     fragment has steps or a pending version; what is given up is ``Dropped``.
+``began_closing(models)`` / ``finalize()`` / ``finished``
+    The close that never hurts (docs/protocol.md, "The last round of a run"): ``models`` is
+    the live model when closing began; once settled, ``finalize`` answers one final
+    ``Publish`` per fragment (that model minus the newest θ held, 0 steps, for the next
+    round of the fragment), and the close is finished once every fragment holds the version
+    of its final round (or a newer one). The final round's θ is applied as ``late``:
+    ``θ_new + (θ − B)``, and θ = B after a settled flush, so the learner ends on θ_new.
 
 **Resynchronization.** A learner whose snapshot missed a round that others made (late or
 absent while it had steps for that fragment), or made it only in the late half of the
@@ -120,6 +127,8 @@ class Learner:
     phase: int = 0
     last_step_at: float | None = None
     step_time: float | None = None
+    closing_from: tuple[Tensors, ...] | None = None
+    finals: tuple[int, ...] = ()
 
     @classmethod
     def start(
@@ -169,6 +178,15 @@ class Learner:
         )
 
     @property
+    def finished(self) -> bool:
+        """Closing is done: settled, and every final round (if any) applied."""
+        fragments = self.config.fragments
+        return self.settled and all(
+            slot.version >= keys.version_of(round, fragments)
+            for slot, round in zip(self.slots, self.finals, strict=False)
+        )
+
+    @property
     def publishing(self) -> bool:
         return any(slot.in_flight for slot in self.slots)
 
@@ -212,6 +230,27 @@ class Learner:
             state, more = state._snapshot(fragment, now)
             actions.extend(more)
         return state, actions
+
+    def began_closing(self, models: Sequence[Tensors]) -> "Learner":
+        """Closing with flush began with the live model ``models`` (one tuple per fragment).
+        Raises ``ValueError`` for a count that is not the run's fragments."""
+        if len(models) != self.config.fragments:
+            raise ValueError(f"a run of {self.config.fragments} fragments needs one model each")
+        return replace(self, closing_from=tuple(tuple(m) for m in models))
+
+    def finalize(self) -> tuple["Learner", list[Publish]]:
+        """The final snapshots, once settled (none before, none twice, none without
+        ``began_closing``): per fragment the model closing began with minus the newest θ
+        held, for round ``round_of(f, version + 1)``; none from a learner that never stepped
+        (its model is θ). They carry no steps, so the ledger is untouched whatever the
+        rounds do with them."""
+        if self.closing_from is None or self.finals or not self.settled or not self.step:
+            return self, []
+        jobs = []
+        for fragment, (slot, model) in enumerate(zip(self.slots, self.closing_from, strict=True)):
+            round = keys.round_of(fragment, slot.version + 1, self.config.fragments)
+            jobs.append(Publish(fragment, round, slot.version, slot.base, model, 0, 0, final=True))
+        return replace(self, finals=tuple(job.round for job in jobs)), jobs
 
     def took(self, fragment: int, snapshot: Tensors) -> tuple["Learner", Publish]:
         """The copy for the ``Snapshot`` of ``fragment`` just answered."""
@@ -360,6 +399,8 @@ class Learner:
     def _published(self, fragment: int, round: int, *, ok: bool) -> tuple["Learner", list[Action]]:
         slot = self.slots[fragment]
         published = slot.published
+        if not slot.in_flight:
+            return self._fold_held()  # a final snapshot: nothing waited on it
         ledger = self.ledger
         slot = replace(slot, in_flight=False)
         mine = published is not None and published.round == round

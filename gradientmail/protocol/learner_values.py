@@ -64,7 +64,8 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Write ``snapshot − base`` of ``fragment`` for ``round`` (covering ``steps`` and
-    ``tokens``), then report ``publish_done`` or ``publish_failed``."""
+    ``tokens``), then report ``publish_done`` or ``publish_failed``. ``final``: a closing
+    learner's last snapshot (``Learner.finalize``)."""
 
     fragment: int
     round: int
@@ -73,6 +74,7 @@ class Publish:
     snapshot: Tensors
     steps: int
     tokens: int
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -241,7 +241,13 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     tokens since it was based on ``base_version``. ``norm`` is the writer's claim of the
     delta's L2 norm (None if not finite); readers recompute it from the blob. ``steps`` and
     ``tokens`` are not range-checked when decoding: a round rejects implausible ones with the
-    reason ``tokens``, which names the learner."""
+    reason ``tokens``, which names the learner.
+
+    ``final`` True marks a closing learner's last snapshot: its delta is the model it held
+    when it began closing minus θ of ``base_version``, with 0 steps and tokens; a round made
+    only of final snapshots averages them without an outer step (docs/protocol.md, "The
+    last round of a run"). Absent (not encoded) on every other snapshot, so records written
+    before the field existed read and verify as they did."""
 
     learner: str
     round: Count
@@ -251,6 +257,7 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     tokens: int
     delta: BlobRef
     norm: float | None
+    final: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class RoundClaim(_Object, frozen=True, kw_only=True):

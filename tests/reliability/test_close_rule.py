@@ -50,9 +50,6 @@ def loss(model: nn.Module) -> float:
         return float(nn.functional.mse_loss(model(x), y))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the last round's outer step overshoots; needs a final averaging round"
-)
 async def test_leaving_the_block_does_not_make_the_model_worse() -> None:
     model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -69,4 +66,5 @@ async def test_leaving_the_block_does_not_make_the_model_worse() -> None:
             await anyio.sleep(0.002)
         before = loss(model)
     after = loss(model)
+    print(f"close: before {before:.4f} after {after:.4f}")
     assert after <= before * 1.05, f"loss {before:.3f} before the close, {after:.3f} after"
