@@ -14,7 +14,9 @@ place the training meets the node.
 
 Leaving the block normally closes with flush (``Closing``): every fragment with steps since
 its last included snapshot is published, and the node waits until those rounds are
-committed and applied (``Closed``), or gives up once nothing has landed for
+committed and applied; then a node that stepped publishes its final snapshots (the model it
+held when closing began, ``Learner.finalize``) and waits for their round (``Closed``), or
+gives up once nothing has landed for
 ``close_timeout`` seconds (``GaveUp``, ``StepsDropped``). Its syncer keeps closing rounds
 meanwhile, so the last node alive closes its own flush rounds. Leaving by an exception or a
 cancellation publishes nothing more (``Closing(flushing=False)``, ``StepsDropped`` for what

@@ -127,6 +127,46 @@ def test_a_rejected_snapshot_drops_its_steps_and_resets_to_theta() -> None:
     assert learner.slots[0].version == 1
 
 
+def test_a_closing_learner_publishes_its_model_at_the_close_as_final_once_settled() -> None:
+    idle = fresh().began_closing(((torch.ones(2),), (torch.ones(2),)))
+    assert idle.finalize() == (idle, [])  # never stepped: its model is θ
+    assert idle.finished
+    learner, _ = fresh().stepped(5, now=0.0)
+    model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
+    learner = learner.began_closing(model)
+    learner, actions = learner.flush(now=1.0)
+    learner, jobs = take(learner, actions)
+    assert learner.finalize() == (learner, [])  # not settled: the flush comes first
+    for fragment, job in enumerate(jobs):
+        learner, _ = learner.publish_done(fragment, job.round)
+        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
+        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
+    learner, _ = learner.flush(now=3.0)
+    assert learner.settled
+    learner, finals = learner.finalize()
+    assert [(j.fragment, j.round, j.base_version, j.steps, j.tokens) for j in finals] == [
+        (0, 2, 1, 0, 0),
+        (1, 3, 1, 0, 0),
+    ]
+    assert all(j.final and j.snapshot is m for j, m in zip(finals, model, strict=True))
+    assert learner.finalize() == (learner, [])  # once
+    assert not learner.finished
+    ledger = learner.ledger
+    for job in finals:
+        learner, _ = learner.publish_done(job.fragment, job.round)
+        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=4.0)
+        learner = learner.version_ready(job.fragment, job.round, (torch.full((2,), 2.0),))
+    learner, actions = learner.flush(now=5.0)
+    # Applied as late: θ_new + (θ − B), θ = B after the settled flush, so the learner ends
+    # on the final round's θ; the steps were all accounted for before.
+    assert [(a.outcome, a.version) for a in actions if isinstance(a, Apply)] == [
+        ("late", 2),
+        ("late", 2),
+    ]
+    assert learner.finished
+    assert learner.ledger == ledger
+
+
 def test_a_corrupt_update_falls_back_to_theta_and_an_unusable_theta_is_reported_once() -> None:
     learner = fresh()
     learner, _ = learner.record_seen(record(0), now=0.0)

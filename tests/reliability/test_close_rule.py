@@ -21,6 +21,7 @@ from torch import nn
 import gradientmail
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol.records import RunConfig
+from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -103,3 +104,39 @@ async def test_three_learners_leave_with_a_model_no_worse_than_theirs() -> None:
     after = loss(joined)
     mean = sum(before.values()) / len(before)
     assert after <= mean * 1.05, f"mean loss {mean:.3f} before the close, {after:.3f} after"
+
+
+async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_rounds() -> None:
+    """ "a" leaves after 30 steps while "b" goes on for 90: a's final snapshots are left out
+    of b's rounds (no participant without steps while b trains), and b's own close makes a
+    final round of b alone (every participant of the last round of each fragment has no
+    steps and is b)."""
+    box = MemoryMailbox()
+    config = RunConfig(fragments=2, sync_every=10)
+    async with gradientmail.node(mlp(), box, learner="creator", config=config, options=OPTIONS):
+        pass
+
+    async def learner(name: str, steps: int) -> None:
+        model = mlp()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        async with gradientmail.node(model, box, learner=name, options=OPTIONS) as node:
+            for step in range(steps):
+                x, y = batch(1000 * len(name) + step)
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                await node.step(tokens=32)
+                await anyio.sleep(0.002)
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner, "a", 30)
+            tg.start_soon(learner, "b", 90)
+    store = Store(box)
+    history = [await store.record(r) for r in await store.record_rounds(after=-1)]
+    rounds = [r for r in history if r is not None and r.participants]
+    finals = [r for r in rounds if any(p.steps == 0 for p in r.participants)]
+    assert [r.round for r in finals] == [r.round for r in rounds[-2:]], [
+        (r.round, r.participants) for r in rounds
+    ]
+    assert all(p.learner == "b" and p.steps == 0 for r in finals for p in r.participants)
