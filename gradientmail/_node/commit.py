@@ -25,9 +25,9 @@ from gradientmail._node.runtime import Runtime
 from gradientmail.errors import CorruptBlob, GradientmailError, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import keys
-from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, refused
+from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
 from gradientmail.protocol.codec import CodecError, decode_fragment, encode_fragment
-from gradientmail.protocol.outer import committed_update, outer_step
+from gradientmail.protocol.outer import committed_update, final_step, outer_step
 from gradientmail.protocol.records import (
     FragmentSpec,
     RoundRecord,
@@ -123,7 +123,7 @@ async def commit(
         [partial(_candidate, rt, s, problem, fragment, spec) for s, problem in snapshots]
     )
     result, theta, momentum, update_bytes = await anyio.to_thread.run_sync(
-        _outcome, current, _counted(candidates, step.missing), spec, config
+        _outcome, current, counted(candidates, step.missing), spec, config
     )
     claimed = held.claimed_at if held.claimed_at is not None else started
     quorum_at = held.quorum_at if held.quorum_at is not None else started
@@ -183,15 +183,6 @@ async def _candidate(
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
 
 
-def _counted(candidates: Sequence[Candidate], missing: frozenset[str]) -> list[Candidate]:
-    """The snapshots the round is made of. Final snapshots (closing learners' last) make a
-    final round only when nothing else is in it and no live learner is missing; otherwise
-    they are left out (they carry no steps): a learner leaving while others go on changes
-    nothing of their rounds."""
-    ordinary = [c for c in candidates if c.snapshot.final is not True]
-    return ordinary if ordinary or missing else list(candidates)
-
-
 def _outcome(
     current: FragmentState, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
 ) -> tuple[Aggregate, list[Tensor], list[Tensor], bytes]:
@@ -246,11 +237,10 @@ def _final_numerics(
     spec: FragmentSpec,
     config: RunConfig,
 ) -> tuple[list[Tensor], list[Tensor], bytes]:
-    """θ + Δ̄ with the momentum unchanged: a final round's numerics (worker thread)."""
+    """A final round's θ_{v+1}, momentum and update blob (worker thread)."""
     if mean is None:
         return _numerics(theta, momentum, None, spec, config)
-    raw = [t.add(d) for t, d in zip(theta, mean, strict=True)]
-    kept = list(momentum) if momentum is not None else [torch.zeros_like(t) for t in theta]
+    raw, kept = final_step(theta, momentum, mean)
     update, new_theta = committed_update(
         theta, raw, spec, config.update_encoding, block_size=config.block_size
     )

@@ -53,7 +53,15 @@ from gradientmail.protocol.records import (
     Snapshot,
 )
 
-__all__ = ["MAX_DELTA_RATIO", "Aggregate", "Candidate", "aggregate", "l2_norm", "refused"]
+__all__ = [
+    "MAX_DELTA_RATIO",
+    "Aggregate",
+    "Candidate",
+    "aggregate",
+    "counted",
+    "l2_norm",
+    "refused",
+]
 
 MAX_DELTA_RATIO = 100.0
 """The largest delta a round accepts, relative to ``‖θ‖ + √n`` of its fragment: a hundred
@@ -225,6 +233,15 @@ def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) ->
             detail = f"norm {norm:.6g} is over {why}"
             rejected.append(_rejection(candidate.snapshot, "outlier", detail))
     return [entry for entry in kept if entry[2] <= limit]
+
+
+def counted(candidates: Sequence[Candidate], missing: frozenset[str]) -> list[Candidate]:
+    """The snapshots a round is made of. Final snapshots (closing learners' last,
+    ``Snapshot.final``) make a final round only when nothing else is in it and no live
+    learner is ``missing``; otherwise they are left out (they carry no steps), so a learner
+    leaving while others go on changes nothing of their rounds."""
+    ordinary = [c for c in candidates if c.snapshot.final is not True]
+    return ordinary if ordinary or missing else list(candidates)
 
 
 def aggregate(

@@ -17,6 +17,9 @@ update encoding, and the committed version is ``θ_{v+1} = θ + decode(encode(U)
 holding ``θ_v`` that applies the update with ``apply_update`` computes the same bits, so no
 drift accumulates between learners and the store, whatever the encoding.
 
+A final round (made only of closing learners' final snapshots, docs/protocol.md) commits
+``θ + Δ̄`` with the momentum unchanged: ``final_step``.
+
 A round that accepts no snapshot commits ``θ_{v+1} = θ_v`` with the outer state unchanged:
 ``committed_update(θ, θ, …)`` gives its (all-zero) update blob and θ.
 
@@ -33,7 +36,7 @@ from torch import Tensor
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
 from gradientmail.protocol.records import Encoding, FragmentSpec
 
-__all__ = ["apply_update", "committed_update", "outer_step"]
+__all__ = ["apply_update", "committed_update", "final_step", "outer_step"]
 
 
 def _same_shapes(what: str, left: Sequence[Tensor], right: Sequence[Tensor]) -> None:
@@ -76,6 +79,24 @@ def outer_step(
         raw.append(param.add(step, alpha=-lr))
         buffers.append(buf)
     return raw, buffers
+
+
+def final_step(
+    theta: Sequence[Tensor], momentum: Sequence[Tensor] | None, mean_delta: Sequence[Tensor]
+) -> tuple[list[Tensor], list[Tensor]]:
+    """``(θ + Δ̄, m)``: a final round's raw θ' (the mean of the closing learners' models, no
+    outer step) and the momentum unchanged (zeros when ``momentum`` is None: no step yet).
+    Raises ``ValueError`` for mismatched tensors."""
+    _same_shapes("theta and mean_delta", theta, mean_delta)
+    if momentum is not None:
+        _same_shapes("theta and momentum", theta, momentum)
+    raw = [param.add(delta) for param, delta in zip(theta, mean_delta, strict=True)]
+    kept = (
+        [m.clone() for m in momentum]
+        if momentum is not None
+        else [torch.zeros_like(t) for t in theta]
+    )
+    return raw, kept
 
 
 def apply_update(theta: Sequence[Tensor], update: bytes, spec: FragmentSpec) -> list[Tensor]:

@@ -11,6 +11,7 @@ from gradientmail.protocol.aggregation import (
     MAX_DELTA_RATIO,
     Candidate,
     aggregate,
+    counted,
     l2_norm,
     refused,
 )
@@ -295,3 +296,33 @@ def test_refused_rejects_every_participant_as_non_finite() -> None:
     assert reasons(result) == {"a": "non-finite", "b": "non-finite"}
     assert result.mean is None
     assert result.participants == ()
+
+
+def final(learner: str, value: float) -> Candidate:
+    return good(learner, value, steps=0, tokens=0, final=True)
+
+
+def test_final_snapshots_make_a_round_only_alone_and_with_no_live_learner_missing() -> None:
+    finals = [final("a", 1.0), final("b", 3.0)]
+
+    def names(candidates: list[Candidate]) -> list[str]:
+        return [c.snapshot.learner for c in candidates]
+
+    assert names(counted(finals, frozenset())) == ["a", "b"]
+    assert names(counted(finals, frozenset({"c"}))) == []  # c goes on: not a final round
+    assert names(counted([*finals, good("c")], frozenset())) == ["c"]
+    result = aggregate(VERSION, finals, SPEC, CONFIG, theta=delta(0.0))
+    assert reasons(result) == {}
+    assert [p.weight for p in result.participants] == [0.5, 0.5]  # no tokens: equal weights
+    assert result.mean is not None
+    assert torch.equal(result.mean[0], torch.full((2, 3), 2.0))
+
+
+@pytest.mark.parametrize(
+    "changes", [{"steps": 1, "tokens": 0}, {"steps": 0, "tokens": 5}, {"steps": 0, "tokens": -1}]
+)
+def test_a_final_snapshot_with_steps_or_tokens_is_rejected(changes: dict[str, int]) -> None:
+    candidate = good("a", 1.0, final=True, **changes)
+    assert reasons(aggregate(VERSION, [candidate], SPEC, CONFIG, theta=delta(0.0))) == {
+        "a": "tokens"
+    }

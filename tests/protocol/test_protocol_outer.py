@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gradientmail.protocol.codec import ENCODINGS, decode_fragment, encode_fragment
-from gradientmail.protocol.outer import apply_update, committed_update, outer_step
+from gradientmail.protocol.outer import apply_update, committed_update, final_step, outer_step
 from gradientmail.protocol.records import Encoding, FragmentSpec, ParamSpec
 
 SHAPES = [(17, 33), (33,), (5, 3, 7), ()]
@@ -113,3 +113,16 @@ def test_a_round_without_snapshots_commits_theta_and_a_zero_update() -> None:
     assert blob == encode_fragment(
         [torch.zeros(shape) for shape in SHAPES], SPEC, "int4", block_size=8
     )
+
+
+def test_a_final_step_adds_the_mean_delta_and_keeps_the_momentum() -> None:
+    theta = [torch.tensor([1.0, 2.0])]
+    momentum = [torch.tensor([0.5, -0.5])]
+    raw, kept = final_step(theta, momentum, [torch.tensor([0.25, -1.0])])
+    assert torch.equal(raw[0], torch.tensor([1.25, 1.0]))
+    assert torch.equal(kept[0], momentum[0])
+    assert kept[0] is not momentum[0]
+    _, fresh = final_step(theta, None, [torch.zeros(2)])
+    assert torch.equal(fresh[0], torch.zeros(2))
+    with pytest.raises(ValueError, match="theta and mean_delta"):
+        final_step(theta, None, [torch.zeros(3)])
