@@ -1,6 +1,6 @@
 """gradientmail: train one PyTorch model on many machines that share nothing but a bucket."""
 
-from gradientmail import events
+from gradientmail import events, sync
 from gradientmail._node import Node, NodeOptions, NodeState, StepHandle, node
 from gradientmail.errors import (
     CorruptBlob,
@@ -29,4 +29,5 @@ __all__ = [
     "events",
     "node",
     "shared_queue",
+    "sync",
 ]
