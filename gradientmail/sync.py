@@ -43,6 +43,8 @@ from gradientmail._node import node as open_node
 from gradientmail.clock import Clock
 from gradientmail.events import Event, Sink
 from gradientmail.mailbox import Mailbox
+from gradientmail.mailbox import open as open_mailbox
+from gradientmail.patterns.shards import Shard, declare
 from gradientmail.protocol.records import Manifest, RunConfig
 from gradientmail.protocol.signing import RunKey
 
@@ -179,6 +181,20 @@ class Node:
                 f"node {self.learner!r} has closed: step() belongs inside its with block"
             )
         self._portal.call(self._joined().step, tokens)
+
+    def declare_shard(self, shard: Shard, *, name: str = "data") -> Shard:
+        """``gradientmail.patterns.declare`` for this node's learner on its run's mailbox:
+        record ``shard`` of the data set ``name`` and warn (``ShardOverlap``) when another
+        live learner declared the same one. Returns ``shard``."""
+        return self._portal.call(self._declare, shard, name)
+
+    async def _declare(self, shard: Shard, name: str) -> Shard:
+        mailbox = self._options["mailbox"]
+        learner = self._joined().learner
+        if not isinstance(mailbox, str):
+            return await declare(mailbox, learner, shard, name=name)
+        async with open_mailbox(mailbox) as opened:
+            return await declare(opened, learner, shard, name=name)
 
     def events(self, buffer: int = 4096) -> Events:
         """Every event of this node from now on, as a blocking iterator (``Events``); the

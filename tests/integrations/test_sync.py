@@ -201,3 +201,24 @@ def test_bad_arguments_name_what_was_wrong(backend: str, tmp_path: Path) -> None
                 tiny_model(), str(tmp_path), learner="a", backend=backend, handle_signals=True
             ).__enter__()
         ).result()
+
+
+def test_two_nodes_declaring_one_shard_are_warned(backend: str, tmp_path: Path) -> None:
+    with (
+        gradientmail.sync.node(
+            tiny_model(),
+            str(tmp_path),
+            learner="host-0",
+            config=CONFIG,
+            options=FAST,
+            backend=backend,
+        ) as first,
+        gradientmail.sync.node(
+            tiny_model(), str(tmp_path), learner="host-1", options=FAST, backend=backend
+        ) as second,
+    ):
+        shard = gradientmail.patterns.shard_of("host-0", count=2)
+        assert first.declare_shard(shard) == shard
+        assert second.declare_shard(gradientmail.patterns.shard_of("host-1", count=2))
+        with pytest.warns(gradientmail.patterns.ShardOverlap, match=r"'host-0' \(shard 0 of 2\)"):
+            second.declare_shard(shard, name="data")
