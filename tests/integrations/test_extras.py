@@ -46,9 +46,7 @@ def test_a_token_weighted_run_needs_a_token_count(tmp_path: Path) -> None:
     args = SimpleNamespace(world_size=1, include_num_input_tokens_seen="no")
     model = tiny_model()
     with pytest.raises(ValueError, match="include_num_input_tokens_seen=True"):
-        callback.on_train_begin(
-            args, SimpleNamespace(num_input_tokens_seen=0), None, model=tiny_model()
-        )
+        callback.on_train_begin(args, SimpleNamespace(num_input_tokens_seen=0), None, model=model)
     assert callback.node is not None
     assert leases(tmp_path) == {}
     with pytest.raises(ValueError, match="tokens_per_step must be a non-negative int"):
