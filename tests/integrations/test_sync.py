@@ -121,35 +121,18 @@ def test_a_broken_store_raises_from_step_and_from_leaving(backend: str, tmp_path
     assert leases(tmp_path) == {}
 
 
-def test_an_exception_in_the_block_closes_without_flush(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(ZeroDivisionError, "closed by an exception"), (KeyboardInterrupt, "cancelled")],
+)
+def test_an_exception_or_ctrl_c_in_the_block_closes_without_flush(
+    backend: str, error: type[BaseException], reason: str, tmp_path: Path
+) -> None:
+    """A KeyboardInterrupt raised in the training thread is what Ctrl-C raises there."""
     sink = Recorder()
     model = tiny_model()
     with (  # noqa: PT012
-        pytest.raises(ZeroDivisionError),
-        gradientmail.sync.node(
-            model,
-            str(tmp_path),
-            learner="solo",
-            config=CONFIG,
-            options=FAST,
-            sinks=[sink],
-            backend=backend,
-        ) as node,
-    ):
-        trainer = Trainer(model, seed=1)
-        for _ in range(CONFIG.sync_every * CONFIG.fragments + 3):
-            _one_step(node, trainer)
-        _ = 1 / 0
-    assert not sink.of(Closing)
-    assert any(e.reason == "closed by an exception" for e in sink.of(StepsDropped))
-    assert leases(tmp_path) == {}
-
-
-def test_ctrl_c_in_the_training_thread_closes_without_flush(backend: str, tmp_path: Path) -> None:
-    sink = Recorder()
-    model = tiny_model()
-    with (  # noqa: PT012
-        pytest.raises(KeyboardInterrupt),
+        pytest.raises(error),
         gradientmail.sync.node(
             model,
             str(tmp_path),
@@ -163,9 +146,9 @@ def test_ctrl_c_in_the_training_thread_closes_without_flush(backend: str, tmp_pa
         trainer = Trainer(model, seed=1)
         for _ in range(CONFIG.sync_every + 1):
             _one_step(node, trainer)
-        raise KeyboardInterrupt
+        raise error
     assert not sink.of(Closing)
-    assert any(e.reason == "cancelled" for e in sink.of(StepsDropped))
+    assert any(e.reason == reason for e in sink.of(StepsDropped))  # type: ignore[attr-defined]
     assert leases(tmp_path) == {}
 
 
