@@ -2,6 +2,7 @@
 directory: training from a plain loop, the flush, events, failures and interrupts."""
 
 import concurrent.futures
+import signal
 import threading
 from pathlib import Path
 
@@ -205,3 +206,18 @@ def test_two_nodes_declaring_one_shard_are_warned(backend: str, tmp_path: Path) 
         assert second.declare_shard(gradientmail.patterns.shard_of("host-1", count=2))
         with pytest.warns(gradientmail.patterns.ShardOverlap, match=r"'host-0' \(shard 0 of 2\)"):
             second.declare_shard(shard, name="data")
+
+
+def test_signal_handlers_last_as_long_as_the_block(backend: str, tmp_path: Path) -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with gradientmail.sync.node(
+        tiny_model(),
+        str(tmp_path),
+        learner="a",
+        options=FAST,
+        backend=backend,
+        handle_signals=True,
+    ):
+        during = {s: signal.getsignal(s) for s in before}
+        assert all(during[s] is not before[s] for s in before)
+    assert {s: signal.getsignal(s) for s in before} == before
