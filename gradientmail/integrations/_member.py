@@ -51,6 +51,7 @@ class Member:
         sinks: Sequence[Sink],
         run_key: RunKey | str | bytes | None,
         backend: Literal["asyncio", "trio"],
+        handle_signals: bool,
     ) -> None:
         self._arguments = {
             "mailbox": mailbox,
@@ -60,6 +61,7 @@ class Member:
             "sinks": sinks,
             "run_key": run_key,
             "backend": backend,
+            "handle_signals": handle_signals,
         }
         self._stack: ExitStack | None = None
         self.node: sync.Node | None = None

@@ -64,6 +64,7 @@ class GradientmailCallback(Callback):  # type: ignore[misc]
         sinks: Sequence[Sink] = (),
         run_key: RunKey | str | bytes | None = None,
         backend: Literal["asyncio", "trio"] = "asyncio",
+        handle_signals: bool = False,
         tokens_of: Callable[[Any], int] = count_tokens,
     ) -> None:
         self._member = Member(
@@ -74,6 +75,7 @@ class GradientmailCallback(Callback):  # type: ignore[misc]
             sinks=sinks,
             run_key=run_key,
             backend=backend,
+            handle_signals=handle_signals,
         )
         self._tokens_of = tokens_of
         self._tokens = 0

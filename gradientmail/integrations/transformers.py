@@ -47,6 +47,7 @@ class GradientmailCallback(TrainerCallback):  # type: ignore[misc]
         sinks: Sequence[Sink] = (),
         run_key: RunKey | str | bytes | None = None,
         backend: Literal["asyncio", "trio"] = "asyncio",
+        handle_signals: bool = False,
         tokens_per_step: int | None = None,
     ) -> None:
         if tokens_per_step is not None and (
@@ -63,6 +64,7 @@ class GradientmailCallback(TrainerCallback):  # type: ignore[misc]
             sinks=sinks,
             run_key=run_key,
             backend=backend,
+            handle_signals=handle_signals,
         )
         self._tokens_per_step = tokens_per_step
         self._seen = 0
