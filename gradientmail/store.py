@@ -137,6 +137,7 @@ class Store:
         self._bytes_down = 0
         self._requests = {"put": 0, "get": 0, "list": 0, "delete": 0}
         self._claimants: dict[int, dict[int, str]] = {}
+        self._beats_verified: dict[str, bool] = {}
 
     @property
     def stats(self) -> StoreStats:
@@ -373,6 +374,35 @@ class Store:
                 if beat > newest.get(learner, (-1, role))[0]:
                     newest[learner] = (beat, role)
         return newest
+
+    async def lease_beats(self) -> dict[str, dict[int, keys.Role]]:
+        """Every node's lease beats present, as ``{beat: role}``. In a signed run only beats
+        that verify under the run key are listed (each beat is read once and remembered), so
+        a beat someone else planted under a node's lease is ignored."""
+        listed = [
+            (key, parsed)
+            for key in await self.list_keys(keys.LEASES)
+            if (parsed := keys.parse_lease(key)) is not None
+        ]
+        if self._run_key is not None:
+            known = {key: self._beats_verified.get(key) for key, _ in listed}
+            for key, verified in known.items():
+                if verified is None:
+                    data = await self.get(key)
+                    known[key] = data is not None and self._verifies(key, data)
+            self._beats_verified = {key: bool(ok) for key, ok in known.items()}
+        found: dict[str, dict[int, keys.Role]] = {}
+        for key, (node, beat, role) in listed:
+            if self._run_key is None or self._beats_verified.get(key):
+                found.setdefault(node, {})[beat] = role
+        return found
+
+    def _verifies(self, key: str, data: bytes) -> bool:
+        assert self._run_key is not None
+        try:
+            return self._run_key.check(key, data) is None
+        except RecordError:
+            return False
 
     # -- snapshots, claims, records -----------------------------------------------------------
 

@@ -43,6 +43,7 @@ __all__ = [
     "RoundClosed",
     "RoundCommitted",
     "RoundFailed",
+    "RoundIncomplete",
     "RoundRecorded",
     "RoundSuperseded",
     "SnapshotPublished",
@@ -178,8 +179,10 @@ class StepsDropped:
 
 @dataclass(frozen=True, slots=True)
 class Closing:
-    """``close()`` began: publishing the steps since each fragment's last round when
-    ``flushing``, otherwise waiting for the rounds in flight."""
+    """The node began to close: with ``flushing``, it publishes the steps since each
+    fragment's last round and waits for their rounds (leaving the block normally); without,
+    it publishes nothing more and drops those steps (leaving by an exception, a
+    cancellation or a failure of the node)."""
 
     learner: str
     flushing: bool
@@ -331,6 +334,18 @@ class SyncerStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundIncomplete:
+    """This node closed ``round`` without the live learners ``missing`` (their leases were
+    live, they had no snapshot in it); ``empty`` when nobody had published to it. Rounds that
+    keep closing so are a run whose learners have drifted apart."""
+
+    learner: str
+    round: int
+    missing: tuple[str, ...]
+    empty: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EventsDropped:
     """The sink or subscriber named ``sink`` fell behind and lost ``count`` events, all
     emitted just before this one; it is delivered to that sink alone, once it has room
@@ -373,6 +388,7 @@ SyncerEvent: TypeAlias = (
     | RoundSuperseded
     | RoundFailed
     | SyncerStopped
+    | RoundIncomplete
 )
 """What the syncer side of a node reports: claiming, closing and committing rounds."""
 
@@ -407,6 +423,7 @@ KINDS: tuple[type[Event], ...] = (
     RoundSuperseded,
     RoundFailed,
     SyncerStopped,
+    RoundIncomplete,
     EventsDropped,
 )
 """Every kind of event, learner kinds first, then syncer kinds, then the bus's."""
