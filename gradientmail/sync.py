@@ -88,7 +88,7 @@ class Events(Iterator[Event]):
         except StopAsyncIteration:
             self.close()
             raise StopIteration from None
-        except RuntimeError:
+        except (RuntimeError, concurrent.futures.CancelledError):
             # The portal stops when the node has closed: the same end as the stream's.
             if not self._closed():
                 raise
@@ -102,7 +102,8 @@ class Events(Iterator[Event]):
         self._open = False
         try:
             self._subscription.__exit__(None, None, None)
-        except RuntimeError:
+        except (RuntimeError, concurrent.futures.CancelledError):
+            # The node closed and its portal stopped (cancelling what was left) meanwhile.
             if not self._closed():
                 raise
 
