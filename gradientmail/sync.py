@@ -234,12 +234,6 @@ class Node:
                     await self._leave.wait()
                     if self._error is not None:
                         raise self._error
-            except ExceptionGroup as group:
-                # gradientmail.node lets a NodeFailed raised by its flush leave inside a
-                # one-member group; the caller is promised the NodeFailed itself.
-                if len(group.exceptions) != 1:
-                    raise
-                raise group.exceptions[0] from group.exceptions[0].__cause__
             except Exception as exc:
                 if exc is not self._error:
                     raise
