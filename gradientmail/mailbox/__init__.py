@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._base import MAX_KEY_BYTES, Mailbox, check_key, check_prefix, retrying
 from gradientmail.mailbox.faults import FaultCounts, Faults, FaultyMailbox
-from gradientmail.mailbox.local import LocalMailbox
+from gradientmail.mailbox.local import LocalAccessError, LocalMailbox
 from gradientmail.mailbox.memory import MemoryMailbox
 from gradientmail.mailbox.url import open
 
@@ -27,6 +27,7 @@ __all__ = [
     "FaultCounts",
     "Faults",
     "FaultyMailbox",
+    "LocalAccessError",
     "LocalMailbox",
     "Mailbox",
     "MailboxUnavailable",

@@ -42,8 +42,17 @@ loop. Cancellation waits for that thread to finish its operation, so a cancelled
 The filesystem must support hard links and be case-sensitive (``__aenter__`` checks the
 latter): Linux ext4, xfs, btrfs, zfs and NFSv3+ qualify; macOS's default case-insensitive
 APFS does not. Temporary files left behind by a killed process are removed by the next
-``__aenter__`` once they are an hour old. Filesystem errors other than a missing object
-(permissions, a full disk) propagate as ``OSError``.
+``__aenter__`` once they are an hour old.
+
+Failure modes
+-------------
+An ``OSError`` that the device or the file server may not repeat (``EIO``, a stale NFS
+handle ``ESTALE``, ``ETIMEDOUT``, ``EAGAIN``, a network error under a network filesystem:
+``_TRANSIENT_ERRNOS``) becomes ``MailboxUnavailable``, which callers retry. One only the
+operator can fix (a full disk ``ENOSPC``, ``EDQUOT``, a read-only filesystem ``EROFS``,
+``EACCES``/``EPERM``) becomes ``LocalAccessError``, an ``OSError`` with the same ``errno``
+whose message names the directory and says what to do. Both chain the original; any other
+``OSError`` (a caller's bug) propagates unchanged.
 """
 
 import builtins
@@ -52,16 +61,17 @@ import errno
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import anyio.to_thread
 
+from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._base import check_key, check_prefix
 
-__all__ = ["LocalMailbox", "key_of", "key_path"]
+__all__ = ["LocalAccessError", "LocalMailbox", "key_of", "key_path"]
 
 _OBJECTS = "objects"
 _TMP = "tmp"
@@ -74,6 +84,58 @@ _SUBDIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 # pathological livelock, not any expected case.
 _PUT_ATTEMPTS = 100
 _RACE_CHECK_BYTES = 1 << 16
+
+
+def _errnos(*names: str) -> frozenset[int]:
+    """The numbers of the errno ``names`` this platform defines."""
+    return frozenset(getattr(errno, name) for name in names if hasattr(errno, name))
+
+
+_TRANSIENT_ERRNOS = _errnos(
+    # The device or the file server failed this request; the next may succeed (a disk
+    # retrying a sector, an NFS server restarting and its handles going stale).
+    "EIO",
+    "ESTALE",
+    "EREMOTEIO",
+    "ETIMEDOUT",
+    "EAGAIN",
+    "EBUSY",
+    "EINTR",
+    "ENOLCK",
+    "ECOMM",
+    # The network under a network filesystem.
+    "ECONNRESET",
+    "ECONNABORTED",
+    "ECONNREFUSED",
+    "ENOTCONN",
+    "ENETDOWN",
+    "ENETRESET",
+    "ENETUNREACH",
+    "EHOSTDOWN",
+    "EHOSTUNREACH",
+)
+_FULL = "free space on its filesystem, or move the run to a larger one"
+_ADVICE = {
+    **dict.fromkeys(_errnos("ENOSPC"), _FULL),
+    **dict.fromkeys(_errnos("EDQUOT"), "raise this user's disk quota or free space within it"),
+    **dict.fromkeys(_errnos("EROFS"), "remount its filesystem read-write or use another directory"),
+    **dict.fromkeys(
+        _errnos("EACCES", "EPERM"),
+        "give this user permission to read, write and create files and directories in it",
+    ),
+}
+"""The errors only the operator can fix, and what to do about each."""
+
+
+class LocalAccessError(OSError):
+    """The filesystem refused an operation for a reason only the operator can fix: it is
+    full, over quota, read-only, or denies this user (the errnos in ``_ADVICE``).
+
+    An ``OSError`` with the original's ``errno`` and ``filename``, so callers catching
+    ``OSError`` or reading ``errno`` keep working; its ``strerror`` adds the mailbox's
+    directory, the operation and what to do. ``LocalMailbox`` raises it with the original
+    chained; nothing transient, so nothing retries it.
+    """
 
 
 def _escape(text: str) -> str:
@@ -287,24 +349,49 @@ class LocalMailbox:
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
         check_key(key)
-        return await anyio.to_thread.run_sync(self._put, key_path(key), data)
+        with self._boundary(f"put {key!r}"):
+            return await anyio.to_thread.run_sync(self._put, key_path(key), data)
 
     async def get(self, key: str) -> bytes | None:
         check_key(key)
-        return await anyio.to_thread.run_sync(self._get, key_path(key))
+        with self._boundary(f"get {key!r}"):
+            return await anyio.to_thread.run_sync(self._get, key_path(key))
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
-        return await anyio.to_thread.run_sync(self._list, prefix, after)
+        with self._boundary(f"list {prefix!r}"):
+            return await anyio.to_thread.run_sync(self._list, prefix, after)
 
     async def delete(self, keys: Iterable[str]) -> None:
         paths = [key_path(check_key(key)) for key in keys]
         if paths:
-            await anyio.to_thread.run_sync(self._delete, paths)
+            with self._boundary(f"delete {len(paths)} keys"):
+                await anyio.to_thread.run_sync(self._delete, paths)
 
     async def __aenter__(self) -> Self:
-        await anyio.to_thread.run_sync(self._prepare)
+        with self._boundary("open"):
+            await anyio.to_thread.run_sync(self._prepare)
         return self
+
+    @contextlib.contextmanager
+    def _boundary(self, what: str) -> Iterator[None]:
+        """Translate an ``OSError`` escaping the block: a transient one (``_TRANSIENT_ERRNOS``)
+        to ``MailboxUnavailable``, the operator's (``_ADVICE``) to ``LocalAccessError``, both
+        chaining the original; any other propagates unchanged."""
+        try:
+            yield
+        except OSError as error:
+            if isinstance(error, LocalAccessError):
+                raise
+            if error.errno in _TRANSIENT_ERRNOS:
+                raise MailboxUnavailable(f"{self!r}: {what}: {error}") from error
+            if error.errno in _ADVICE:
+                explained = (
+                    f"{error.strerror} in mailbox directory {str(self._root)!r} ({what}): "
+                    f"{_ADVICE[error.errno]}"
+                )
+                raise LocalAccessError(error.errno, explained, error.filename) from error
+            raise
 
     async def __aexit__(
         self,

@@ -27,18 +27,25 @@ within seconds. A 412 ``PreconditionFailed`` is the create-once contract: ``put_
 returns False. A 409 ``ConditionalRequestConflict`` (another conditional write on the same
 key was in flight, outcome unknown) is retried three times, then raised as
 ``MailboxUnavailable``. A missing bucket, denied access, credentials the store rejects and
-a bucket in another region raise ``S3AccessError``: a ``ClientError`` (same ``response`` and
+a bucket in another region (and a 501 ``NotImplemented``: a store that lacks a request the
+mailbox needs) raise ``S3AccessError``: a ``ClientError`` (same ``response`` and
 ``operation_name``) whose message names the bucket and endpoint and says what to do, with the
-original chained; nothing transient, so nothing retries it. Every other ``ClientError``
-(throttling that outlasts the retries, say) propagates unchanged. A payload above 5 GiB raises
-``ValueError`` before anything is sent. A bulk delete reports per-key failures in a 200
-response; the first is raised as a ``ClientError``.
+original chained; nothing transient, so nothing retries it. Throttling (503 ``SlowDown``, 429
+``TooManyRequests`` and botocore's other throttling codes), any other 5xx (500
+``InternalError``, 503 ``ServiceUnavailable``, ...) and a response whose checksum does not
+match become ``MailboxUnavailable`` once botocore's retries are spent (botocore does not retry
+a 429, so that one at once); the original is chained. Every other ``ClientError`` (a 4xx that
+says the request itself is wrong: a bug, not an outage) propagates unchanged. A payload above
+5 GiB raises ``ValueError`` before anything is sent. A bulk delete reports per-key failures in
+a 200 response; the first is mapped as above (a per-key ``SlowDown`` or ``InternalError`` is
+``MailboxUnavailable``) or else raised as a ``ClientError``.
 """
 
+import contextlib
 import io
 import logging
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -49,6 +56,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
 from botocore.exceptions import (
+    ChecksumError,
     ClientError,
     ConnectionError,
     HTTPClientError,
@@ -65,7 +73,33 @@ MAX_OBJECT_BYTES = 5 * 2**30
 
 _DELETE_CHUNK = 1000
 _CONFLICT_ATTEMPTS = 3
-_TRANSIENT = (ConnectionError, HTTPClientError, IncompleteReadError)
+# A transfer that failed on the way (refused, timed out, dropped, cut short, or whose bytes
+# arrived damaged): the store may be fine and a retry may succeed.
+_TRANSIENT = (ConnectionError, HTTPClientError, IncompleteReadError, ChecksumError)
+_TRANSIENT_CODES = frozenset(
+    {
+        # Throttling: AWS's SlowDown (503), R2's TooManyRequests (429), and the other
+        # spellings botocore's standard retries treat as throttling.
+        "SlowDown",
+        "TooManyRequests",
+        "TooManyRequestsException",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        # The store's own trouble.
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        # A conflicting operation on the same bucket or key is in progress.
+        "OperationAborted",
+    }
+)
 
 _log = logging.getLogger("gradientmail.mailbox.s3")
 
@@ -169,6 +203,10 @@ _CREDENTIALS = (
     "rejected the credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
     "AWS_PROFILE), and AWS_SESSION_TOKEN for temporary ones, for this endpoint"
 )
+_UNSUPPORTED = (
+    "does not implement a request gradientmail needs (a conditional PUT, say): use a store "
+    "that does (docs/mailbox.md lists those known to qualify)"
+)
 _REGION = "is in another region: give its region in the URL (?region=...) or AWS_DEFAULT_REGION"
 _ADVICE = {
     "NoSuchBucket": _MISSING,
@@ -183,8 +221,10 @@ _ADVICE = {
     "AuthorizationHeaderMalformed": _REGION,
     "PermanentRedirect": _REGION,
     "IllegalLocationConstraintException": _REGION,
+    "NotImplemented": _UNSUPPORTED,
 }
-"""The error codes ``S3AccessError`` explains: the bucket, the access or the region is wrong."""
+"""The error codes ``S3AccessError`` explains: the bucket, the access or the region is wrong,
+or the store lacks a feature the mailbox needs."""
 
 
 def _shown_endpoint(endpoint: str) -> str:
@@ -199,8 +239,9 @@ def _shown_endpoint(endpoint: str) -> str:
 
 class S3AccessError(ClientError):  # type: ignore[misc]  # botocore is untyped
     """The store refused an operation for a reason only the user can fix: the bucket does
-    not exist, access to it is denied, the credentials are rejected, or it lives in another
-    region (the codes in ``_ADVICE``).
+    not exist, access to it is denied, the credentials are rejected, it lives in another
+    region, or the store does not implement a request the mailbox needs (the codes in
+    ``_ADVICE``).
 
     A ``ClientError`` carrying the store's ``response`` and ``operation_name`` unchanged,
     so that callers catching ``ClientError`` or reading ``response["Error"]["Code"]`` keep
@@ -378,14 +419,40 @@ class S3Mailbox:
             raise RuntimeError(f"{self!r} is not open: use it inside 'async with'")
         return self._client, self._limiter
 
-    def _explained(self, exc: ClientError) -> S3AccessError | None:
-        """``exc`` as an ``S3AccessError`` when its code is one the user must fix, else None."""
-        if isinstance(exc, S3AccessError) or _error_code(exc) not in _ADVICE:
-            return None
-        endpoint = self._client.meta.endpoint_url if self._client is not None else None
-        return S3AccessError(
-            exc.response, exc.operation_name, self._bucket, endpoint or self._endpoint_url
-        )
+    def _mapped(self, exc: ClientError, what: str) -> Exception:
+        """What ``exc`` becomes at the mailbox's boundary: an ``S3AccessError`` when its code
+        is one the user must fix, ``MailboxUnavailable`` when it is transient (throttling, a
+        5xx other than 501) and so outlasted botocore's retries, else ``exc`` itself."""
+        if isinstance(exc, S3AccessError):
+            return exc
+        code = _error_code(exc)
+        if code in _ADVICE:
+            endpoint = self._client.meta.endpoint_url if self._client is not None else None
+            return S3AccessError(
+                exc.response, exc.operation_name, self._bucket, endpoint or self._endpoint_url
+            )
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _TRANSIENT_CODES or status == 429 or (isinstance(status, int) and status >= 500):
+            return MailboxUnavailable(
+                f"{what}: the store answered {code} ({status or 'in a 200 response'}) "
+                f"to {exc.operation_name}"
+            )
+        unchanged: Exception = exc
+        return unchanged
+
+    @contextlib.contextmanager
+    def _boundary(self, what: str) -> Iterator[None]:
+        """Translate what escapes the block: transient failures to ``MailboxUnavailable``,
+        the user's to ``S3AccessError`` (both chaining the original), the rest unchanged."""
+        try:
+            yield
+        except ClientError as exc:
+            mapped = self._mapped(exc, what)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        except _TRANSIENT as exc:
+            raise MailboxUnavailable(f"{what}: {exc}") from exc
 
     def _full_key(self, key: str) -> str:
         check_key(key)
@@ -407,24 +474,21 @@ class S3Mailbox:
         client, limiter = self._open()
         body = data if isinstance(data, bytes) else bytes(data)
         for _ in range(_CONFLICT_ATTEMPTS):
-            try:
-                async with limiter:
-                    await client.put_object(
-                        Bucket=self._bucket, Key=full, Body=body, IfNoneMatch="*"
-                    )
-            except ClientError as exc:
-                code = _error_code(exc)
-                if code == "PreconditionFailed":
-                    return False
-                if code != "ConditionalRequestConflict":
-                    if (explained := self._explained(exc)) is not None:
-                        raise explained from exc
-                    raise
-                _log.info("conditional write of %r conflicted; retrying", key)
-            except _TRANSIENT as exc:
-                raise MailboxUnavailable(f"put {key!r}: {exc}") from exc
-            else:
-                return True
+            with self._boundary(f"put {key!r}"):
+                try:
+                    async with limiter:
+                        await client.put_object(
+                            Bucket=self._bucket, Key=full, Body=body, IfNoneMatch="*"
+                        )
+                except ClientError as exc:
+                    code = _error_code(exc)
+                    if code == "PreconditionFailed":
+                        return False
+                    if code != "ConditionalRequestConflict":
+                        raise
+                    _log.info("conditional write of %r conflicted; retrying", key)
+                else:
+                    return True
         raise MailboxUnavailable(
             f"put {key!r}: conditional write conflicted {_CONFLICT_ATTEMPTS} times"
         )
@@ -432,21 +496,17 @@ class S3Mailbox:
     async def get(self, key: str) -> bytes | None:
         full = self._full_key(key)
         client, limiter = self._open()
-        try:
+        with self._boundary(f"get {key!r}"):
             async with limiter:
                 try:
                     response = await client.get_object(Bucket=self._bucket, Key=full)
                 except ClientError as exc:
                     if _error_code(exc) == "NoSuchKey":
                         return None
-                    if (explained := self._explained(exc)) is not None:
-                        raise explained from exc
                     raise
                 async with response["Body"] as stream:
                     data: bytes = await stream.read()
                     return data
-        except _TRANSIENT as exc:
-            raise MailboxUnavailable(f"get {key!r}: {exc}") from exc
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
@@ -455,15 +515,10 @@ class S3Mailbox:
         if after:
             request["StartAfter"] = self._prefix + after
         keys: list[str] = []
-        try:
+        with self._boundary(f"list {prefix!r}"):
             while True:
                 async with limiter:
-                    try:
-                        page = await client.list_objects_v2(**request)
-                    except ClientError as exc:
-                        if (explained := self._explained(exc)) is not None:
-                            raise explained from exc
-                        raise
+                    page = await client.list_objects_v2(**request)
                 for item in page.get("Contents", ()):
                     full = item.get("Key")
                     if full is None or not full.startswith(self._prefix):
@@ -476,8 +531,6 @@ class S3Mailbox:
                 if not page.get("IsTruncated") or not token:
                     return keys
                 request["ContinuationToken"] = token
-        except _TRANSIENT as exc:
-            raise MailboxUnavailable(f"list {prefix!r}: {exc}") from exc
 
     async def delete(self, keys: Iterable[str]) -> None:
         full_keys = [self._full_key(key) for key in keys]
@@ -486,21 +539,12 @@ class S3Mailbox:
         client, limiter = self._open()
         for start in range(0, len(full_keys), _DELETE_CHUNK):
             chunk = full_keys[start : start + _DELETE_CHUNK]
-            try:
+            with self._boundary(f"delete {len(chunk)} keys"):
                 async with limiter:
                     response = await client.delete_objects(
                         Bucket=self._bucket,
                         Delete={"Objects": [{"Key": key} for key in chunk], "Quiet": True},
                     )
-            except ClientError as exc:
-                if (explained := self._explained(exc)) is not None:
-                    raise explained from exc
-                raise
-            except _TRANSIENT as exc:
-                raise MailboxUnavailable(f"delete {len(chunk)} keys: {exc}") from exc
-            # Per-key failures arrive in a 200 response, not as an exception.
-            if errors := response.get("Errors"):
-                failure = ClientError({"Error": errors[0]}, "DeleteObjects")
-                if (explained := self._explained(failure)) is not None:
-                    raise explained
-                raise failure
+                # Per-key failures arrive in a 200 response, not as an exception.
+                if errors := response.get("Errors"):
+                    raise ClientError({"Error": errors[0]}, "DeleteObjects")

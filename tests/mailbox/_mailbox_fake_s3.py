@@ -100,3 +100,64 @@ async def fake_s3(answer: Answer) -> AsyncIterator[tuple[str, Log]]:
             yield f"http://127.0.0.1:{port}", log
         finally:
             group.cancel_scope.cancel()
+
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "content-encoding",
+        "expect",
+        "te",
+    }
+)
+
+
+@dataclass
+class Burst:
+    """Faults for a relay to inject: while ``remaining`` is positive, each request gets the
+    next of ``faults`` (cycling, as raw responses) instead of reaching the store, and
+    ``remaining`` counts down. ``injected`` counts the faults sent over the relay's life."""
+
+    faults: list[bytes]
+    remaining: int = 0
+    injected: int = 0
+
+    def start(self, requests: int) -> None:
+        self.remaining = requests
+
+
+@asynccontextmanager
+async def faulty_relay(upstream: str, burst: Burst) -> AsyncIterator[tuple[str, Log]]:
+    """An HTTP relay on 127.0.0.1 to ``upstream`` (a real store) that answers with
+    ``burst``'s faults while a burst lasts and forwards every other request unchanged,
+    ``Host`` header (and so the signature) included. Yields its endpoint URL and log."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=upstream, timeout=60) as client:
+
+        async def answer(request: Request) -> bytes:
+            if burst.remaining > 0:
+                burst.remaining -= 1
+                fault = burst.faults[burst.injected % len(burst.faults)]
+                burst.injected += 1
+                return fault
+            headers = {k: v for k, v in request.headers.items() if k not in _HOP_BY_HOP}
+            reply = await client.request(
+                request.method, request.target, headers=headers, content=request.body
+            )
+            head = f"HTTP/1.1 {reply.status_code} {reply.reason_phrase}\r\n"
+            for name, value in reply.headers.multi_items():
+                if name.lower() not in _HOP_BY_HOP:
+                    head += f"{name}: {value}\r\n"
+            if request.method == "HEAD":
+                length = reply.headers.get("content-length", "0")
+            else:
+                length = str(len(reply.content))
+            head += f"Content-Length: {length}\r\n\r\n"
+            return head.encode("latin-1") + (b"" if request.method == "HEAD" else reply.content)
+
+        async with fake_s3(answer) as (endpoint, log):
+            yield endpoint, log
