@@ -12,7 +12,16 @@ users of the other backends need not pay.
 from typing import TYPE_CHECKING
 
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.mailbox._base import MAX_KEY_BYTES, Mailbox, check_key, check_prefix, retrying
+from gradientmail.mailbox._base import (
+    MAX_KEY_BYTES,
+    Mailbox,
+    NotARegularFile,
+    ObjectRefused,
+    ObjectTooLarge,
+    check_key,
+    check_prefix,
+    retrying,
+)
 from gradientmail.mailbox.faults import FaultCounts, Faults, FaultyMailbox
 from gradientmail.mailbox.local import LocalAccessError, LocalMailbox
 from gradientmail.mailbox.memory import MemoryMailbox
@@ -32,6 +41,9 @@ __all__ = [
     "Mailbox",
     "MailboxUnavailable",
     "MemoryMailbox",
+    "NotARegularFile",
+    "ObjectRefused",
+    "ObjectTooLarge",
     "S3AccessError",
     "S3Mailbox",
     "check_key",

@@ -59,6 +59,7 @@ import builtins
 import contextlib
 import errno
 import os
+import stat
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -69,7 +70,13 @@ from typing import Self
 import anyio.to_thread
 
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.mailbox._base import check_key, check_prefix
+from gradientmail.mailbox._base import (
+    NotARegularFile,
+    ObjectTooLarge,
+    check_key,
+    check_max_bytes,
+    check_prefix,
+)
 
 __all__ = ["LocalAccessError", "LocalMailbox", "key_of", "key_path"]
 
@@ -80,6 +87,11 @@ _FILE_MARK = "%"
 _MORE_MARK = "%+"
 _STALE_TEMP_SECONDS = 3600.0
 _SUBDIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+# Never through a symbolic link; never waiting for a FIFO's writer (non-blocking changes
+# nothing for a regular file).
+_OBJECT = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# The most one read(2) returns on Linux.
+_READ_CHUNK = 0x7FFFF000
 # A put whose parent directory is removed by a concurrent delete retries; this bounds a
 # pathological livelock, not any expected case.
 _PUT_ATTEMPTS = 100
@@ -319,6 +331,24 @@ def _walk(directory: int, key_so_far: str, prefix: str, after: str, keys: list[s
     keys.extend(_file_keys(files, key_so_far, prefix, after))
 
 
+def _read_exactly(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of ``fd`` (fewer if it is shorter now), read straight into
+    the returned ``bytes`` (one ``read`` up to 2 GiB: no second whole-file buffer), never
+    more than ``size`` however much the file has grown since its ``fstat``."""
+    first = os.read(fd, min(size, _READ_CHUNK))
+    if len(first) == size or not first:
+        return first
+    chunks = [first]
+    left = size - len(first)
+    while left > 0:
+        chunk = os.read(fd, min(left, _READ_CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _fsync_directory(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -352,10 +382,11 @@ class LocalMailbox:
         with self._boundary(f"put {key!r}"):
             return await anyio.to_thread.run_sync(self._put, key_path(key), data)
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         check_key(key)
+        check_max_bytes(max_bytes)
         with self._boundary(f"get {key!r}"):
-            return await anyio.to_thread.run_sync(self._get, key_path(key))
+            return await anyio.to_thread.run_sync(self._get, key, key_path(key), max_bytes)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
@@ -488,12 +519,49 @@ class LocalMailbox:
         finally:
             temp.unlink(missing_ok=True)
 
-    def _get(self, names: tuple[str, ...]) -> bytes | None:
+    def _open_object(self, names: tuple[str, ...]) -> int | None:
+        """The object file at ``names`` opened for reading, None if there is none; each
+        directory on the way is opened without following a symbolic link (a linked
+        directory is not ours, and ``list`` does not enter it either)."""
         try:
-            with open(self._objects.joinpath(*names), "rb") as handle:
-                return handle.read()
+            directory = os.open(self._objects, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             return None
+        try:
+            for name in names[:-1]:
+                child = _open_subdirectory(directory, name)
+                if child is None:
+                    return None
+                os.close(directory)
+                directory = child
+            return os.open(names[-1], _OBJECT, dir_fd=directory)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(directory)
+
+    def _get(self, key: str, names: tuple[str, ...], max_bytes: int | None) -> bytes | None:
+        try:
+            fd = self._open_object(names)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.EMLINK):
+                raise
+            # O_NOFOLLOW met a symbolic link (Linux: ELOOP, some BSDs: EMLINK).
+            raise NotARegularFile(f"{key!r} is a symbolic link; it was not followed") from None
+        if fd is None:
+            return None
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise NotARegularFile(
+                    f"{key!r} is not a regular file (mode {stat.filemode(status.st_mode)}); "
+                    "it was not read"
+                )
+            if max_bytes is not None and status.st_size > max_bytes:
+                raise ObjectTooLarge(key, status.st_size, max_bytes)
+            return _read_exactly(fd, status.st_size)
+        finally:
+            os.close(fd)
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
         # Every key that starts with the prefix's whole segments lies below their

@@ -64,7 +64,13 @@ from botocore.exceptions import (
 )
 
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.mailbox._base import MAX_KEY_BYTES, check_key, check_prefix
+from gradientmail.mailbox._base import (
+    MAX_KEY_BYTES,
+    ObjectTooLarge,
+    check_key,
+    check_max_bytes,
+    check_prefix,
+)
 
 __all__ = ["MAX_OBJECT_BYTES", "S3AccessError", "S3Mailbox"]
 
@@ -187,6 +193,19 @@ class _WholeBodySession(HttpxSession):  # type: ignore[misc]  # aiobotocore is u
             return await super().send(request)
         finally:
             request.body = body
+
+
+async def _read_at_most(stream: Any, key: str, max_bytes: int) -> bytes:
+    """The whole body of a response that did not state its length, read in chunks and
+    abandoned (``ObjectTooLarge``) as soon as it exceeds ``max_bytes``."""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in stream.iter_chunks(1 << 20):
+        total += len(chunk)
+        if total > max_bytes:
+            raise ObjectTooLarge(key, total, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _error_code(exc: ClientError) -> str | None:
@@ -493,8 +512,9 @@ class S3Mailbox:
             f"put {key!r}: conditional write conflicted {_CONFLICT_ATTEMPTS} times"
         )
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         full = self._full_key(key)
+        check_max_bytes(max_bytes)
         client, limiter = self._open()
         with self._boundary(f"get {key!r}"):
             async with limiter:
@@ -505,6 +525,13 @@ class S3Mailbox:
                         return None
                     raise
                 async with response["Body"] as stream:
+                    size = response.get("ContentLength")
+                    if max_bytes is not None:
+                        if size is None:
+                            return await _read_at_most(stream, key, max_bytes)
+                        if size > max_bytes:
+                            # Leaving the block closes the response unread.
+                            raise ObjectTooLarge(key, size, max_bytes)
                     data: bytes = await stream.read()
                     return data
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradientmail.mailbox import LocalMailbox, check_key
+from gradientmail.mailbox import LocalMailbox, NotARegularFile, ObjectTooLarge, check_key
 from gradientmail.mailbox.local import key_of, key_path
 
 RACERS = 4
@@ -265,3 +265,40 @@ async def test_entries_the_layout_never_makes_are_not_listed(tmp_path: Path) -> 
         assert await mailbox.list("d/b/") == ["d/b/c"]
         assert await mailbox.list("d/link/") == []
         assert await mailbox.list("d/plain/") == []
+
+
+@pytest.mark.anyio
+async def test_links_and_special_files_at_a_key_are_never_followed_or_read(
+    tmp_path: Path,
+) -> None:
+    async with LocalMailbox(tmp_path / "box") as mailbox:
+        assert await mailbox.put_if_absent("records/0", b"ours")
+        assert await mailbox.put_if_absent("elsewhere/secret", b"not through a link")
+        here = tmp_path / "box" / "objects"
+        # Read whole, /dev/zero would fill the memory; a FIFO would block the reader.
+        (here / "records" / "1%").symlink_to("/dev/zero")
+        (here / "records" / "2%").symlink_to(here / "records" / "0%")
+        os.mkfifo(here / "records" / "3%")
+        (here / "linked").symlink_to(here / "elsewhere")
+        with anyio.fail_after(10):
+            for key in ("records/1", "records/2"):
+                with pytest.raises(NotARegularFile, match="symbolic link; it was not followed"):
+                    await mailbox.get(key, max_bytes=2**20)
+                with pytest.raises(NotARegularFile):
+                    await mailbox.get(key)
+            with pytest.raises(NotARegularFile, match=r"not a regular file \(mode p"):
+                await mailbox.get("records/3")
+            # A linked directory is not entered, as ``list`` does not enter it.
+            assert await mailbox.get("linked/secret") is None
+        assert await mailbox.get("records/0") == b"ours"
+
+
+@pytest.mark.anyio
+async def test_an_oversized_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path / "box") as mailbox:
+        assert await mailbox.put_if_absent("records/0", b"")
+        # Sparse: 256 MiB by its size, no memory or disk behind it.
+        os.truncate(tmp_path / "box" / "objects" / "records" / "0%", 256 * 2**20)
+        with pytest.raises(ObjectTooLarge) as caught:
+            await mailbox.get("records/0", max_bytes=2**20)
+        assert caught.value.size == 256 * 2**20
