@@ -12,8 +12,11 @@ file named after its last segment with ``%`` appended. Inside every name ``%`` i
 ``%25``, so an escaped segment never ends in a bare ``%``: a file and a directory can never
 share a name, and ``a`` and ``a/b`` are both storable (``objects/a%`` and ``objects/a/b%``).
 A segment longer than 240 UTF-8 bytes (most filesystems cap a name at 255) is cut into
-pieces, each but the last a directory whose name ends in ``%+``. Keys are thereby any valid
-key (``check_key``) and decode back exactly; ``key_path`` and ``key_of`` are that mapping.
+pieces, each but the last a directory whose name ends in ``%+``; a last piece that is ``.``
+or ``..`` (of a segment that is not the key's last) is written ``%.`` or ``%..``, names no
+escaped piece can have (its every ``%`` is followed by ``25``). Keys are thereby any valid
+key (``check_key``), map one-to-one to paths below ``objects/`` and decode back exactly;
+``key_path`` and ``key_of`` are that mapping.
 
 Guarantees
 ----------
@@ -85,6 +88,8 @@ _TMP = "tmp"
 _PIECE_BYTES = 240
 _FILE_MARK = "%"
 _MORE_MARK = "%+"
+_DOT_MARK = "%"
+_DOT_NAMES = (_DOT_MARK + ".", _DOT_MARK + "..")
 _STALE_TEMP_SECONDS = 3600.0
 _SUBDIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 # Never through a symbolic link; never waiting for a FIFO's writer (non-blocking changes
@@ -175,15 +180,27 @@ def _pieces(segment: str) -> list[str]:
     return pieces
 
 
+def _directory_name(piece: str) -> str:
+    """The directory name of a segment's last piece: the piece itself, unless it is ``.``
+    or ``..`` (a long segment's tail can be), which would name this directory or its
+    parent; those get the dot mark: ``%.`` and ``%..`` are no escaped piece, in which a
+    ``%`` is always followed by ``25``."""
+    return _DOT_MARK + piece if piece in (".", "..") else piece
+
+
 def key_path(key: str) -> tuple[str, ...]:
-    """The names, relative to ``objects/``, of the file that holds ``key`` (already checked)."""
+    """The names, relative to ``objects/``, of the file that holds ``key`` (already checked).
+
+    One-to-one: distinct keys get distinct names, none of them empty, ``.`` or ``..``, so
+    every path stays below ``objects/``.
+    """
     names: list[str] = []
     segments = key.split("/")
     for index, segment in enumerate(segments):
         pieces = _pieces(segment)
         names.extend(piece + _MORE_MARK for piece in pieces[:-1])
         last = index == len(segments) - 1
-        names.append(pieces[-1] + _FILE_MARK if last else pieces[-1])
+        names.append(pieces[-1] + _FILE_MARK if last else _directory_name(pieces[-1]))
     return tuple(names)
 
 
@@ -201,6 +218,8 @@ def _partial(key_so_far: str, name: str, *, is_file: bool) -> str | None:
         return key_so_far + _unescape(name[: -len(_MORE_MARK)])
     if name.endswith(_FILE_MARK):
         return None
+    if name in _DOT_NAMES:
+        return key_so_far + name[len(_DOT_MARK) :] + "/"
     return key_so_far + _unescape(name) + "/"
 
 

@@ -302,3 +302,65 @@ async def test_an_oversized_file_is_refused_before_it_is_read(tmp_path: Path) ->
         with pytest.raises(ObjectTooLarge) as caught:
             await mailbox.get("records/0", max_bytes=2**20)
         assert caught.value.size == 256 * 2**20
+
+
+# Segments whose pieces (cut every 240 bytes) end at or around dots, escapes and wide
+# characters: where ``..`` once became a directory name of its own.
+cut_segments = st.one_of(
+    st.builds(
+        lambda width, tail: "a" * width + tail,
+        st.integers(230, 250),
+        st.text(alphabet=".%+a", min_size=1, max_size=4),
+    ),
+    st.text(alphabet=".%+é", min_size=1, max_size=300),
+).filter(lambda segment: segment not in (".", ".."))
+cut_keys = st.lists(cut_segments, min_size=1, max_size=3).map("/".join)
+
+
+@given(st.lists(cut_keys, min_size=2, max_size=6, unique=True))
+def test_distinct_keys_map_to_distinct_paths_inside_objects(drawn: list[str]) -> None:
+    keys = [key for key in drawn if len(key.encode()) <= 1024]
+    paths = {key: key_path(key) for key in keys}
+    assert len(set(paths.values())) == len(keys)
+    for key, names in paths.items():
+        assert all(name not in ("", ".", "..") and "/" not in name for name in names)
+        assert key_of(names) == key
+
+
+def test_a_long_segment_ending_in_dots_stays_in_its_directory() -> None:
+    key = "A" * 240 + "../manifest"
+    assert key_path(key) == ("A" * 240 + "%+", "%..", "manifest%")
+    assert key_path("A" * 240 + "./x") == ("A" * 240 + "%+", "%.", "x%")
+    assert key_path("A" * 240 + "%../x")[1] == "%25.."
+
+
+@pytest.mark.anyio
+@settings(deadline=None, max_examples=40)
+@given(st.lists(cut_keys, min_size=1, max_size=6, unique=True))
+async def test_every_key_put_is_stored_inside_the_root_and_listed_exactly(
+    drawn: list[str],
+) -> None:
+    keys = [key for key in drawn if len(key.encode()) <= 1024]
+    with tempfile.TemporaryDirectory() as directory:
+        async with LocalMailbox(directory) as mailbox:
+            for key in keys:
+                assert await mailbox.put_if_absent(key, key.encode())
+            assert await mailbox.list("") == sorted(keys, key=lambda key: key.encode())
+            for key in keys:
+                assert await mailbox.get(key) == key.encode()
+        stored, outside = _object_files(Path(directory))
+        assert stored == len(keys)
+        assert outside == []
+
+
+def _object_files(directory: Path) -> tuple[int, list[Path]]:
+    """How many files under ``directory`` are named like an object, and those of them whose
+    resolved path is not below ``directory/objects``."""
+    objects = (directory / "objects").resolve()
+    paths = [
+        Path(root, name).resolve()
+        for root, _, names in os.walk(directory)
+        for name in names
+        if name.endswith("%")
+    ]
+    return len(paths), [path for path in paths if not path.is_relative_to(objects)]
