@@ -18,6 +18,17 @@ Strong read-after-write and list-after-write, an atomic ``If-None-Match: *`` on 
 Face's gateway accepts and ignores it): ``list`` also cuts at ``after`` itself. See
 ``docs/mailbox.md`` for the stores known to qualify and those that do not.
 
+Large objects
+-------------
+An object over ``multipart_threshold`` bytes is written by a multipart upload whose parts
+(``part_size`` bytes, ``part_concurrency`` in flight) go in parallel, after a HEAD that
+skips the upload when the object already exists; the completion carries ``If-None-Match: *``,
+so create-once holds as long as the store honours it there (AWS S3 and moto do). Whatever
+ends the upload early, cancellation included, aborts it (``_s3_parts``). It is read by
+parallel ranged GETs, each conditional on the ETag of the first response, so a replaced
+object is never spliced. Smaller objects (records, claims, the manifest: all far below the
+threshold) keep one conditional PUT and one GET.
+
 Failure modes
 -------------
 A refused connection, a connect or read timeout and a connection dropped mid-request or
@@ -36,7 +47,7 @@ original chained; nothing transient, so nothing retries it. Throttling (503 ``Sl
 match become ``MailboxUnavailable`` once botocore's retries are spent (botocore does not retry
 a 429, so that one at once); the original is chained. Every other ``ClientError`` (a 4xx that
 says the request itself is wrong: a bug, not an outage) propagates unchanged. A payload above
-5 GiB raises ``ValueError`` before anything is sent. A bulk delete reports per-key failures in
+5 TiB raises ``ValueError`` before anything is sent. A bulk delete reports per-key failures in
 a 200 response; the first is mapped as above (a per-key ``SlowDown`` or ``InternalError`` is
 ``MailboxUnavailable``) or else raised as a ``ClientError``.
 """
@@ -64,6 +75,7 @@ from botocore.exceptions import (
 )
 
 from gradientmail.errors import MailboxUnavailable
+from gradientmail.mailbox import _s3_parts
 from gradientmail.mailbox._base import (
     MAX_KEY_BYTES,
     ObjectTooLarge,
@@ -71,12 +83,18 @@ from gradientmail.mailbox._base import (
     check_max_bytes,
     check_prefix,
 )
+from gradientmail.mailbox._s3_parts import MIN_PART_BYTES
 
 __all__ = ["MAX_OBJECT_BYTES", "S3AccessError", "S3Mailbox"]
 
-MAX_OBJECT_BYTES = 5 * 2**30
-"""The largest single PUT S3 accepts; larger payloads need more fragments, not multipart."""
+MAX_OBJECT_BYTES = 5 * 2**40
+"""The largest object S3 stores (5 TiB, by a multipart upload)."""
+_MAX_PUT_BYTES = 5 * 2**30
+"""The largest single PUT S3 accepts."""
 
+_PART_SIZE = 16 * 2**20
+_MULTIPART_THRESHOLD = 32 * 2**20
+_PART_CONCURRENCY = 8
 _DELETE_CHUNK = 1000
 _CONFLICT_ATTEMPTS = 3
 # A transfer that failed on the way (refused, timed out, dropped, cut short, or whose bytes
@@ -312,6 +330,11 @@ class S3Mailbox:
         Signing region; None lets botocore resolve it from the environment.
     max_concurrency
         Requests in flight at once (an anyio ``CapacityLimiter``), also the connection pool size.
+    part_size, multipart_threshold, part_concurrency
+        An object over ``multipart_threshold`` bytes (at most 5 GiB) travels in parts of
+        ``part_size`` bytes (5 MiB to 5 GiB; larger where 10,000 parts would not hold it),
+        ``part_concurrency`` of them in flight at once (within ``max_concurrency``): see
+        "Large objects" above. The defaults are measured (``benchmarks/bench_transfer.py``).
     request_checksums
         ``"when_supported"`` sends a CRC32 of every uploaded object for the store to verify
         (botocore's default flexible checksum: a SHA-256 cost a quarter of a 64 MiB put's
@@ -342,6 +365,9 @@ class S3Mailbox:
         endpoint_url: str | None = None,
         region: str | None = None,
         max_concurrency: int = 8,
+        part_size: int = _PART_SIZE,
+        multipart_threshold: int = _MULTIPART_THRESHOLD,
+        part_concurrency: int = _PART_CONCURRENCY,
         request_checksums: RequestChecksums = "when_supported",
         connect_timeout: float = 3.0,
         read_timeout: float = 20.0,
@@ -350,6 +376,21 @@ class S3Mailbox:
             raise ValueError(f"invalid bucket name {bucket!r}: give the bare name, no '/'")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        if not MIN_PART_BYTES <= part_size <= _MAX_PUT_BYTES:
+            raise ValueError(
+                f"part_size must be from {MIN_PART_BYTES} (5 MiB, S3's smallest part) to "
+                f"{_MAX_PUT_BYTES} bytes, not {part_size}"
+            )
+        if not part_size <= multipart_threshold <= _MAX_PUT_BYTES:
+            raise ValueError(
+                f"multipart_threshold must be from part_size ({part_size}) to {_MAX_PUT_BYTES} "
+                f"bytes (5 GiB, S3's largest single PUT), not {multipart_threshold}"
+            )
+        if part_concurrency < 1:
+            raise ValueError(f"part_concurrency must be at least 1, not {part_concurrency}")
+        self._part_size = part_size
+        self._multipart_threshold = multipart_threshold
+        self._part_concurrency = part_concurrency
         if request_checksums not in ("when_supported", "when_required"):
             raise ValueError(
                 f"request_checksums must be 'when_supported' or 'when_required', "
@@ -487,11 +528,12 @@ class S3Mailbox:
         full = self._full_key(key)
         if len(data) > MAX_OBJECT_BYTES:
             raise ValueError(
-                f"{key!r}: {len(data)} bytes exceeds S3's 5 GiB single-object limit; "
-                "use more fragments"
+                f"{key!r}: {len(data)} bytes exceeds S3's 5 TiB object limit; use more fragments"
             )
         client, limiter = self._open()
         body = data if isinstance(data, bytes) else bytes(data)
+        if len(body) > self._multipart_threshold:
+            return await self._put_in_parts(key, full, body)
         for _ in range(_CONFLICT_ATTEMPTS):
             with self._boundary(f"put {key!r}"):
                 try:
@@ -512,6 +554,34 @@ class S3Mailbox:
             f"put {key!r}: conditional write conflicted {_CONFLICT_ATTEMPTS} times"
         )
 
+    async def _put_in_parts(self, key: str, full: str, body: bytes) -> bool:
+        client, limiter = self._open()
+        with self._boundary(f"put {key!r}"):
+            async with limiter:
+                try:
+                    await client.head_object(Bucket=self._bucket, Key=full)
+                except ClientError as exc:
+                    if _error_code(exc) not in ("404", "NoSuchKey"):
+                        raise
+                else:
+                    # Uploading gigabytes only to be refused at the completion is waste.
+                    return False
+            try:
+                return await _s3_parts.upload(
+                    client,
+                    limiter,
+                    bucket=self._bucket,
+                    key=full,
+                    data=body,
+                    part_size=self._part_size,
+                    concurrency=self._part_concurrency,
+                    checksums=self._checksums,
+                )
+            except ClientError as exc:
+                if _error_code(exc) == "ConditionalRequestConflict":
+                    raise MailboxUnavailable(f"put {key!r}: conditional write conflicted") from exc
+                raise
+
     async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         full = self._full_key(key)
         check_max_bytes(max_bytes)
@@ -524,16 +594,27 @@ class S3Mailbox:
                     if _error_code(exc) == "NoSuchKey":
                         return None
                     raise
+                # Leaving this block unread closes the response (and drops its connection).
                 async with response["Body"] as stream:
                     size = response.get("ContentLength")
                     if max_bytes is not None:
                         if size is None:
                             return await _read_at_most(stream, key, max_bytes)
                         if size > max_bytes:
-                            # Leaving the block closes the response unread.
                             raise ObjectTooLarge(key, size, max_bytes)
-                    data: bytes = await stream.read()
-                    return data
+                    if size is None or size <= self._multipart_threshold:
+                        data: bytes = await stream.read()
+                        return data
+            return await _s3_parts.download(
+                client,
+                limiter,
+                bucket=self._bucket,
+                key=full,
+                size=size,
+                etag=response["ETag"],
+                part_size=self._part_size,
+                concurrency=self._part_concurrency,
+            )
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
