@@ -40,7 +40,11 @@ for it are fsynced before ``put_if_absent`` returns (and directory entries after
 
 Every operation runs in one worker thread (``anyio.to_thread.run_sync``), never on the event
 loop. Cancellation waits for that thread to finish its operation, so a cancelled
-``put_if_absent`` has either created its object or not, and the caller reads it back.
+``put_if_absent`` has either created its object or not, and the caller reads it back. An
+object over 16 MiB is written in 16 MiB chunks, one worker-thread call each, straight from
+the caller's bytes (no copy); cancellation between chunks removes the partial temporary
+file. ``get`` reads an object with one ``read`` into the ``bytes`` it returns (up to 2 GiB;
+no second whole-object buffer, which reading in chunks would need to join them).
 
 The filesystem must support hard links and be case-sensitive (``__aenter__`` checks the
 latter): Linux ext4, xfs, btrfs, zfs and NFSv3+ qualify; macOS's default case-insensitive
@@ -66,6 +70,7 @@ import stat
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -101,6 +106,8 @@ _READ_CHUNK = 0x7FFFF000
 # pathological livelock, not any expected case.
 _PUT_ATTEMPTS = 100
 _RACE_CHECK_BYTES = 1 << 16
+# Objects larger than this are written in chunks this size, one worker-thread call each.
+_WRITE_CHUNK = 16 << 20
 
 
 def _errnos(*names: str) -> frozenset[int]:
@@ -350,6 +357,12 @@ def _walk(directory: int, key_so_far: str, prefix: str, after: str, keys: list[s
     keys.extend(_file_keys(files, key_so_far, prefix, after))
 
 
+def _write_all(fd: int, view: memoryview) -> None:
+    """Write all of ``view`` to ``fd`` (``os.write`` may write less than asked)."""
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _read_exactly(fd: int, size: int) -> bytes:
     """The first ``size`` bytes of ``fd`` (fewer if it is shorter now), read straight into
     the returned ``bytes`` (one ``read`` up to 2 GiB: no second whole-file buffer), never
@@ -399,6 +412,8 @@ class LocalMailbox:
     async def put_if_absent(self, key: str, data: bytes) -> bool:
         check_key(key)
         with self._boundary(f"put {key!r}"):
+            if len(data) > _WRITE_CHUNK:
+                return await self._put_in_chunks(key_path(key), data)
             return await anyio.to_thread.run_sync(self._put, key_path(key), data)
 
     async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
@@ -475,19 +490,31 @@ class LocalMailbox:
             except FileNotFoundError:
                 continue
 
-    def _write_temp(self, data: bytes) -> Path:
+    def _open_temp(self) -> tuple[Path, int]:
+        """A fresh file in ``tmp/`` (made again if a cleanup removed it), opened to write."""
         temp = self._tmp / uuid.uuid4().hex
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            handle = open(temp, "xb")  # noqa: SIM115 (closed below, after an optional fsync)
+            return temp, os.open(temp, flags, 0o644)
         except FileNotFoundError:
             self._tmp.mkdir(parents=True, exist_ok=True)
-            handle = open(temp, "xb")  # noqa: SIM115
+            return temp, os.open(temp, flags, 0o644)
+
+    def _finish_temp(self, fd: int) -> None:
+        """Close a temporary file written in full, fsynced first if durable."""
         try:
-            with handle:
-                handle.write(data)
-                if self._durable:
-                    handle.flush()
-                    os.fsync(handle.fileno())
+            if self._durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_temp(self, data: bytes) -> Path:
+        temp, fd = self._open_temp()
+        try:
+            try:
+                _write_all(fd, memoryview(data))
+            finally:
+                self._finish_temp(fd)
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
@@ -516,27 +543,55 @@ class LocalMailbox:
         if len(data) >= _RACE_CHECK_BYTES and target.exists():
             return False
         temp = self._write_temp(data)
-        created: builtins.list[Path] = []
         try:
-            for _ in range(_PUT_ATTEMPTS):
-                try:
-                    os.link(temp, target)
-                except FileExistsError:
-                    return False
-                except FileNotFoundError:
-                    # A directory of the key is missing: not made yet, or removed by a
-                    # concurrent delete that had just emptied it (which can also happen while
-                    # making them). Make them and link again.
-                    with contextlib.suppress(FileNotFoundError):
-                        created += self._make_parents(target)
-                    continue
-                if self._durable:
-                    for directory in {target.parent, *(path.parent for path in created)}:
-                        _fsync_directory(directory)
-                return True
-            raise OSError(f"could not create the directories for {target}")
+            return self._link(temp, target)
         finally:
             temp.unlink(missing_ok=True)
+
+    async def _put_in_chunks(self, names: tuple[str, ...], data: bytes) -> bool:
+        """``_put`` for a large object: each chunk of ``_WRITE_CHUNK`` bytes written by a
+        worker thread of its own (straight from ``data``, no copy), so that cancellation
+        takes effect between chunks; the temporary file is removed, shielded, whatever
+        happens."""
+        target = self._objects.joinpath(*names)
+        if await anyio.to_thread.run_sync(target.exists):
+            return False
+        temp, fd = await anyio.to_thread.run_sync(self._open_temp)
+        try:
+            view = memoryview(data)
+            try:
+                for start in range(0, len(view), _WRITE_CHUNK):
+                    await anyio.to_thread.run_sync(
+                        _write_all, fd, view[start : start + _WRITE_CHUNK]
+                    )
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._finish_temp, fd)
+            return await anyio.to_thread.run_sync(self._link, temp, target)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(partial(temp.unlink, missing_ok=True))
+
+    def _link(self, temp: Path, target: Path) -> bool:
+        """Link the written ``temp`` into place at ``target``; False if it exists."""
+        created: builtins.list[Path] = []
+        for _ in range(_PUT_ATTEMPTS):
+            try:
+                os.link(temp, target)
+            except FileExistsError:
+                return False
+            except FileNotFoundError:
+                # A directory of the key is missing: not made yet, or removed by a
+                # concurrent delete that had just emptied it (which can also happen while
+                # making them). Make them and link again.
+                with contextlib.suppress(FileNotFoundError):
+                    created += self._make_parents(target)
+                continue
+            if self._durable:
+                for directory in {target.parent, *(path.parent for path in created)}:
+                    _fsync_directory(directory)
+            return True
+        raise OSError(f"could not create the directories for {target}")
 
     def _open_object(self, names: tuple[str, ...]) -> int | None:
         """The object file at ``names`` opened for reading, None if there is none; each

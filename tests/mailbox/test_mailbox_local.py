@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import gradientmail.mailbox.local as local_module
 from gradientmail.mailbox import LocalMailbox, NotARegularFile, ObjectTooLarge, check_key
 from gradientmail.mailbox.local import key_of, key_path
 
@@ -364,3 +366,29 @@ def _object_files(directory: Path) -> tuple[int, list[Path]]:
         if name.endswith("%")
     ]
     return len(paths), [path for path in paths if not path.is_relative_to(objects)]
+
+
+@pytest.mark.anyio
+async def test_large_objects_are_written_in_chunks_and_a_cancelled_write_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_module, "_WRITE_CHUNK", 2**20)
+    data = os.urandom(5 * 2**20 + 3)
+    temporaries = tmp_path / "box" / "tmp"
+    async with LocalMailbox(tmp_path / "box") as mailbox:
+        assert await mailbox.put_if_absent("whole", data)
+        assert await mailbox.get("whole") == data
+        assert await mailbox.put_if_absent("whole", data) is False
+
+        def written() -> int:
+            return sum(entry.stat().st_size for entry in os.scandir(temporaries))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(mailbox.put_if_absent, "cancelled", os.urandom(64 * 2**20))
+                # Cancelled once part of it, and not all, is in the temporary file.
+                while not 0 < await anyio.to_thread.run_sync(written) < 64 * 2**20:
+                    await anyio.lowlevel.checkpoint()
+                group.cancel_scope.cancel()
+        assert await mailbox.get("cancelled") is None
+        assert list(temporaries.iterdir()) == []
