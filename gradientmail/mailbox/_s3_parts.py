@@ -186,15 +186,18 @@ async def download(
     etag: str,
     part_size: int,
     concurrency: int,
+    first: bytes = b"",
 ) -> bytes | None:
-    """The ``size`` bytes of ``key`` read by ranged GETs, ``concurrency`` at once, each
-    conditional on ``etag`` (so parts of two versions are never spliced), into one buffer;
-    None when the object is deleted meanwhile.
+    """The ``size`` bytes of ``key``, starting with the ``first`` already read, the rest
+    read by ranged GETs, ``concurrency`` at once, each conditional on ``etag`` (so parts of
+    two versions are never spliced), into one buffer; None when the object is deleted
+    meanwhile.
 
     Raises ``MailboxUnavailable`` when the object changed (412) or a range came back short.
     """
     buffer = bytearray(size)
     view = memoryview(buffer)
+    view[: len(first)] = first
     per_object = anyio.CapacityLimiter(concurrency)
 
     async def fetch(start: int, end: int) -> None:
@@ -222,7 +225,9 @@ async def download(
             )
 
     try:
-        await _all([partial(fetch, start, end) for start, end in part_ranges(size, part_size)])
+        skip = len(first)
+        ranges = part_ranges(size - skip, part_size)
+        await _all([partial(fetch, skip + start, skip + end) for start, end in ranges])
     except _Gone:
         return None
     view.release()

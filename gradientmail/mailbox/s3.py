@@ -213,6 +213,17 @@ class _WholeBodySession(HttpxSession):  # type: ignore[misc]  # aiobotocore is u
             request.body = body
 
 
+def _object_size(response: Any) -> int | None:
+    """The whole object's size: from ``Content-Range`` (``bytes 0-9/1234``) for a part of
+    it, else the response's length; None when the store stated neither."""
+    content_range = response.get("ContentRange")
+    if content_range:
+        total = content_range.rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    length = response.get("ContentLength")
+    return int(length) if length is not None else None
+
+
 async def _read_at_most(stream: Any, key: str, max_bytes: int) -> bytes:
     """The whole body of a response that did not state its length, read in chunks and
     abandoned (``ObjectTooLarge``) as soon as it exceeds ``max_bytes``."""
@@ -586,35 +597,62 @@ class S3Mailbox:
         full = self._full_key(key)
         check_max_bytes(max_bytes)
         client, limiter = self._open()
+        # A caller allowing more than the threshold expects a large object (a blob of known
+        # size): ask for the first part only, which tells the size, and fetch the rest in
+        # parallel. Others (records) get one plain GET, whose checksum botocore validates.
+        ranged = max_bytes is not None and max_bytes > self._multipart_threshold
         with self._boundary(f"get {key!r}"):
             async with limiter:
-                try:
-                    response = await client.get_object(Bucket=self._bucket, Key=full)
-                except ClientError as exc:
-                    if _error_code(exc) == "NoSuchKey":
-                        return None
-                    raise
+                response = await self._first_response(full, ranged)
+                if response is None:
+                    return None
                 # Leaving this block unread closes the response (and drops its connection).
                 async with response["Body"] as stream:
-                    size = response.get("ContentLength")
+                    size = _object_size(response)
                     if max_bytes is not None:
                         if size is None:
                             return await _read_at_most(stream, key, max_bytes)
                         if size > max_bytes:
                             raise ObjectTooLarge(key, size, max_bytes)
-                    if size is None or size <= self._multipart_threshold:
+                    if size is None:
                         data: bytes = await stream.read()
                         return data
+                    total: int = size
+                    # A first part (which may be all of it), or a small object: read it.
+                    if "ContentRange" in response or total <= self._multipart_threshold:
+                        data = await stream.read()
+                        if len(data) >= total:
+                            return data
+                    else:
+                        data = b""
             return await _s3_parts.download(
                 client,
                 limiter,
                 bucket=self._bucket,
                 key=full,
-                size=size,
+                size=total,
                 etag=response["ETag"],
                 part_size=self._part_size,
                 concurrency=self._part_concurrency,
+                first=data,
             )
+
+    async def _first_response(self, full: str, ranged: bool) -> Any:
+        """The response to the GET of ``full`` (its first part when ``ranged``), or None
+        when there is no such object."""
+        request = {"Bucket": self._bucket, "Key": full}
+        if ranged:
+            request["Range"] = f"bytes=0-{self._part_size - 1}"
+        try:
+            return await self._client.get_object(**request)
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code == "NoSuchKey":
+                return None
+            if code == "InvalidRange":
+                # An empty object has no first byte to range over.
+                return await self._first_response(full, False)
+            raise
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)

@@ -95,6 +95,20 @@ async def test_objects_across_the_threshold_round_trip(
 
 
 @pytest.mark.anyio
+async def test_a_large_cap_reads_small_and_empty_objects_whole(
+    moto_server: str, s3_bucket: str
+) -> None:
+    # A cap above the threshold makes the first GET a ranged one, which an empty object
+    # refuses (416) and a small one answers whole.
+    async with small_parts(moto_server, s3_bucket) as box:
+        assert await box.put_if_absent("empty", b"")
+        assert await box.put_if_absent("small", b"tiny")
+        assert await box.get("empty", max_bytes=10 * PART) == b""
+        assert await box.get("small", max_bytes=10 * PART) == b"tiny"
+        assert await box.get("missing", max_bytes=10 * PART) is None
+
+
+@pytest.mark.anyio
 async def test_a_multipart_put_that_loses_the_race_creates_nothing(
     moto_server: str, s3_bucket: str, admin: Any
 ) -> None:
