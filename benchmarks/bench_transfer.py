@@ -286,7 +286,7 @@ async def _sweep(endpoint: str, bucket: str, data: bytes) -> list[dict[str, Any]
 
 def run(results: Path, quick: bool, size: int, sweep: bool) -> Path:
     """Measure, write ``results/transfer.json`` and return its path."""
-    repetitions = 1 if quick else 3
+    repetitions = 1 if quick else 5
     settings = {"size_bytes": size, "repetitions": repetitions, "sweep": sweep}
     result = h.header(NAME, quick=quick, parameters=settings)
     data = os.urandom(size)
