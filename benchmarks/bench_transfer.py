@@ -12,8 +12,8 @@ and trio, through:
   configured as the mailbox configures its own).
 - ``LocalMailbox`` on a temporary directory: the mailbox (``parallel``: chunked writes off
   the event loop), its single-hop path (``single``: the chunk size raised above the object)
-  and plain files (``raw``: ``open(path, "xb").write`` and ``open(path, "rb").read`` in one
-  worker-thread hop each).
+  and plain files (``raw``: ``bench_store.FilesArm``, ``open(path, "xb").write`` and
+  ``open(path, "rb").read`` in one worker-thread hop each).
 
 Arms alternate within each repetition (rotating their order); a ratio is the median
 throughput of ``parallel`` over that of ``single`` or ``raw`` (above 1: the mailbox is
@@ -37,6 +37,7 @@ from typing import Any
 import _harness as h
 import anyio
 import anyio.to_thread
+from bench_store import FilesArm
 
 import gradientmail.mailbox.local as local_module
 from gradientmail.mailbox import LocalMailbox, S3Mailbox
@@ -140,28 +141,6 @@ class MailboxArm:
         return data
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "xb") as handle:
-        handle.write(data)
-
-
-def _read(path: Path) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
-
-
-class FilesArm:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-
-    async def put(self, key: str, data: bytes) -> None:
-        await anyio.to_thread.run_sync(_write, self.root / key.replace("/", "_"), data)
-
-    async def get(self, key: str) -> bytes:
-        return await anyio.to_thread.run_sync(_read, self.root / key.replace("/", "_"))
-
-
 async def _timed(op: Callable[[], Awaitable[Any]]) -> float:
     started = time.perf_counter()
     await op()
@@ -237,7 +216,7 @@ async def _s3(endpoint: str, bucket: str, data: bytes, repetitions: int) -> dict
 
 async def _local(scratch: Path, data: bytes, repetitions: int) -> dict[str, Any]:
     async with LocalMailbox(scratch / "mailbox") as mailbox:
-        arms = {
+        arms: dict[str, Any] = {
             "parallel": MailboxArm(mailbox, len(data)),
             "single": MailboxArm(mailbox, len(data), chunk=len(data) + 1),
             "raw": FilesArm(scratch / "plain"),
@@ -245,7 +224,7 @@ async def _local(scratch: Path, data: bytes, repetitions: int) -> dict[str, Any]
 
         async def remove(name: str, key: str) -> None:
             if name == "raw":
-                (scratch / "plain" / key.replace("/", "_")).unlink()
+                await arms["raw"].remove([key])
             else:
                 await mailbox.delete([key])
 
