@@ -112,15 +112,18 @@ def train(
     after_step: Callable[[], None] = lambda: None,
     first: int = 0,
     lr: float = LR,
+    optimizer: Any = None,
 ) -> list[list[float]]:
-    """AdamW steps ``first .. steps - 1`` on ``batches`` at peak learning rate ``lr``
-    (``lr_at``'s schedule over ``steps``), calling ``after_step`` after each; the evaluation
-    loss every ``eval_every`` steps, as ``[step, loss]`` pairs (step ``first`` first)."""
+    """Steps ``first .. steps - 1`` on ``batches`` at peak learning rate ``lr`` (``lr_at``'s
+    schedule over ``steps``) with ``optimizer`` (a new AdamW when None), calling
+    ``after_step`` after each; the evaluation loss every ``eval_every`` steps, as
+    ``[step, loss]`` pairs (step ``first`` first)."""
     import torch
 
     from gradientmail.demo.data import evaluate
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     curve = [[float(first), evaluate(model, evaluation)]]
     for step in range(first, steps):
         for group in optimizer.param_groups:
@@ -229,17 +232,20 @@ class Learning:
     ``train(first, after_step)`` runs the learner's steps ``first .. steps - 1`` (``first`` >
     0 in a learner restarted after a kill), calling ``after_step()`` after each, and returns
     its evaluation curve as ``[step, loss]`` pairs; ``final()`` evaluates the model at the
-    end; ``tokens_per_step`` is what each step reports to the node.
+    end; ``tokens_per_step`` is what each step reports to the node; ``optimizer``, when not
+    None, is the inner optimizer ``train`` steps (for a peer system that hooks it).
     """
 
     model: Any
     tokens_per_step: int
     train: Callable[[int, Callable[[], None]], list[list[float]]]
     final: Callable[[], float]
+    optimizer: Any = None
 
 
 class Progress:
-    """A learner's completed steps, in memory (with the ``perf_counter`` of each) and in the
+    """A learner's completed steps, in memory (with the ``time.monotonic()`` of each, one clock
+    for every process of the machine) and in the
     file ``progress-{index}`` of the scratch directory, which the runner watches to kill a
     learner at a given step and a restarted learner reads to resume there."""
 
@@ -251,7 +257,7 @@ class Progress:
 
     def step(self) -> None:
         self.done += 1
-        self.times.append(time.perf_counter())
+        self.times.append(time.monotonic())
         self._path.write_text(str(self.done))
 
 
@@ -271,7 +277,6 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
     counts: dict[str, int] = {}
     tally = h.Tally()
     learner = f"learner-{index}"
-    began = time.perf_counter()
 
     def count(event: Event) -> None:
         name = kind_name(event)
@@ -316,7 +321,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
             "curve": [*curve, [float(spec["steps"]), final]],
             "final_loss": final,
             "first_step": progress.first,
-            "step_times": [t - began for t in progress.times],
+            "step_times": progress.times,
             "train_seconds": trained,
             "seconds_with_flush": time.perf_counter() - started,
             "bytes_up": end.bytes_published - start.bytes_published,
@@ -456,7 +461,7 @@ def launch(
     ``script --worker SPEC ROLE``; once every learner has exited, create the file ``stop``
     for the services and wait for them. With ``kill``, one learner is SIGKILLed and
     restarted as described. Returns every role's report (``result-{role}.json``), the wall
-    time, and for a kill the ``perf_counter`` offsets (from the start) of the kill and the
+    time, and the ``time.monotonic()`` of the start and, for a kill, of the kill and the
     restart. ``RuntimeError`` with the end of its log for a process that fails."""
     scratch = Path(spec["scratch"])
     scratch.mkdir(parents=True)
@@ -480,9 +485,9 @@ def launch(
         return RuntimeError(f"{role} failed:\n{log[-4000:]}")
 
     started = time.perf_counter()
+    events: dict[str, float] = {"started": time.monotonic()}
     learners = {str(k): spawn(str(k)) for k in range(spec["learners"])}
     others = {role: spawn(role) for role in services}
-    events: dict[str, float] = {}
     try:
         if kill is not None:
             victim, progress = str(kill.index), scratch / f"progress-{kill.index}"
@@ -495,10 +500,10 @@ def launch(
             wait_for(reached, timeout, f"learner {victim} to reach step {kill.at_step}")
             learners[victim].kill()
             learners[victim].wait()
-            events["killed"] = time.perf_counter() - started
+            events["killed"] = time.monotonic()
             time.sleep(kill.restart_after)
             learners[victim] = spawn(victim)
-            events["restarted"] = time.perf_counter() - started
+            events["restarted"] = time.monotonic()
         for role, process in learners.items():
             if process.wait(timeout=timeout) != 0:
                 raise failed(role)
