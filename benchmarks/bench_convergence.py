@@ -267,6 +267,19 @@ class Progress:
         self.times.append(time.monotonic())
         self._path.write_text(str(self.done))
 
+    def report(
+        self, index: int, steps: int, curve: list[list[float]], final: float, trained: float
+    ) -> dict[str, Any]:
+        """The fields every learner's report starts with, whatever the system."""
+        return {
+            "index": index,
+            "curve": [*curve, [float(steps), final]],
+            "final_loss": final,
+            "first_step": self.first,
+            "step_times": self.times,
+            "train_seconds": trained,
+        }
+
 
 def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict[str, Any]:
     """One gradientmail learner on the run in ``spec["scratch"]/store``, configured by
@@ -323,13 +336,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
             trained = time.perf_counter() - started
         end = node.state
         final = learning.final()
-        return {
-            "index": index,
-            "curve": [*curve, [float(spec["steps"]), final]],
-            "final_loss": final,
-            "first_step": progress.first,
-            "step_times": progress.times,
-            "train_seconds": trained,
+        return progress.report(index, spec["steps"], curve, final, trained) | {
             "seconds_with_flush": time.perf_counter() - started,
             "bytes_up": end.bytes_published - start.bytes_published,
             "bytes_down": end.bytes_downloaded - start.bytes_downloaded,

@@ -159,13 +159,7 @@ def worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
         for s in syncs
         if s["committed"] and s["participants"] > 0
     ]
-    return {
-        "index": index,
-        "curve": [*curve, [float(spec["steps"]), final]],
-        "final_loss": final,
-        "first_step": progress.first,
-        "step_times": progress.times,
-        "train_seconds": trained,
+    return progress.report(index, spec["steps"], curve, final, trained) | {
         "syncs": len(syncs),
         "failed_syncs": sum(1 for s in syncs if not s["committed"]),
         "sync_log": syncs,
