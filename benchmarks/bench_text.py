@@ -31,8 +31,10 @@ new stream of its shard.
 
 Validation loss is in bits per byte on a fixed set of windows of the validation files; the
 final figure is the mean over learners of their models at the end (after gradientmail's
-closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py [--size quick|small|full]
-[--results DIR] [--only ARM ...]``; ``nox -s bench-text`` runs the full size. The worker
+closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
+[--size quick|small|medium|full] [--results DIR] [--only ARM ...]``; ``nox -s bench-text``
+runs the full size (1,000 steps, a 1M-parameter GPT); ``medium`` is 1,000 steps of the
+119k-parameter GPT of ``small`` (200 steps). The worker
 processes run this file with ``--worker``.
 """
 
@@ -57,6 +59,7 @@ import bench_text_data as data
 import msgspec
 
 NAME = "text"
+"""The full size's result is ``text.json``; another size's ``text-{size}.json``."""
 K = 4
 FRAGMENTS = 5
 """Five, so that every H of the matrix (50, 100, 250) is a multiple of it: torchft's
@@ -91,6 +94,19 @@ SIZES: dict[str, dict[str, Any]] = {
         "eval": (4, 32),
         "final_eval": (16, 32),
         "eval_every": 50,
+    },
+    "medium": {
+        "steps": 1000,
+        "model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64},
+        "batch": 8,
+        "sync_every": [50, 100, 250],
+        "encodings": ["fp32", "int8", "int4"],
+        "torchft": [50, 100, 250],
+        "kill_sync_every": 100,
+        "restart_after": 20.0,
+        "eval": (4, 32),
+        "final_eval": (16, 32),
+        "eval_every": 200,
     },
     "full": {
         "steps": 1000,
@@ -444,7 +460,8 @@ def _figures(per_arm: dict[str, dict[str, Any]], size: dict[str, Any]) -> dict[s
 def run(
     results: Path, size_name: str, only: list[str] | None, log: Callable[[str], None] = print
 ) -> Path:
-    """Every arm of the size (or ``only`` those); writes ``results/text.json``."""
+    """Every arm of the size (or ``only`` those); writes ``results/text.json`` (full size)
+    or ``results/text-{size}.json``."""
     size = SIZES[size_name]
     chosen = [arm for arm in arms(size) if only is None or arm in only]
     from gradientmail.demo.model import GPT
@@ -469,7 +486,8 @@ def run(
         | {key: value for key, value in size.items() if key != "model"}
         | {"model": size["model"]}
     )
-    result = h.header(NAME, quick=size_name == "quick", parameters=parameters)
+    name = NAME if size_name == "full" else f"{NAME}-{size_name}"
+    result = h.header(name, quick=size_name == "quick", parameters=parameters)
     per_arm: dict[str, dict[str, Any]] = {}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-") as scratch:
@@ -488,7 +506,7 @@ def run(
         "arms": per_arm,
         "total_seconds": time.perf_counter() - began,
     }
-    return h.write_result(results, NAME, result)
+    return h.write_result(results, name, result)
 
 
 def _worker(spec_path: Path, role: str) -> None:

@@ -838,22 +838,44 @@ def _text_label(arm: str) -> str:
     return label.replace("-kill", " (one learner killed)")
 
 
-def text(page: Page, result: dict[str, Any] | None) -> None:
-    """The real-text task: every arm, gradientmail ÷ torchft, the failure and the ordering."""
+TEXT_SIZES = ("full", "medium", "small")
+"""The real-text sizes the page shows, each from its own result file when it exists."""
+
+
+def _text_results(results: Path) -> dict[str, Any] | None:
+    """Each real-text size's result (``text.json`` for the full size, ``text-{size}.json``
+    for the others), or None when there is none."""
+    found = {}
+    for size in TEXT_SIZES:
+        result = _load(results, "text" if size == "full" else f"text-{size}")
+        if result is not None:
+            found[size] = result
+    return found or None
+
+
+def text(page: Page, by_size: dict[str, Any] | None) -> None:
+    """The real-text task at every size measured."""
     page.add("## 6. Real text: the standard library, against torchft's DiLoCo", "")
-    if result is None:
+    if by_size is None:
         page.add(
             "_Not measured: `benchmarks/results/text.json` is missing (`nox -s bench-text`)._",
             "",
         )
         return
+    for size, result in by_size.items():
+        page.add(f"### Size `{size}`", "")
+        _text_size(page, result)
+
+
+def _text_size(page: Page, result: dict[str, Any]) -> None:
+    """One size: every arm, gradientmail ÷ torchft, the failure and the ordering."""
     p, figures = result["parameters"], result["figures"]
     table, arms = figures["table"], figures["arms"]
     size = p["size"]
     scale = (
         ""
         if size == "full"
-        else f" **Size `{size}`: a scaled-down run (not the full size of 1,000 steps and a "
+        else f" **Size `{size}`: a scaled-down run (the full size is 1,000 steps of a "
         "1M-parameter model), so its figures check the harness and the orderings, not the "
         "full-size losses.**"
     )
@@ -916,12 +938,12 @@ def text(page: Page, result: dict[str, Any] | None) -> None:
             rows,
         )
     )
-    _text_versus(page, figures["versus_torchft"])
+    _text_versus(page, figures["versus_torchft"], size)
     _text_failure(page, figures["failure"], arms, p)
-    _text_plot(page, arms)
+    _text_plot(page, arms, size)
 
 
-def _text_versus(page: Page, versus: dict[str, Any]) -> None:
+def _text_versus(page: Page, versus: dict[str, Any], size: str) -> None:
     if not versus:
         return
     page.add("gradientmail ÷ torchft, fp32, the same H, measured in this run:", "")
@@ -940,14 +962,14 @@ def _text_versus(page: Page, versus: dict[str, Any]) -> None:
         )
         met = None if gm_excess is None or ft_excess is None else gm_excess <= ft_excess
         page.target(
-            f"real text H={sync_every}: excess over DP, gradientmail vs torchft",
+            f"real text ({size}) H={sync_every}: excess over DP, gradientmail vs torchft",
             "≤ torchft's",
             f"{_num(gm_excess, 4)} vs {_num(ft_excess, 4)} bits/byte",
             met,
             "bench_text",
         )
         page.target(
-            f"real text H={sync_every}: wall time ÷ torchft's",
+            f"real text ({size}) H={sync_every}: wall time ÷ torchft's",
             "≤ 1.0",
             _num(v["wall_ratio"], 2),
             None if v["wall_ratio"] is None else v["wall_ratio"] <= 1.0,
@@ -1013,7 +1035,7 @@ def _text_failure(
             ]
         )
         page.target(
-            f"real text, {arm.split('-')[0]}: survivors' work discarded after a kill",
+            f"real text ({p['size']}), {arm.split('-')[0]}: survivors' work discarded after a kill",
             "none",
             f"{lost_text}; longest pause {_num(f['survivors_longest_pause'], 2)} s",
             lost == 0,
@@ -1036,7 +1058,7 @@ def _text_failure(
     )
 
 
-def _text_plot(page: Page, arms: dict[str, Any]) -> None:
+def _text_plot(page: Page, arms: dict[str, Any], size: str) -> None:
     def draw(figure: Any) -> None:
         axes = figure.add_subplot(1, 1, 1)
         for arm in sorted(arms, key=_text_order):
@@ -1055,9 +1077,9 @@ def _text_plot(page: Page, arms: dict[str, Any]) -> None:
         axes.set_ylabel("validation bits per byte")
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize=7, ncol=2)
-        axes.set_title("Real text: validation loss against steps (fp32)")
+        axes.set_title(f"Real text, size {size}: validation loss against steps (fp32)")
 
-    page.plot("text.png", draw, "validation bits per byte against steps, fp32 arms")
+    page.plot(f"text-{size}.png", draw, f"validation bits per byte against steps, size {size}")
 
 
 def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
@@ -1124,7 +1146,7 @@ def generate(results: Path, docs: Path) -> Path:
     ]
     body = Page(docs)
     for section, name in sections:
-        section(body, _load(results, name))
+        section(body, _text_results(results) if name == "text" else _load(results, name))
     quick = any((_load(results, n) or {}).get("quick") for _, n in sections)
     page.add(
         "# Benchmarks",
