@@ -991,15 +991,19 @@ def _text_versus(page: Page, versus: dict[str, Any], size: str) -> None:
 
 
 def _lost(run: dict[str, Any]) -> tuple[int, str]:
-    """Survivors' discarded work in a kill arm: gradientmail's rejected snapshots (a
-    survivor's steps count unless its snapshot is rejected), torchft's failed syncs of the
-    survivors (the fragment goes back to its last committed value)."""
-    if "rejected" in run:
-        return run["rejected"], f"{run['rejected']} snapshots rejected"
-    survivors = sum(
-        learner["failed_syncs"] for learner in run["learners"] if learner["first_step"] == 0
-    )
-    return survivors, f"{survivors} failed syncs"
+    """Survivors' discarded work in a kill arm, from each learner's own report: gradientmail's
+    rejected snapshots (a survivor's steps count unless its snapshot is rejected), torchft's
+    failed syncs (the fragment goes back to its last committed value); the restarted
+    learner's are given apart."""
+    gm = "rounds_committed" in run
+
+    def lost(learner: dict[str, Any]) -> int:
+        return int(learner["events"].get("snapshot_rejected", 0) if gm else learner["failed_syncs"])
+
+    survivors = sum(lost(r) for r in run["learners"] if r["first_step"] == 0)
+    restarted = sum(lost(r) for r in run["learners"] if r["first_step"] > 0)
+    what = "snapshots rejected" if gm else "failed syncs"
+    return survivors, f"{survivors} {what} (restarted learner: {restarted})"
 
 
 def _text_failure(
