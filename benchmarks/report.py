@@ -900,6 +900,10 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "torchft). Wall time is the arm's, process start to the last exit, on this shared "
         f"machine; train time the learners' mean from first to last step.{scale}",
         "",
+        f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
+        f"in {figures['total_seconds'] / 60:.1f} minutes (`nox -s bench-text` runs every arm "
+        "at the full size).",
+        "",
     )
     rows = []
     for arm in sorted(table, key=_text_order):
