@@ -282,14 +282,20 @@ class Learner:
         return self._with(fragment, replace(slot, reported=True)), [report]
 
     def dropped_all(self, reason: str) -> tuple["Learner", list[Action]]:
-        """Give up every fragment's local steps (closing without a flush, or giving up)."""
+        """Give up every fragment's local steps (closing without a flush, or giving up).
+
+        A snapshot still in flight is forgotten with its steps: its ``publish_done`` or
+        ``publish_failed`` may still arrive and then only ends the flight."""
+        state = self
         ledger = self.ledger
         actions: list[Action] = []
-        for fragment in range(self.config.fragments):
+        for fragment, slot in enumerate(self.slots):
             ledger, gone = ledger.dropped(fragment, reason)
             if gone.steps or gone.tokens:
                 actions.append(gone)
-        return replace(self, ledger=ledger), actions
+            if slot.published is not None and slot.published.outcome is None:
+                state = state._with(fragment, replace(slot, published=None))
+        return replace(state, ledger=ledger), actions
 
     # -- transitions -------------------------------------------------------------------------
 

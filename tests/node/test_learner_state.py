@@ -258,6 +258,12 @@ class LearnerMachine(RuleBasedStateMachine):
                     "test",  # type: ignore[arg-type]
                 )
 
+    @rule()
+    def close_without_flush(self) -> None:
+        """Leaving by an exception: every local step is dropped, a publish may still return."""
+        self.learner, actions = self.learner.dropped_all("closed")
+        self._carry(actions)
+
     @precondition(lambda self: not self.jobs)
     @rule()
     def restart(self) -> None:
