@@ -11,6 +11,7 @@ from gradientmail.errors import (
     RunMismatch,
 )
 from gradientmail.patterns import Barrier, shared_queue
+from gradientmail.protocol.fragments import preview
 from gradientmail.protocol.records import RunConfig
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "StepHandle",
     "events",
     "node",
+    "preview",
     "shared_queue",
 ]
