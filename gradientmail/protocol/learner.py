@@ -46,7 +46,9 @@ grace, moves its schedule: its phase (a number of steps added to its step count 
 it saw the record minus the record's ``grace_seconds``) plus half the grace, converted to
 steps at its mean step time. Its next snapshots then land in the others' rounds a little
 early instead of one grace too late, round after round; one that misjudged (its step time
-changed) corrects again at the next round.
+changed) corrects again at the next round. Nothing moves when a period (``sync_every``
+steps) is shorter than the grace (every phase is in time) or the lag is a period or more
+(not a matter of phase).
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -437,7 +439,10 @@ class Learner:
                 return self
             mine = seen_at + ahead * tau
         lag = mine - first
-        if lag <= least:
+        period = tau * self.config.sync_every
+        # Within a period shorter than the grace every phase lands in time; a lag of a
+        # period or more is not a phase (a pause, a blocked fragment): moving would not help.
+        if lag <= least or period <= self.config.grace or lag >= period:
             return self
         shift = math.ceil((lag + self.config.grace / 2) / tau)
         return replace(self, phase=(self.phase + shift) % self.config.sync_every)
