@@ -1,7 +1,8 @@
 """Committing a round the syncer holds, and collecting the garbage it leaves.
 
 ``commit`` loads the fragment's θ and momentum, downloads and aggregates the round's
-snapshots, applies the outer step, checks that θ′ and the momentum are finite (a round whose
+snapshots (``aggregation.counted``: final snapshots only make a final round, which adds
+their mean with no outer step), applies the outer step, checks that θ′ and the momentum are finite (a round whose
 outer step would not be finite rejects its snapshots, reason ``non-finite``, and leaves the
 fragment unchanged), writes the θ, outer-state and update blobs, and the record last
 (``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing).
@@ -195,8 +196,9 @@ def _outcome(
     assert current.theta is not None
     final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
     result = aggregate(current.version, candidates, spec, config, theta=current.theta)
-    numerics = _final_numerics if final else _numerics
-    theta, momentum, update = numerics(current.theta, current.momentum, result.mean, spec, config)
+    theta, momentum, update = _numerics(
+        current.theta, current.momentum, result.mean, spec, config, final=final
+    )
     if result.mean is not None and not _finite(theta, momentum):
         result = refused(result, "the outer step gives a non-finite θ or momentum")
         theta, momentum, update = _numerics(current.theta, current.momentum, None, spec, config)
@@ -213,13 +215,18 @@ def _numerics(
     mean: Sequence[Tensor] | None,
     spec: FragmentSpec,
     config: RunConfig,
+    *,
+    final: bool = False,
 ) -> tuple[list[Tensor], list[Tensor], bytes]:
-    """θ_{v+1}, the new momentum and the update blob of one round (worker thread)."""
+    """θ_{v+1}, the new momentum and the update blob of one round (worker thread); a
+    ``final`` round's is ``outer.final_step``'s."""
     if mean is None:
         raw = list(theta)
         new_momentum = (
             list(momentum) if momentum is not None else [torch.zeros_like(t) for t in theta]
         )
+    elif final:
+        raw, new_momentum = final_step(theta, momentum, mean)
     else:
         raw, new_momentum = outer_step(
             theta, momentum, mean, lr=config.outer_lr, momentum_coef=config.outer_momentum
@@ -228,23 +235,6 @@ def _numerics(
         theta, raw, spec, config.update_encoding, block_size=config.block_size
     )
     return new_theta, new_momentum, update
-
-
-def _final_numerics(
-    theta: Sequence[Tensor],
-    momentum: Sequence[Tensor] | None,
-    mean: Sequence[Tensor] | None,
-    spec: FragmentSpec,
-    config: RunConfig,
-) -> tuple[list[Tensor], list[Tensor], bytes]:
-    """A final round's θ_{v+1}, momentum and update blob (worker thread)."""
-    if mean is None:
-        return _numerics(theta, momentum, None, spec, config)
-    raw, kept = final_step(theta, momentum, mean)
-    update, new_theta = committed_update(
-        theta, raw, spec, config.update_encoding, block_size=config.block_size
-    )
-    return new_theta, kept, update
 
 
 def _fp32_blobs(
