@@ -4,8 +4,9 @@
 snapshots (``aggregation.counted``: final snapshots only make a final round, which adds
 their mean with no outer step), applies the outer step, checks that θ′ and the momentum
 are finite (a round whose outer step would not be finite rejects its snapshots, reason
-``non-finite``, and leaves the fragment unchanged), writes the θ, outer-state and update blobs, and the record last
-(``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing).
+``non-finite``, and leaves the fragment unchanged), writes the θ, outer-state and update
+blobs, and the record last (``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when
+live learners are missing).
 ``collect_garbage`` then deletes by reference: a content-addressed blob goes only when no
 kept object names it.
 
