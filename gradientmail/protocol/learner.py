@@ -130,6 +130,7 @@ class Learner:
     last_step_at: float | None = None
     step_time: float | None = None
     closing_from: tuple[Tensors, ...] | None = None
+    closing_round: int = -1
     finals: tuple[int, ...] = ()
 
     @classmethod
@@ -238,15 +239,26 @@ class Learner:
         Raises ``ValueError`` for a count that is not the run's fragments."""
         if len(models) != self.config.fragments:
             raise ValueError(f"a run of {self.config.fragments} fragments needs one model each")
-        return replace(self, closing_from=tuple(tuple(m) for m in models))
+        fragments = self.config.fragments
+        nxt = max(keys.round_of(f, s.version + 1, fragments) for f, s in enumerate(self.slots))
+        return replace(
+            self,
+            closing_from=tuple(tuple(m) for m in models),
+            closing_round=max(nxt, self.seen_round),
+        )
 
     def finalize(self) -> tuple["Learner", list[Publish]]:
         """The final snapshots, once settled (none before, none twice, none without
         ``began_closing``): per fragment the model closing began with minus the newest θ
-        held, for round ``round_of(f, version + 1)``; none from a learner that never stepped
-        (its model is θ). They carry no steps, so the ledger is untouched whatever the
-        rounds do with them."""
+        held, for round ``round_of(f, version + 1)``. None from a learner that never
+        stepped (its model is θ), nor from one that saw more than ``F`` rounds committed
+        past the rounds it was in when closing began (others went on: its model is behind
+        theirs). They carry no steps, so the ledger is untouched whatever the rounds do."""
         if self.closing_from is None or self.finals or not self.settled or not self.step:
+            return self, []
+        if self.newest_round > self.closing_round + self.config.fragments:
+            # Others went on for a whole cycle of rounds while this flush settled: the model
+            # closing began with is behind theirs, and must not pull the run back.
             return self, []
         jobs = []
         for fragment, (slot, model) in enumerate(zip(self.slots, self.closing_from, strict=True)):

@@ -167,6 +167,26 @@ def test_a_closing_learner_publishes_its_model_at_the_close_as_final_once_settle
     assert learner.ledger == ledger
 
 
+def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final() -> None:
+    learner, _ = fresh().stepped(5, now=0.0)
+    learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
+    learner, actions = learner.flush(now=1.0)
+    learner, jobs = take(learner, actions)
+    for fragment, job in enumerate(jobs):
+        learner, _ = learner.publish_done(fragment, job.round)
+    # Its flush rounds (0, 1), then a whole cycle of the others' rounds (2, 3) and one more.
+    for round in range(5):
+        learner, _ = learner.record_seen(record(round, included=("me",) * (round < 2)), 2.0)
+        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
+        learner, _ = learner.flush(now=3.0)
+        if round == 3:
+            assert learner.settled
+            assert learner.finalize()[1] != []  # within a cycle: still closing with them
+    assert learner.settled
+    assert learner.finalize() == (learner, [])
+    assert learner.finished
+
+
 def test_a_corrupt_update_falls_back_to_theta_and_an_unusable_theta_is_reported_once() -> None:
     learner = fresh()
     learner, _ = learner.record_seen(record(0), now=0.0)
