@@ -20,6 +20,7 @@ import msgspec
 from gradientmail.errors import RecordError
 
 __all__ = [
+    "DECODE_FAILURES",
     "FORMAT_VERSION",
     "MAX_MANIFEST_BYTES",
     "MAX_RECORD_BYTES",
@@ -45,6 +46,7 @@ __all__ = [
     "Snapshot",
     "Weighting",
     "decode",
+    "decode_failure",
     "encode",
 ]
 
@@ -322,21 +324,34 @@ class _Header(msgspec.Struct, forbid_unknown_fields=False):
     format: Any = None
 
 
+DECODE_FAILURES = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
+"""What msgspec raises for hostile bytes: malformed JSON or types (``DecodeError``), a
+``__post_init__`` refusal (``ValueError``), and JSON nested deeper than the interpreter's
+recursion limit (``RecursionError``, from ~2 KB of brackets)."""
+
+
+def decode_failure(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deep to decode"
+    return str(exc)
+
+
 def encode(obj: _Object | RunConfig) -> bytes:
     """Canonical JSON bytes of ``obj``: keys in a fixed order, no whitespace."""
     return _encoder.encode(obj)
 
 
 def decode(data: bytes, kind: type[T]) -> T:
-    """Decode ``data`` as a ``kind``, strictly; raises ``RecordError`` saying what is wrong."""
+    """Decode ``data`` as a ``kind``, strictly; raises ``RecordError`` saying what is wrong,
+    and nothing else, whatever the bytes."""
     limit = MAX_MANIFEST_BYTES if kind is Manifest else MAX_RECORD_BYTES
     name = kind.__name__
     if len(data) > limit:
         raise RecordError(f"{name}: {len(data)} bytes is over the {limit}-byte limit")
     try:
         header = msgspec.json.decode(data, type=_Header)
-    except msgspec.DecodeError as exc:
-        raise RecordError(f"{name}: not a JSON object: {exc}") from exc
+    except DECODE_FAILURES as exc:
+        raise RecordError(f"{name}: not a JSON object: {decode_failure(exc)}") from exc
     if header.format != FORMAT_VERSION:
         raise RecordError(
             f"{name}: format {header.format!r} is not one this gradientmail knows "
@@ -344,5 +359,5 @@ def decode(data: bytes, kind: type[T]) -> T:
         )
     try:
         return msgspec.json.decode(data, type=kind, strict=True)
-    except (msgspec.DecodeError, ValueError) as exc:
-        raise RecordError(f"{name}: {exc}") from exc
+    except DECODE_FAILURES as exc:
+        raise RecordError(f"{name}: {decode_failure(exc)}") from exc

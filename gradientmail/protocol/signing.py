@@ -28,12 +28,19 @@ import hashlib
 import hmac
 import os
 from collections.abc import Mapping
-from typing import Final, Literal, TypeAlias, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 
-from gradientmail.errors import RecordError, RunMismatch
-from gradientmail.protocol.records import MAX_MANIFEST_BYTES, Manifest, _Object, encode
+from gradientmail.errors import Problem, RecordError, RunMismatch, SignatureError
+from gradientmail.protocol.records import (
+    DECODE_FAILURES,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    _Object,
+    decode_failure,
+    encode,
+)
 
 __all__ = [
     "ENV_VAR",
@@ -50,9 +57,6 @@ ENV_VAR: Final = "GRADIENTMAIL_RUN_KEY"
 MIN_KEY_BYTES: Final = 16
 """The shortest secret accepted: shorter ones are guessable offline from any signed object."""
 
-Problem: TypeAlias = Literal["unsigned", "bad-signature"]
-"""Why a signed run ignores an object (the ``RejectReason`` values of the same names)."""
-
 _LABEL: Final = b"gradientmail-signed-v1\x00"
 _ID_LABEL: Final = b"gradientmail-key-id"
 _MAC_LABEL: Final = b"gradientmail-mac"
@@ -60,22 +64,6 @@ _MAC_LABEL: Final = b"gradientmail-mac"
 StoredT = TypeVar("StoredT", bound=_Object)
 
 _canonical_encoder = msgspec.json.Encoder(order="sorted")
-
-
-class SignatureError(RecordError):
-    """An object of a signed run is unsigned or its signature does not verify.
-
-    ``reason`` is ``"unsigned"`` or ``"bad-signature"``; ``key`` the object's key.
-    """
-
-    def __init__(self, key: str, reason: Problem) -> None:
-        what = "carries no signature" if reason == "unsigned" else "has a signature that fails"
-        super().__init__(
-            f"{key}: {what} under this run's key ({reason}); it was written by someone "
-            "without the run key, or damaged, and is ignored"
-        )
-        self.key = key
-        self.reason: Problem = reason
 
 
 def _without_signature(value: object) -> object:
@@ -168,8 +156,8 @@ class RunKey:
             raise RecordError(f"{key}: {len(data)} bytes is over the {MAX_MANIFEST_BYTES} limit")
         try:
             value = msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
-            raise RecordError(f"{key}: not JSON: {exc}") from exc
+        except DECODE_FAILURES as exc:
+            raise RecordError(f"{key}: not JSON: {decode_failure(exc)}") from exc
         if not isinstance(value, dict):
             raise RecordError(f"{key}: not a JSON object")
         signature = value.get("signature")
