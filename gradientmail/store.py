@@ -9,6 +9,15 @@
   blob against its sha256 (``CorruptBlob``);
 - counts the requests it makes by kind and the bytes it moves, for ``Store.stats``.
 
+Everything read is hostile until checked. The manifest and round records are create-once
+keys that a junk object could block for good; here a manifest or record that does not decode,
+does not verify (signed run) or does not describe its key's round is skipped, and readers and
+writers alike move on to the key's next successor (``keys.record_slot``,
+``keys.manifest_slot``): the first good object in that order is the one, for every honest
+node. Skipped keys are remembered (so each is read once) and listed in ``Store.ignored``.
+Claims count only in the run of numbers from 0. In a signed run every signature covers the
+run's id (``Manifest.run_id``, drawn by ``create_manifest``), learned from the manifest.
+
 Create-once writes whose reply may have been lost are settled here, once: a
 ``put_if_absent`` that failed transiently and whose retry then finds the key taken reads the
 object back, and the write counts as ours when the bytes are ours (claims and records name
@@ -21,6 +30,7 @@ create-once write may or may not have landed (the caller's next read tells).
 
 import hashlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -28,9 +38,10 @@ from typing import TypeVar
 
 import anyio
 import anyio.to_thread
+import msgspec
 
 from gradientmail.clock import Clock, MonotonicClock
-from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
+from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError, SignatureError
 from gradientmail.mailbox import Mailbox, retrying
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import (
@@ -72,6 +83,10 @@ async def _hash(data: bytes) -> str:
 
 _CLAIM_CACHE_ROUNDS = 64
 """How many rounds behind the newest asked about a claim body stays remembered."""
+_RECORDS_KEPT = 1024
+"""How many round records (immutable once committed) a store remembers, the newest."""
+_IGNORED_SHOWN = 100
+"""How many skipped keys ``Store.ignored`` keeps (the newest)."""
 
 
 async def gather(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
@@ -117,6 +132,10 @@ class Store:
     not verify raises ``SignatureError``, a claim that does not verify names nobody, and a
     snapshot comes with its problem for the round to reject. The store does not own the
     mailbox: whoever opened it closes it.
+
+    ``unverified`` (read-only use, without ``run_key``): read a signed run without checking
+    anything, for a reader that says so (``RunReader``); otherwise a signed run's manifest
+    read without its key raises ``RunMismatch``.
     """
 
     def __init__(
@@ -127,9 +146,16 @@ class Store:
         max_retry_delay: float = 30.0,
         attempts: int | None = None,
         run_key: RunKey | None = None,
+        unverified: bool = False,
     ) -> None:
         self.mailbox = mailbox
         self._run_key = run_key
+        self._unverified = unverified and run_key is None
+        self._run = ""
+        self._fragments: int | None = None
+        self._junk: set[str] = set()
+        self._ignored: dict[str, str] = {}
+        self._records: dict[int, RoundRecord] = {}
         self._clock = clock if clock is not None else MonotonicClock()
         self._max_delay = max_retry_delay
         self._attempts = attempts
@@ -137,6 +163,24 @@ class Store:
         self._bytes_down = 0
         self._requests = {"put": 0, "get": 0, "list": 0, "delete": 0}
         self._claimants: dict[int, dict[int, str]] = {}
+
+    @property
+    def run_key(self) -> RunKey | None:
+        return self._run_key
+
+    @property
+    def ignored(self) -> Mapping[str, str]:
+        """The newest keys skipped as junk (malformed, unverified or misfiled objects at
+        create-once keys), each with why."""
+        return dict(self._ignored)
+
+    def _ignore(self, key: str, why: str) -> None:
+        if key not in self._junk:
+            _log.warning("%s: skipped: %s", key, why)
+        self._junk.add(key)
+        self._ignored[key] = why
+        while len(self._ignored) > _IGNORED_SHOWN:
+            del self._ignored[next(iter(self._ignored))]
 
     @property
     def stats(self) -> StoreStats:
@@ -224,18 +268,36 @@ class Store:
             return False
         return await self.get(key, attempts=attempts) == data
 
-    # -- signing ----------------------------------------------------------------------------
+    # -- signing ---------------------------------------------------------------------------
+
+    def _run_of(self, key: str) -> str:
+        """The run id ``key``'s signature covers: none before the run exists (creation
+        claims, Θ⁰ markers) and for the manifest, whose body holds it."""
+        if key.startswith((keys.CREATE, keys.INIT, keys.MANIFEST)):
+            return ""
+        return self._run
+
+    def _learn(self, manifest: Manifest) -> Manifest:
+        self._run = manifest.run_id if isinstance(manifest.run_id, str) else ""
+        self._fragments = manifest.config.fragments
+        return manifest
 
     def _signed(self, key: str, obj: S) -> S:
-        return obj if self._run_key is None else self._run_key.sign(key, obj)
+        return obj if self._run_key is None else self._run_key.sign(key, obj, self._run_of(key))
 
     def _encode(self, key: str, obj: S) -> bytes:
         return encode(self._signed(key, obj))
 
+    def _problem(self, key: str, data: bytes) -> Problem | None:
+        """Why ``data`` fails this store's run key (None: it passes, or the run is not
+        signed); ``RecordError`` when it is not a bounded JSON object."""
+        return None if self._run_key is None else self._run_key.check(key, data, self._run_of(key))
+
     def _decode(self, key: str, data: bytes, kind: type[S]) -> S:
         """``data`` read from ``key`` as a ``kind``; ``RecordError`` naming the key."""
-        if self._run_key is not None:
-            self._run_key.verify(key, data)
+        problem = self._problem(key, data)
+        if problem is not None:
+            raise SignatureError(key, problem)
         try:
             return decode(data, kind)
         except RecordError as exc:
@@ -247,7 +309,7 @@ class Store:
         try:
             return self._decode(key, data, kind).learner
         except RecordError as exc:
-            _log.warning("%s; counting it as nobody's claim", exc)
+            self._ignore(key, f"{exc}; counted as nobody's claim")
             return ""
 
     # -- blobs ------------------------------------------------------------------------------
@@ -278,47 +340,81 @@ class Store:
     # -- the manifest and creation ----------------------------------------------------------
 
     async def manifest(self) -> Manifest | None:
-        """The run's manifest, or None before the run exists.
+        """The run's manifest: the first of ``keys.manifest_slot`` that decodes (and, in a
+        signed run, verifies); None before the run exists.
 
-        Raises ``RunMismatch`` when the run is signed and this store has no key, or the other
-        way round, or with another key; ``SignatureError`` when a signed manifest does not
-        verify under this store's key.
+        Raises ``RunMismatch`` when the run is signed and this store has no key (unless
+        ``unverified``), or the other way round, or with another key: a well-formed manifest
+        of another kind of run is not skipped, since it may be a real run at this prefix.
         """
-        data = await self.get(keys.MANIFEST)
-        if data is None:
+        for slot in range(keys.SLOTS):
+            key = keys.manifest_slot(slot)
+            data = await self.get(key)
+            if data is None:
+                return None
+            manifest = self._manifest_at(key, data)
+            if manifest is not None:
+                return self._learn(manifest)
+        raise RecordError(f"every one of the {keys.SLOTS} manifest keys holds junk")
+
+    def _manifest_at(self, key: str, data: bytes) -> Manifest | None:
+        """The manifest in ``data``, or None (remembered) when it is junk."""
+        if key in self._junk:
             return None
         try:
             manifest = decode(data, Manifest)
         except RecordError as exc:
-            raise RecordError(f"{keys.MANIFEST}: {exc}") from exc
-        check_manifest(manifest, self._run_key)
+            self._ignore(key, str(exc))
+            return None
+        if not self._unverified:
+            check_manifest(manifest, self._run_key)
+        problem = None
         if self._run_key is not None:
-            self._run_key.verify(keys.MANIFEST, data)
+            problem = self._run_key.check(key, data)
+        if problem is not None:
+            self._ignore(key, str(SignatureError(key, problem)))
+            return None
         return manifest
 
     async def create_manifest(self, manifest: Manifest) -> Manifest:
-        """Write ``manifest`` unless one exists; return the run's manifest (ours or the
-        winner's of a race)."""
-        signed = self._signed(keys.MANIFEST, manifest)
-        if await self.create(keys.MANIFEST, encode(signed)):
-            return signed
-        winner = await self.manifest()
-        if winner is None:
-            raise MailboxUnavailable("the manifest was reported present but cannot be read")
-        return winner
+        """Write ``manifest`` (with a fresh random ``run_id`` unless it has one) at the first
+        manifest key not taken by junk, unless the run has a manifest; return the run's
+        manifest (ours or the winner's of a race)."""
+        if not isinstance(manifest.run_id, str):
+            manifest = msgspec.structs.replace(manifest, run_id=secrets.token_hex(16))
+        for slot in range(keys.SLOTS):
+            key = keys.manifest_slot(slot)
+            signed = self._signed(key, manifest)
+            if await self.create(key, encode(signed)):
+                return self._learn(signed)
+            data = await self.get(key)
+            if data is None:
+                raise MailboxUnavailable(f"{key} was reported present but cannot be read")
+            winner = self._manifest_at(key, data)
+            if winner is not None:
+                return self._learn(winner)
+        raise RecordError(f"every one of the {keys.SLOTS} manifest keys holds junk")
 
     async def create_claims(self) -> list[tuple[int, str]]:
-        """``(attempt, claimant)`` of the creation claims in attempt order; a claim that
-        does not verify under the run key names nobody (``""``)."""
+        """``(attempt, claimant)`` of the creation claims numbered from 0 without a gap, in
+        order (a claim after a gap is foreign); a claim that is malformed or does not verify
+        under the run key names nobody (``""``)."""
+        attempts = _from_zero(
+            keys.parse_create_claim(key) for key in await self.list_keys(keys.CREATE)
+        )
         claims = []
-        for key in await self.list_keys(keys.CREATE):
-            attempt = keys.parse_create_claim(key)
-            data = None if attempt is None else await self.get(key)
-            if attempt is not None and data is not None:
-                claims.append((attempt, self._claimant(key, data, CreateClaim)))
+        for attempt in attempts:
+            key = keys.create_claim(attempt)
+            data = await self.get(key)
+            if data is None:
+                break
+            claims.append((attempt, self._claimant(key, data, CreateClaim)))
         return claims
 
     async def claim_creation(self, attempt: int, learner: str) -> bool:
+        """Take creation claim ``attempt``; ``RecordError`` when the layout has no such
+        claim (every one before it was taken: the store is flooded)."""
+        _check_claim(attempt, "the run's creation")
         key = keys.create_claim(attempt)
         return await self.create(key, self._encode(key, CreateClaim(learner=learner)))
 
@@ -340,7 +436,7 @@ class Store:
         for key in found:
             data = await self.get(key)
             try:
-                if data is not None and self._run_key.check(key, data) is None:
+                if data is not None and self._problem(key, data) is None:
                     verified.append(key)
             except RecordError:
                 continue
@@ -407,19 +503,19 @@ class Store:
                 continue
             try:
                 snapshot = decode(data, Snapshot)
-            except Exception as exc:
+            except RecordError as exc:
                 _log.warning("round %d: ignoring %s's malformed snapshot: %s", round, learner, exc)
                 continue
             if snapshot.round != round or snapshot.learner != learner:
                 _log.warning("round %d: ignoring %s's misfiled snapshot", round, learner)
                 continue
             key = keys.snapshot(round, learner)
-            problem = None if self._run_key is None else self._run_key.check(key, data)
-            found.append((snapshot, problem))
+            found.append((snapshot, self._problem(key, data)))
         return found
 
     async def round_claims(self, round: int) -> list[tuple[int, str]]:
-        """``(k, claimant)`` of every claim on ``round``, in order.
+        """``(k, claimant)`` of the claims on ``round`` numbered from 0 without a gap, in
+        order (a claim after a gap is foreign; a malformed or unverified one names nobody).
 
         Claims are create-once, so each body is read once and remembered (for the rounds
         near the newest asked about): following a round costs one listing per poll.
@@ -427,12 +523,13 @@ class Store:
         for stale in [r for r in self._claimants if r < round - _CLAIM_CACHE_ROUNDS]:
             del self._claimants[stale]
         known = self._claimants.setdefault(round, {})
-        claims = []
+        listed = []
         for key in await self.list_keys(keys.claims_prefix(round)):
             parsed = keys.parse_claim(key)
-            if parsed is None or parsed[0] != round:
-                continue
-            k = parsed[1]
+            listed.append(parsed[1] if parsed is not None and parsed[0] == round else None)
+        claims = []
+        for k in _from_zero(listed):
+            key = keys.round_claim(round, k)
             if k not in known:
                 data = await self.get(key)
                 if data is None:
@@ -442,34 +539,104 @@ class Store:
         return claims
 
     async def claim_round(self, round: int, k: int, learner: str) -> bool:
+        """Take the ``k``-th claim on ``round``; ``RecordError`` when the layout has no such
+        claim (every one before it was taken: the store is flooded)."""
+        _check_claim(k, f"round {round}")
         key = keys.round_claim(round, k)
         return await self.create(key, self._encode(key, RoundClaim(learner=learner)))
 
     async def record(self, round: int) -> RoundRecord | None:
-        """The record of ``round`` or None. ``SignatureError`` (a ``RecordError``) when it
-        does not verify under the run key: nobody may follow it."""
-        key = keys.record(round)
-        data = await self.get(key)
-        return None if data is None else self._decode(key, data, RoundRecord)
+        """The record of ``round``: the first of its keys (``keys.record_slot``) holding a
+        record that decodes, verifies (signed run) and describes ``round``; None when the
+        walk reaches an empty key first (the round is not committed)."""
+        known = self._records.get(round)
+        if known is not None:
+            return known
+        for slot in range(keys.SLOTS):
+            key = keys.record_slot(round, slot)
+            if key in self._junk:
+                continue
+            data = await self.get(key)
+            if data is None:
+                return None
+            record = self._record_at(key, round, data)
+            if record is not None:
+                self._records[round] = record
+                while len(self._records) > _RECORDS_KEPT:
+                    del self._records[min(self._records)]
+                return record
+        return None
+
+    def _record_at(self, key: str, round: int, data: bytes) -> RoundRecord | None:
+        """The record in ``data`` read from ``key``, or None (remembered) when it is junk."""
+        try:
+            record = self._decode(key, data, RoundRecord)
+        except RecordError as exc:
+            self._ignore(key, str(exc))
+            return None
+        fragments = self._fragments
+        if record.round != round or (
+            fragments is not None
+            and (
+                record.fragment != keys.fragment_of(round, fragments)
+                or record.version != keys.version_of(round, fragments)
+            )
+        ):
+            self._ignore(key, f"it does not describe round {round}")
+            return None
+        return record
 
     async def put_record(self, record: RoundRecord) -> tuple[RoundRecord, bool]:
-        """Commit ``record`` unless the round has one; return the round's record (signed,
-        in a signed run) and whether it is this write's."""
-        key = keys.record(record.round)
-        signed = self._signed(key, record)
-        if await self.create(key, encode(signed)):
-            return signed, True
-        theirs = await self.record(record.round)
-        if theirs is None:
-            raise MailboxUnavailable(f"record {record.round} reported present but unreadable")
-        return theirs, False
+        """Commit ``record`` at the first of its round's keys not taken by junk, unless the
+        round has a record; return the round's record (signed, in a signed run) and whether
+        it is this write's. ``RecordError`` when every key of the round holds junk."""
+        for slot in range(keys.SLOTS):
+            key = keys.record_slot(record.round, slot)
+            if key in self._junk:
+                continue
+            signed = self._signed(key, record)
+            if await self.create(key, encode(signed)):
+                return signed, True
+            data = await self.get(key)
+            if data is None:
+                raise MailboxUnavailable(f"{key} reported present but unreadable")
+            theirs = self._record_at(key, record.round, data)
+            if theirs is not None:
+                return theirs, False
+        raise RecordError(f"every one of the {keys.SLOTS} keys of round {record.round} is junk")
 
     async def record_rounds(self, *, after: int = -1) -> list[int]:
-        """The rounds with a record, after ``after``, in order."""
+        """The committed rounds after ``after``, in order: the listed rounds that follow
+        ``after`` without a gap (rounds commit in order, so one further on is foreign),
+        less a tail whose keys hold junk only."""
         start = keys.record(after) if after >= 0 else ""
-        rounds = []
+        offsets = []
         for key in await self.list_keys(keys.RECORDS, after=start):
             round = keys.parse_record(key)
-            if round is not None:
-                rounds.append(round)
+            # A successor key of round ``after`` itself lists after ``after``'s first key.
+            offsets.append(None if round is None or round <= after else round - after - 1)
+        rounds = [after + 1 + offset for offset in _from_zero(offsets)]
+        while rounds and await self.record(rounds[-1]) is None:
+            rounds.pop()
         return rounds
+
+
+def _from_zero(numbers: Iterable[int | None]) -> list[int]:
+    """The numbers 0, 1, 2, … as far as ``numbers`` (ascending, repeats and None allowed)
+    holds them without a gap."""
+    run: list[int] = []
+    for number in numbers:
+        if number is None or (run and number == run[-1]):
+            continue
+        if number != len(run):
+            break
+        run.append(number)
+    return run
+
+
+def _check_claim(k: int, what: str) -> None:
+    if k >= keys.SLOTS:
+        raise RecordError(
+            f"{what} has {keys.SLOTS} claims already: someone is flooding the store; "
+            "clean its claims or use another prefix"
+        )

@@ -206,8 +206,8 @@ class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 class Manifest(_Object, frozen=True, kw_only=True):
     """The run's identity, create-once at ``manifest``: who created it, with what config,
-    the model's signature (one ``FragmentSpec`` per fragment), each fragment's Θ⁰, and in a
-    signed run the id of its key."""
+    the model's signature (one ``FragmentSpec`` per fragment), each fragment's Θ⁰, its
+    random ``run_id``, and in a signed run the id of its key."""
 
     created_by: str
     config: RunConfig
@@ -216,6 +216,10 @@ class Manifest(_Object, frozen=True, kw_only=True):
     key_id: str | msgspec.UnsetType = msgspec.UNSET
     """In a signed run, the id of its run key (``protocol.signing.RunKey.key_id``), which
     reveals nothing of the key; absent in an unsigned run."""
+    run_id: str | msgspec.UnsetType = msgspec.UNSET
+    """32 random hex digits drawn when the run is created (``Store.create_manifest``): every
+    signature of a signed run covers it, so nothing replays across runs; absent in runs
+    created before it existed."""
 
 
 class CreateClaim(_Object, frozen=True, kw_only=True):
