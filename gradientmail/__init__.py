@@ -7,17 +7,20 @@ from gradientmail.errors import (
     GradientmailError,
     MailboxUnavailable,
     NodeFailed,
+    NoRun,
     RecordError,
     RunMismatch,
 )
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.records import RunConfig
+from gradientmail.reader import load
 
 __all__ = [
     "Barrier",
     "CorruptBlob",
     "GradientmailError",
     "MailboxUnavailable",
+    "NoRun",
     "Node",
     "NodeFailed",
     "NodeOptions",
@@ -27,6 +30,7 @@ __all__ = [
     "RunMismatch",
     "StepHandle",
     "events",
+    "load",
     "node",
     "shared_queue",
 ]

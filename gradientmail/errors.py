@@ -10,9 +10,12 @@ The store's content (or whoever wrote it), never the caller:
 The operator's (fix the store's settings):
     ``StoreAccessError``: the store refuses this node (no bucket, access denied, wrong region,
     disk full); retrying does not help.
-The caller's (fix the model, config or key):
+The caller's (fix the model, config, key or command):
     ``RunMismatch``: this node's model, config or run key contradicts the run in the store;
     the store is left untouched.
+    ``NoRun``: a reader was pointed at a store that holds no run (yet).
+    ``UsageError``: a command's arguments are wrong (a bad URL, a missing directory or
+    file); the command line prints its message without a traceback.
 A node's own task:
     ``NodeFailed``: a task of a node died; raised from ``step()`` with the cause chained.
 """
@@ -24,12 +27,14 @@ __all__ = [
     "CorruptBlob",
     "GradientmailError",
     "MailboxUnavailable",
+    "NoRun",
     "NodeFailed",
     "Problem",
     "RecordError",
     "RunMismatch",
     "SignatureError",
     "StoreAccessError",
+    "UsageError",
 ]
 
 Problem: TypeAlias = Literal["unsigned", "bad-signature"]
@@ -98,6 +103,14 @@ class RunMismatch(GradientmailError):
     The message names the first difference (a parameter's name, shape or dtype, or a config
     field) and what to do about it.
     """
+
+
+class NoRun(GradientmailError):
+    """The store holds no run: no manifest (the message says whether one is being created)."""
+
+
+class UsageError(GradientmailError):
+    """A command was given something it cannot use; the message says what and what to do."""
 
 
 class NodeFailed(GradientmailError):

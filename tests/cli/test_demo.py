@@ -19,10 +19,10 @@ import torch
 from cli_helpers import cli
 from rich.console import Console
 
-from gradientmail.cli._errors import CliError
 from gradientmail.demo.model import GPT, GPTConfig
 from gradientmail.demo.runner import _check_run, _Session
 from gradientmail.demo.settings import DemoSettings
+from gradientmail.errors import UsageError
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment
@@ -257,7 +257,7 @@ async def _check(settings: DemoSettings) -> None:
 def test_resuming_with_another_config_is_refused(demo_run: DemoRun) -> None:
     stored = msgspec.json.decode((demo_run.store / "session.json").read_bytes(), type=DemoSettings)
     anyio.run(_check, stored)
-    with pytest.raises(CliError, match="sync_every=8 but these settings give 12"):
+    with pytest.raises(UsageError, match="sync_every=8 but these settings give 12"):
         anyio.run(_check, msgspec.structs.replace(stored, sync_every=12))
-    with pytest.raises(CliError, match="delta_encoding='fp32' but these settings give 'int8'"):
+    with pytest.raises(UsageError, match="delta_encoding='fp32' but these settings give 'int8'"):
         anyio.run(_check, msgspec.structs.replace(stored, encoding="int8"))
