@@ -33,7 +33,6 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TypeVar
 
 import anyio
@@ -156,6 +155,8 @@ class Store:
         self._junk: set[str] = set()
         self._ignored: dict[str, str] = {}
         self._records: dict[int, RoundRecord] = {}
+        self._beats: dict[str, bool] = {}
+        self._snapshots: dict[int, dict[str, tuple[Snapshot, Problem | None]]] = {}
         self._clock = clock if clock is not None else MonotonicClock()
         self._max_delay = max_retry_delay
         self._attempts = attempts
@@ -451,66 +452,150 @@ class Store:
     async def own_beats(
         self, learner: str, *, attempts: int | None = None
     ) -> list[tuple[int, str]]:
-        """The beats of ``learner``'s lease present, as ``(beat, key)``, oldest first."""
+        """The beats of ``learner``'s lease present, as ``(beat, key)``, oldest first: those
+        whose body is a beat of ``learner`` (and, in a signed run, verifies), so that beats
+        planted under its name neither make it look dead nor push its next beat out of the
+        layout."""
         beats = []
         for key in await self.list_keys(keys.lease_prefix(learner), attempts=attempts):
             parsed = keys.parse_lease(key)
-            if parsed is not None:
+            if parsed is not None and await self._beat_ok(key, learner, attempts):
                 beats.append((parsed[1], key))
         return sorted(beats)
 
     async def leases(self) -> dict[str, tuple[int, keys.Role]]:
-        """Every node holding a lease, with its newest beat and that beat's role."""
-        newest: dict[str, tuple[int, keys.Role]] = {}
+        """Every node holding a lease, with its newest good beat (one whose body is a beat
+        of that node and, in a signed run, verifies) and that beat's role."""
+        listed: dict[str, list[tuple[int, keys.Role, str]]] = {}
         for key in await self.list_keys(keys.LEASES):
             parsed = keys.parse_lease(key)
             if parsed is not None:
                 learner, beat, role = parsed
-                if beat > newest.get(learner, (-1, role))[0]:
+                listed.setdefault(learner, []).append((beat, role, key))
+        newest: dict[str, tuple[int, keys.Role]] = {}
+        for learner, beats in listed.items():
+            for beat, role, key in sorted(beats, reverse=True):
+                if await self._beat_ok(key, learner, None):
                     newest[learner] = (beat, role)
+                    break
+        present = {key for beats in listed.values() for _, _, key in beats}
+        self._beats = {key: ok for key, ok in self._beats.items() if key in present}
         return newest
+
+    async def _beat_ok(self, key: str, learner: str, attempts: int | None) -> bool:
+        """Whether ``key`` holds a beat of ``learner`` (verified in a signed run); each
+        verdict is remembered, as beats are create-once."""
+        known = self._beats.get(key)
+        if known is not None:
+            return known
+        data = await self.get(key, attempts=attempts)
+        if data is None:
+            return False
+        try:
+            ok = self._decode(key, data, LeaseBeat).learner == learner
+        except RecordError as exc:
+            self._ignore(key, str(exc))
+            ok = False
+        self._beats[key] = ok
+        return ok
 
     # -- snapshots, claims, records -----------------------------------------------------------
 
     async def put_snapshot(self, snapshot: Snapshot) -> bool:
-        key = keys.snapshot(snapshot.round, snapshot.learner)
-        return await self.create(key, self._encode(key, snapshot))
+        """Publish ``snapshot`` at the first of its keys (``keys.snapshot_slot``) not taken by
+        junk or (signed run) by an unverified object; False when a good snapshot of this
+        learner already holds the round (an earlier run of this learner id, or in an unsigned
+        run a forgery)."""
+        for slot in range(keys.SLOTS):
+            key = keys.snapshot_slot(snapshot.round, snapshot.learner, slot)
+            if await self.create(key, self._encode(key, snapshot)):
+                return True
+            data = await self.get(key)
+            if data is None:
+                raise MailboxUnavailable(f"{key} reported present but unreadable")
+            found = self._snapshot_at(key, snapshot.round, snapshot.learner, data)
+            if found is not None and found[1] is None:
+                return False
+        raise RecordError(
+            f"every key of {snapshot.learner}'s snapshot of round {snapshot.round} is junk"
+        )
+
+    def _snapshot_at(
+        self, key: str, round: int, learner: str, data: bytes
+    ) -> tuple[Snapshot, Problem | None] | None:
+        """The snapshot in ``data`` with its problem under the run key, or None (remembered)
+        when it is junk: malformed, misfiled, or in a signed run unverified at a successor
+        key. A well-formed unverified one at the first key is kept, for the round to reject
+        with its reason; the learner's own snapshot then goes to a successor."""
+        if key in self._junk:
+            return None
+        try:
+            snapshot = decode(data, Snapshot)
+        except RecordError as exc:
+            self._ignore(key, f"{exc}")
+            return None
+        if snapshot.round != round or snapshot.learner != learner:
+            self._ignore(key, f"it is not {learner}'s snapshot of round {round}")
+            return None
+        problem = self._problem(key, data)
+        if problem is not None and key != keys.snapshot(round, learner):
+            self._ignore(key, str(SignatureError(key, problem)))
+            return None
+        return snapshot, problem
+
+    async def _listed_snapshots(self, round: int) -> dict[str, list[str]]:
+        """``learner -> its snapshot keys of round``, in slot order, from one listing."""
+        found: dict[str, list[tuple[int, str]]] = {}
+        for key in await self.list_keys(keys.snapshots_prefix(round)):
+            parsed = keys.parse_snapshot_slot(key)
+            if parsed is not None and parsed[0] == round:
+                found.setdefault(parsed[1], []).append((parsed[2], key))
+        return {learner: [key for _, key in sorted(slots)] for learner, slots in found.items()}
+
+    async def _snapshot_of(
+        self, round: int, learner: str, listed: Sequence[str]
+    ) -> tuple[Snapshot, Problem | None] | None:
+        """``learner``'s snapshot of ``round``: the first verified one among its keys (in a
+        signed run), else the first well-formed one (with its problem); None when none is."""
+        fallback = None
+        cache = self._snapshots.setdefault(round, {})
+        for key in listed:
+            known = cache.get(key)
+            if known is None:
+                data = await self.get(key)
+                if data is None:
+                    continue
+                known = self._snapshot_at(key, round, learner, data)
+                if known is None:
+                    continue
+                cache[key] = known
+            if known[1] is None:
+                return known
+            fallback = fallback or known
+        return fallback
 
     async def snapshot_learners(self, round: int) -> list[str]:
-        """The learners with a snapshot in ``round`` (a listing; no bodies read)."""
+        """The learners with a snapshot in ``round`` that counts: one that decodes, names its
+        key's round and learner and, in a signed run, verifies (each body read once)."""
+        for stale in [r for r in self._snapshots if r < round - _CLAIM_CACHE_ROUNDS]:
+            del self._snapshots[stale]
         learners = []
-        for key in await self.list_keys(keys.snapshots_prefix(round)):
-            parsed = keys.parse_snapshot(key)
-            if parsed is not None and parsed[0] == round:
-                learners.append(parsed[1])
+        for learner, listed in (await self._listed_snapshots(round)).items():
+            found = await self._snapshot_of(round, learner, listed)
+            if found is not None and found[1] is None:
+                learners.append(learner)
         return learners
 
     async def snapshots(self, round: int) -> list[tuple[Snapshot, Problem | None]]:
-        """The snapshots of ``round`` that decode and name their key's round and learner,
-        each with why it fails the run key's check (None when it passes or the run is not
-        signed): the round rejects those with that reason.
-
-        A malformed one is logged and left out: it cannot take part, and it must not stop the
-        round.
-        """
-        learners = await self.snapshot_learners(round)
-        bodies = await gather(
-            [partial(self.get, keys.snapshot(round, learner)) for learner in learners]
-        )
+        """Each learner's snapshot of ``round`` (see ``_snapshot_of``), with why it fails the
+        run key's check (None when it passes or the run is not signed): the round rejects
+        those with that reason. Junk is logged and left out: it must not stop the round."""
+        listed = await self._listed_snapshots(round)
         found = []
-        for learner, data in zip(learners, bodies, strict=True):
-            if data is None:
-                continue
-            try:
-                snapshot = decode(data, Snapshot)
-            except RecordError as exc:
-                _log.warning("round %d: ignoring %s's malformed snapshot: %s", round, learner, exc)
-                continue
-            if snapshot.round != round or snapshot.learner != learner:
-                _log.warning("round %d: ignoring %s's misfiled snapshot", round, learner)
-                continue
-            key = keys.snapshot(round, learner)
-            found.append((snapshot, self._problem(key, data)))
+        for learner in sorted(listed):
+            snapshot = await self._snapshot_of(round, learner, listed[learner])
+            if snapshot is not None:
+                found.append(snapshot)
         return found
 
     async def round_claims(self, round: int) -> list[tuple[int, str]]:

@@ -16,8 +16,9 @@ key                                             what                         wri
 ``blobs/{sha256}``                              content-addressed payloads   anyone, first
 ==============================================  ===========================  ================
 
-Squatting: the manifest and a round's record each have numbered successor keys
-(``manifest.{n:04d}``, ``records/{round:010d}.{n:04d}``, n from 1 to ``SLOTS - 1``). When the
+Squatting: the manifest, a round's record and a learner's snapshot each have numbered
+successor keys (``manifest.{n:04d}``, ``records/{round:010d}.{n:04d}``,
+``…/snapshots/{learner}~{n:04d}``, n from 1 to ``SLOTS - 1``). When the
 object at one does not decode or (signed run) verify, every honest node moves on to the next,
 so one junk object cannot block a create-once key for good (``Store``). Claims
 (``create/``, ``rounds/…/claims/``) are numbered already: only the run of numbers from 0
@@ -64,12 +65,14 @@ __all__ = [
     "parse_record",
     "parse_record_slot",
     "parse_snapshot",
+    "parse_snapshot_slot",
     "record",
     "record_slot",
     "round_claim",
     "round_of",
     "round_prefix",
     "snapshot",
+    "snapshot_slot",
     "snapshots_prefix",
     "version_of",
 ]
@@ -184,15 +187,33 @@ def snapshot(round: int, learner: str) -> str:
     return f"{snapshots_prefix(round)}{check_learner(learner)}"
 
 
-def parse_snapshot(key: str) -> tuple[int, str] | None:
-    """``(round, learner)`` of a snapshot key, or None for a key outside the layout."""
+def snapshot_slot(round: int, learner: str, slot: int) -> str:
+    """The ``slot``-th key ``learner``'s snapshot of ``round`` may take: ``snapshot(round,
+    learner)``, then ``…/{learner}~{slot:04d}`` (``~`` is in no learner id)."""
+    first = snapshot(round, learner)
+    return first if slot == 0 else f"{first}~{_digits(slot, 4, 'snapshot slot')}"
+
+
+def parse_snapshot_slot(key: str) -> tuple[int, str, int] | None:
+    """``(round, learner, slot)`` of a snapshot key, or None for a key outside the layout."""
     parts = key.split("/")
     if len(parts) != 4 or parts[0] != ROUNDS.rstrip("/") or parts[2] != "snapshots":
         return None
     round = _number(parts[1], 10)
-    if round is None or _LEARNER.fullmatch(parts[3]) is None:
+    learner, tilde, successor = parts[3].partition("~")
+    slot = _number(successor, 4) if tilde else 0
+    if round is None or slot is None or (tilde and slot == 0):
         return None
-    return round, parts[3]
+    if _LEARNER.fullmatch(learner) is None:
+        return None
+    return round, learner, slot
+
+
+def parse_snapshot(key: str) -> tuple[int, str] | None:
+    """``(round, learner)`` of a snapshot key (of any slot), or None for a key outside the
+    layout."""
+    parsed = parse_snapshot_slot(key)
+    return None if parsed is None else parsed[:2]
 
 
 def claims_prefix(round: int) -> str:
