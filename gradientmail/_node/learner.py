@@ -236,9 +236,9 @@ class LearnerState:
 def resolution_events(resolution: Resolution, learner: str) -> list[Event]:
     """The events of one ``Ledger`` resolution: a rejected snapshot is reported
     (``SnapshotRejected``) and so are the steps dropped with it (``StepsDropped``)."""
-    if resolution.outcome != "rejected":
+    reason = resolution.reason
+    if resolution.outcome != "rejected" or reason is None:
         return []
-    reason = resolution.reason or "rejected"
     return [
         SnapshotRejected(
             learner,
@@ -253,6 +253,7 @@ def resolution_events(resolution: Resolution, learner: str) -> list[Event]:
             resolution.fragment,
             resolution.steps,
             resolution.tokens,
+            "rejected",
             f"rejected by round {resolution.round}: {reason}",
         ),
     ]

@@ -68,6 +68,7 @@ from gradientmail.events import (
     StepsDropped,
     SyncerStopped,
 )
+from gradientmail.events.kinds import DropReason
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.protocol import keys
@@ -242,7 +243,7 @@ class Node:
             if outcome == "rejected":
                 # The ledger dropped the steps up to the record when the receive task folded
                 # it; the reset to the global θ just now also wiped the steps taken since.
-                self._drop(fragment, f"reset by round {ready.round}, which rejected a snapshot")
+                self._drop(fragment, "reset", f"round {ready.round} rejected a snapshot")
             self._emit(
                 FragmentAligned(self.learner, ready.round, fragment, ready.version, step, lag)
             )
@@ -287,19 +288,21 @@ class Node:
         )
         return True
 
-    def _drop_unpublished(self, reason: str) -> None:
+    def _drop_unpublished(self, reason: DropReason, detail: str) -> None:
         if self._cell is None:
             return
         for fragment in range(self.config.fragments):
-            self._drop(fragment, reason)
+            self._drop(fragment, reason, detail)
 
-    def _drop(self, fragment: int, reason: str) -> None:
+    def _drop(self, fragment: int, reason: DropReason, detail: str) -> None:
         """Give up the steps of ``fragment`` that no round will carry, and report them."""
         assert self._cell is not None
-        ledger, dropped = self._cell.value.ledger.dropped(fragment, reason)
+        ledger, dropped = self._cell.value.ledger.dropped(fragment, detail)
         self._cell.value = _with_ledger(self._cell.value, ledger)
         if dropped.steps or dropped.tokens:
-            self._emit(StepsDropped(self.learner, fragment, dropped.steps, dropped.tokens, reason))
+            self._emit(
+                StepsDropped(self.learner, fragment, dropped.steps, dropped.tokens, reason, detail)
+            )
 
     async def _start(self, tg: TaskGroup) -> None:
         """Start the node's tasks in ``tg``: the lease first (its first beat lands before
@@ -397,7 +400,7 @@ class Node:
                 self._emit(GaveUp(self.learner, target, now - since, _aligned_round(versions)))
                 if any(entry.in_flight for entry in state.fragments):
                     self._emit(PublishCancelled(self.learner, now - since))
-                self._drop_unpublished("gave up closing")
+                self._drop_unpublished("gave-up", "close() stopped waiting for the rounds")
                 return
             with anyio.move_on_after(self._rt.options.poll_interval):
                 await self._wakeup.wait()
@@ -521,9 +524,9 @@ async def node(
                         yield node_
                     except Exception as exc:
                         error = exc
-                        node_._drop_unpublished("closed by an exception")
+                        node_._drop_unpublished("closed-without-flush", "closed by an exception")
                     except BaseException:
-                        node_._drop_unpublished("cancelled")
+                        node_._drop_unpublished("closed-without-flush", "cancelled")
                         raise
                     else:
                         await node_._flush()
