@@ -84,6 +84,8 @@ _CLAIM_CACHE_ROUNDS = 64
 """How many rounds behind the newest asked about a claim body stays remembered."""
 _RECORDS_KEPT = 1024
 """How many round records (immutable once committed) a store remembers, the newest."""
+_JUNK_KEPT = 1 << 16
+"""How many junk keys a store remembers (the newest): forgetting one costs a read again."""
 _IGNORED_SHOWN = 100
 """How many skipped keys ``Store.ignored`` keeps (the newest)."""
 
@@ -152,7 +154,7 @@ class Store:
         self._unverified = unverified and run_key is None
         self._run = ""
         self._fragments: int | None = None
-        self._junk: set[str] = set()
+        self._junk: dict[str, None] = {}
         self._ignored: dict[str, str] = {}
         self._records: dict[int, RoundRecord] = {}
         self._beats: dict[str, bool] = {}
@@ -178,7 +180,9 @@ class Store:
     def _ignore(self, key: str, why: str) -> None:
         if key not in self._junk:
             _log.warning("%s: skipped: %s", key, why)
-        self._junk.add(key)
+        self._junk[key] = None
+        while len(self._junk) > _JUNK_KEPT:
+            del self._junk[next(iter(self._junk))]
         self._ignored[key] = why
         while len(self._ignored) > _IGNORED_SHOWN:
             del self._ignored[next(iter(self._ignored))]
