@@ -17,7 +17,7 @@ cancellation stops the reads in flight and leaves the reader usable.
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -42,6 +42,7 @@ __all__ = [
     "Observation",
     "RunReader",
     "Source",
+    "check_model",
     "load",
     "open_mailbox",
 ]
@@ -291,20 +292,26 @@ async def load(
         reader = RunReader.of(box, key)
         manifest = await reader.manifest()
         named = list(model.named_parameters())
-        config = manifest.config
-        try:
-            ours = signature(named, config.fragments, config.pattern)
-        except ValueError as exc:
-            raise RunMismatch(f"this model cannot be split as the run's is: {exc}") from exc
-        problem = mismatch(manifest.fragments, ours)
-        if problem is not None:
-            raise RunMismatch(problem)
+        check_model(manifest, named)
         newest = await reader.newest(manifest)
     by_name = dict(named)
     with torch.no_grad():
         for name, value in newest.state_dict(manifest).items():
             by_name[name].copy_(value)
     return newest.sources(manifest)
+
+
+def check_model(manifest: Manifest, named: Sequence[tuple[str, Tensor]]) -> None:
+    """Raise ``RunMismatch`` naming the first difference when the named parameters are not
+    the model of ``manifest``'s run."""
+    config = manifest.config
+    try:
+        ours = signature(named, config.fragments, config.pattern)
+    except ValueError as exc:
+        raise RunMismatch(f"this model cannot be split as the run's is: {exc}") from exc
+    problem = mismatch(manifest.fragments, ours)
+    if problem is not None:
+        raise RunMismatch(problem)
 
 
 def _key(run_key: RunKey | str | None) -> RunKey | None:

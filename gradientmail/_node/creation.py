@@ -27,7 +27,7 @@ from gradientmail.clock import Clock
 from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
 from gradientmail.protocol.codec import encode_fragment
-from gradientmail.protocol.fragments import mismatch, signature
+from gradientmail.protocol.fragments import signature
 from gradientmail.protocol.records import (
     BlobRef,
     FragmentSpec,
@@ -35,7 +35,7 @@ from gradientmail.protocol.records import (
     Manifest,
     RunConfig,
 )
-from gradientmail.reader import Newest, RunReader
+from gradientmail.reader import Newest, RunReader, check_model
 from gradientmail.store import Store
 
 __all__ = ["Newest", "check_config", "load_newest", "open_run"]
@@ -57,16 +57,8 @@ def check_config(run: RunConfig, ours: RunConfig | None) -> None:
 
 
 def _check_model(manifest: Manifest, named: NamedParams | None) -> None:
-    if named is None:
-        return
-    config = manifest.config
-    try:
-        ours = signature(named, config.fragments, config.pattern)
-    except ValueError as exc:
-        raise RunMismatch(f"this model cannot be split as the run's is: {exc}") from exc
-    problem = mismatch(manifest.fragments, ours)
-    if problem is not None:
-        raise RunMismatch(problem)
+    if named is not None:
+        check_model(manifest, named)
 
 
 async def open_run(

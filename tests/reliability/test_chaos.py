@@ -131,19 +131,7 @@ async def _forgeries(chaos: Chaos) -> None:
     round = head + rng.randint(0, 5)
     fragments = manifest.config.fragments
     missing = BlobRef(sha256=sha256(rng.randbytes(8)), size=64, encoding="fp32")
-    forged = RoundRecord(
-        round=round,
-        fragment=keys.fragment_of(round, fragments),
-        version=keys.version_of(round, fragments),
-        committed_by="mallory",
-        participants=(),
-        quorum_seconds=0.0,
-        grace_seconds=0.0,
-        cosine=None,
-        theta=missing,
-        outer=missing,
-        update=missing,
-    )
+    forged = _record(round, fragments, "mallory", missing)
     if not chaos.signed:
         # A well-formed record of the right round is a forgery an unsigned run cannot tell
         # from the truth (docs/reliability.md): here it names another round.
@@ -159,6 +147,23 @@ async def _forgeries(chaos: Chaos) -> None:
     if chaos.replays:
         key, data = rng.choice(chaos.replays)
         await chaos.write(_here(key, head, rng), data)
+
+
+def _record(round: int, fragments: int, by: str, ref: BlobRef) -> RoundRecord:
+    """A record of ``round`` with no participants whose three blobs are ``ref``."""
+    return RoundRecord(
+        round=round,
+        fragment=keys.fragment_of(round, fragments),
+        version=keys.version_of(round, fragments),
+        committed_by=by,
+        participants=(),
+        quorum_seconds=0.0,
+        grace_seconds=0.0,
+        cosine=None,
+        theta=ref,
+        outer=ref,
+        update=ref,
+    )
 
 
 def _here(key: str, head: int, rng: random.Random) -> str:
@@ -224,21 +229,7 @@ async def _replays() -> list[tuple[str, bytes]]:
     )
     for round in range(4):
         ref = manifest.theta0[round % CHAOS.fragments]
-        await store.put_record(
-            RoundRecord(
-                round=round,
-                fragment=round % CHAOS.fragments,
-                version=round // CHAOS.fragments + 1,
-                committed_by="a",
-                participants=(),
-                quorum_seconds=0.0,
-                grace_seconds=0.0,
-                cosine=None,
-                theta=ref,
-                outer=ref,
-                update=ref,
-            )
-        )
+        await store.put_record(_record(round, CHAOS.fragments, "a", ref))
         await store.put_snapshot(
             Snapshot(
                 learner="a",
