@@ -503,6 +503,24 @@ class Store:
         self._beats[key] = ok
         return ok
 
+    async def lease_beats(self) -> dict[str, dict[int, keys.Role]]:
+        """Every node's lease beats present, as ``{beat: role}``: only beats whose body is a
+        beat of their node and, in a signed run, verifies under the run key and the run's id
+        (each beat is read once and remembered), so a beat someone else planted under a
+        node's lease is ignored."""
+        listed = [
+            (key, parsed)
+            for key in await self.list_keys(keys.LEASES)
+            if (parsed := keys.parse_lease(key)) is not None
+        ]
+        found: dict[str, dict[int, keys.Role]] = {}
+        for key, (node, beat, role) in listed:
+            if await self._beat_ok(key, node, None):
+                found.setdefault(node, {})[beat] = role
+        present = {key for key, _ in listed}
+        self._beats = {key: ok for key, ok in self._beats.items() if key in present}
+        return found
+
     # -- snapshots, claims, records -----------------------------------------------------------
 
     async def put_snapshot(self, snapshot: Snapshot) -> bool:

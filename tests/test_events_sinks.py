@@ -46,6 +46,7 @@ from gradientmail.events import (
     RoundClosed,
     RoundCommitted,
     RoundFailed,
+    RoundIncomplete,
     RoundRecorded,
     RoundSuperseded,
     SnapshotPublished,
@@ -138,6 +139,7 @@ def samples(*, raised: bool = True) -> list[Event]:
         RoundSuperseded("alpha", record),
         RoundFailed("beta", 42, error(OSError(28, "No space left on device")), 8.0),
         SyncerStopped("beta", syncer_error),
+        RoundIncomplete("alpha", 42, ("gamma",), False),
         EventsDropped("alpha", "json_logs", 512),
     ]
     return events
@@ -238,6 +240,7 @@ def test_levels_match_the_documented_rule() -> None:
         "SnapshotRejected",
         "StepsDropped",
         "EventsDropped",
+        "RoundIncomplete",
     }
     assert by_level["debug"] == {"RoundRecorded"}
 

@@ -2,12 +2,14 @@
 
 ``open_run`` returns the run's manifest and the newest committed θ of every fragment:
 
-- No manifest: take ``create/0000`` (``CreateClaim``). The holder uploads Θ⁰, this model's
-  current weights, fragment by fragment (the blob, then its ``init`` marker), then writes the
-  manifest (``CreatingRun``). Everyone else waits (``AwaitingCreator``); when no init marker
-  lands for ``creation_timeout`` seconds on the waiter's clock, it takes the next claim and
-  creates (``TookOverCreation``). The manifest is create-once, so a race between creators is
-  settled there: the loser joins the winner's run.
+- No manifest: take ``create/0000`` (``CreateClaim``). Only the claims numbered contiguously
+  from 0 count (``protocol.rounds.counted``): one planted after a gap is ignored. The holder
+  uploads Θ⁰, this model's current weights, fragment by fragment (the blob, then its
+  ``init`` marker), then writes the manifest (``CreatingRun``). Everyone else waits
+  (``AwaitingCreator``); when no init marker lands for ``creation_timeout`` seconds on the
+  waiter's clock, it takes the next claim and creates (``TookOverCreation``). The manifest
+  is create-once, so a race between creators is settled there: the loser joins the winner's
+  run.
 - Joining: a given config must equal the manifest's; the model's signature must match the
   manifest's (``RunMismatch`` naming the first difference; nothing is written). The newest
   committed version of every fragment is then read (``load_newest``).
@@ -35,6 +37,7 @@ from gradientmail.protocol.records import (
     Manifest,
     RunConfig,
 )
+from gradientmail.protocol.rounds import MAX_CLAIMS, counted
 from gradientmail.reader import Newest, RunReader, check_model
 from gradientmail.store import Store
 
@@ -83,7 +86,7 @@ async def open_run(
             check_config(manifest.config, config)
             _check_model(manifest, named)
             return manifest
-        claims = await store.create_claims()
+        claims = counted(tuple(await store.create_claims()))
         now = clock.now()
         attempt: int | None = None
         if not claims and named is not None:
@@ -103,19 +106,28 @@ async def open_run(
                 # creator to wait for.
                 if markers != progress[0] and claimant:
                     progress = (markers, now)
-                elif (
-                    named is not None
-                    and (not claimant or now - progress[1] >= options.creation_timeout)
-                    and await store.claim_creation(last + 1, learner)
+                elif named is not None and (
+                    not claimant or now - progress[1] >= options.creation_timeout
                 ):
-                    emit(TookOverCreation(learner, now - progress[1]))
-                    attempt = last + 1
+                    attempt = await _take_over(store, learner, last)
+                    if attempt is not None:
+                        emit(TookOverCreation(learner, now - progress[1]))
         if attempt is not None and named is not None:
             manifest = await _create(store, learner, named, config or RunConfig(), attempt, emit)
             check_config(manifest.config, config)
             _check_model(manifest, named)
             return manifest
         await clock.sleep(options.poll_interval)
+
+
+async def _take_over(store: Store, learner: str, last: int) -> int | None:
+    """The attempt this node creates the run as after claim ``last`` failed, or None when
+    another node took the next claim first. When every claim number is taken (only a
+    hostile writer takes them all) it creates without a claim: the manifest is create-once,
+    so racing creators still make one run."""
+    if last + 1 >= MAX_CLAIMS:
+        return last
+    return last + 1 if await store.claim_creation(last + 1, learner) else None
 
 
 async def _create(

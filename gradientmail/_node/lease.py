@@ -1,17 +1,19 @@
 """The lease task: beats ``leases/{learner}/{beat}.{role}`` while the node runs, deletes it at
 the end.
 
-The first beat continues after the newest beat already in the store (a node restarted with
-the same id never reuses a beat number, so observers see its lease renewed, not stale).
-Each new beat deletes the one before it. When the task is cancelled (the node is closing),
-it deletes every beat of its own in a shielded scope bounded by ``RELEASE_TIMEOUT`` seconds
-and reports ``LeaseReleased`` or ``ReleaseFailed``; others then see the lease gone at once.
+The first beat continues after the newest beat already in the store (``first_beat``; a node
+restarted with the same id never reuses a beat number present, so observers see its lease
+renewed, not stale). Beat numbers wrap around below ``10**12``: a beat planted at the top of
+the range cannot make a restart fail. Each new beat deletes the one before it. When the
+task is cancelled (the node is closing), it deletes every beat of its own in a shielded
+scope bounded by ``RELEASE_TIMEOUT`` seconds and reports ``LeaseReleased`` or
+``ReleaseFailed``; others then see the lease gone at once.
 
 A transient store failure while beating is retried with backoff; a beat that cannot be
 written for ``lease_timeout`` lets observers judge this node gone, which is the truth.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 import anyio
@@ -23,12 +25,27 @@ from gradientmail.events.kinds import Event, LeaseReleased, ReleaseFailed
 from gradientmail.protocol import keys
 from gradientmail.store import Store
 
-__all__ = ["RELEASE_TIMEOUT", "run_lease"]
+__all__ = ["RELEASE_TIMEOUT", "first_beat", "run_lease"]
 
 RELEASE_TIMEOUT = 10.0
 """The longest a node spends deleting its lease at close."""
 
 Emit: TypeAlias = Callable[[Event], None]
+
+_BEATS = 10**12
+"""Beat numbers are 12 digits (``protocol.keys.lease``)."""
+
+
+def first_beat(existing: Sequence[int]) -> int:
+    """The first beat of a node whose lease holds the beats ``existing``: one past the
+    newest, wrapping around to the smallest number not present when that would not fit."""
+    if not existing:
+        return 0
+    following = max(existing) + 1
+    if following < _BEATS:
+        return following
+    taken = set(existing)
+    return next(beat for beat in range(len(taken) + 1) if beat not in taken)
 
 
 async def run_lease(
@@ -46,15 +63,15 @@ async def run_lease(
     in the store."""
     try:
         existing = await store.own_beats(learner)
-        beat = existing[-1][0] + 1 if existing else 0
+        beat = first_beat([number for number, _ in existing])
         await store.beat(learner, beat, role)
         await store.delete(key for _, key in existing)
         task_status.started()
         while True:
             await clock.sleep(every)
-            beat += 1
+            previous, beat = beat, (beat + 1) % _BEATS
             await store.beat(learner, beat, role)
-            await store.delete([keys.lease(learner, beat - 1, role)])
+            await store.delete([keys.lease(learner, previous, role)])
     finally:
         await release(store, learner, emit_released)
 

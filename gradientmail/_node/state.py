@@ -19,7 +19,8 @@ class NodeState:
     steps, tokens
         Local steps and tokens counted by ``step()`` since this node started.
     rounds_committed
-        Rounds whose record this node's syncer wrote.
+        Rounds whose record this node's syncer wrote, among the records its learner has
+        read (a syncer-only node reads none: 0).
     bytes_published, bytes_downloaded
         Bytes this node wrote to and read from the store (every kind of object).
     requests

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from gradientmail.protocol.records import RejectReason, RoundRecord, RoundRecordDraft
+from gradientmail.protocol.records import DropReason, RejectReason, RoundRecord, RoundRecordDraft
 
 __all__ = [
     "KINDS",
@@ -25,6 +25,7 @@ __all__ = [
     "Closed",
     "Closing",
     "CreatingRun",
+    "DropReason",
     "Event",
     "EventsDropped",
     "FollowingRound",
@@ -43,6 +44,7 @@ __all__ = [
     "RoundClosed",
     "RoundCommitted",
     "RoundFailed",
+    "RoundIncomplete",
     "RoundRecorded",
     "RoundSuperseded",
     "SnapshotPublished",
@@ -163,10 +165,6 @@ class SnapshotRejected:
     tokens: int
 
 
-DropReason: TypeAlias = Literal["rejected", "reset", "closed-without-flush", "gave-up"]
-"""Why local steps will never reach a round (``StepsDropped.reason``)."""
-
-
 @dataclass(frozen=True, slots=True)
 class StepsDropped:
     """``steps`` local steps and ``tokens`` tokens of ``fragment`` will never reach a round,
@@ -187,8 +185,10 @@ class StepsDropped:
 
 @dataclass(frozen=True, slots=True)
 class Closing:
-    """``close()`` began: publishing the steps since each fragment's last round when
-    ``flushing``, otherwise waiting for the rounds in flight."""
+    """The node began to close: with ``flushing``, it publishes the steps since each
+    fragment's last round and waits for their rounds (leaving the block normally); without,
+    it publishes nothing more and drops those steps (leaving by an exception, a
+    cancellation or a failure of the node)."""
 
     learner: str
     flushing: bool
@@ -340,6 +340,18 @@ class SyncerStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundIncomplete:
+    """This node closed ``round`` without the live learners ``missing`` (their leases were
+    live, they had no snapshot in it); ``empty`` when nobody had published to it. Rounds that
+    keep closing so are a run whose learners have drifted apart."""
+
+    learner: str
+    round: int
+    missing: tuple[str, ...]
+    empty: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EventsDropped:
     """The sink or subscriber named ``sink`` fell behind and lost ``count`` events, all
     emitted just before this one; it is delivered to that sink alone, once it has room
@@ -382,6 +394,7 @@ SyncerEvent: TypeAlias = (
     | RoundSuperseded
     | RoundFailed
     | SyncerStopped
+    | RoundIncomplete
 )
 """What the syncer side of a node reports: claiming, closing and committing rounds."""
 
@@ -416,6 +429,7 @@ KINDS: tuple[type[Event], ...] = (
     RoundSuperseded,
     RoundFailed,
     SyncerStopped,
+    RoundIncomplete,
     EventsDropped,
 )
 """Every kind of event, learner kinds first, then syncer kinds, then the bus's."""

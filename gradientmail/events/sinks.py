@@ -43,6 +43,7 @@ from gradientmail.events.kinds import (
     RoundClosed,
     RoundCommitted,
     RoundFailed,
+    RoundIncomplete,
     RoundRecorded,
     RoundSuperseded,
     SnapshotPublished,
@@ -85,6 +86,7 @@ def level(event: Event) -> Level:
             | SnapshotRejected()
             | StepsDropped()
             | EventsDropped()
+            | RoundIncomplete()
         ):
             return "warning"
         case RoundRecorded():

@@ -18,9 +18,12 @@ order of checks, each with a reason:
     It claims fewer than one step, negative tokens, or more than ``max_tokens_per_step``
     tokens per step.
 ``outlier``
-    With three or more snapshots left after the checks above, its delta's L2 norm (recomputed
-    here; ``Snapshot.norm`` is the writer's claim and is not trusted) exceeds
-    ``outlier_factor`` times the median norm of those snapshots.
+    Its delta's L2 norm exceeds ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (θ the fragment's current
+    version, n its number of elements; only when the caller passes θ): a delta that large is
+    a learner that diverged, whatever the number of snapshots, so one or two of them cannot
+    take the model. Or, with three or more snapshots left after the checks above, its
+    delta's L2 norm (recomputed here; ``Snapshot.norm`` is the writer's claim and is not
+    trusted) exceeds ``outlier_factor`` times the median norm of those snapshots.
 
 The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
 equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
@@ -35,6 +38,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 from torch import Tensor
@@ -49,7 +53,11 @@ from gradientmail.protocol.records import (
     Snapshot,
 )
 
-__all__ = ["Aggregate", "Candidate", "aggregate", "l2_norm"]
+__all__ = ["MAX_DELTA_RATIO", "Aggregate", "Candidate", "aggregate", "l2_norm", "refused"]
+
+MAX_DELTA_RATIO = 100.0
+"""The largest delta a round accepts, relative to ``‖θ‖ + √n`` of its fragment: a hundred
+times the fragment's norm, or a root-mean-square change of a hundred per element."""
 
 
 @dataclass(frozen=True)
@@ -169,10 +177,63 @@ def _cosine(deltas: Sequence[Sequence[Tensor]], mean: Sequence[Tensor]) -> float
     return math.fsum(cosines) / len(cosines)
 
 
+def refused(result: Aggregate, detail: str) -> Aggregate:
+    """``result`` with every participant rejected as ``non-finite`` (``detail`` says why):
+    the round commits its fragment unchanged."""
+    rejected = [
+        Rejection(
+            learner=p.learner, reason="non-finite", steps=p.steps, tokens=p.tokens, detail=detail
+        )
+        for p in result.participants
+    ]
+    rejected.extend(result.rejected)
+    rejected.sort(key=lambda r: r.learner)
+    return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
+
+
+Kept: TypeAlias = list[tuple[Candidate, list[Tensor], float]]
+"""Candidates that passed the checks so far, with their deltas and recomputed norms."""
+
+
+def _drop_large(
+    kept: Kept, theta: Sequence[Tensor] | None, config: RunConfig, rejected: list[Rejection]
+) -> Kept:
+    """``kept`` without the deltas too large to be honest, which go to ``rejected``: over
+    ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (when θ is known), then, among three or more, over
+    ``outlier_factor`` times the median norm."""
+    if theta is not None:
+        theta_norm = l2_norm(theta)
+        numel = sum(t.numel() for t in theta)
+        bound = MAX_DELTA_RATIO * (
+            (math.inf if theta_norm is None else theta_norm) + math.sqrt(numel)
+        )
+        why = f"{MAX_DELTA_RATIO:g} × (‖θ‖ + √n) = {bound:.6g}"
+        kept = _drop_over(kept, bound, why, rejected)
+    if len(kept) >= 3:
+        median = statistics.median(norm for _, _, norm in kept)
+        why = f"{config.outlier_factor:g} × the median {median:.6g}"
+        kept = _drop_over(kept, config.outlier_factor * median, why, rejected)
+    return kept
+
+
+def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) -> Kept:
+    for candidate, _, norm in kept:
+        if norm > limit:
+            detail = f"norm {norm:.6g} is over {why}"
+            rejected.append(_rejection(candidate.snapshot, "outlier", detail))
+    return [entry for entry in kept if entry[2] <= limit]
+
+
 def aggregate(
-    version: int, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
+    version: int,
+    candidates: Sequence[Candidate],
+    spec: FragmentSpec,
+    config: RunConfig,
+    *,
+    theta: Sequence[Tensor] | None = None,
 ) -> Aggregate:
-    """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``.
+    """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``
+    (``theta``: that version's θ, for the bound on a delta's size; None: no bound).
 
     Deterministic: candidates are taken in learner order, whatever order they come in.
     Raises ``ValueError`` for two candidates of one learner or a candidate with neither a
@@ -184,28 +245,15 @@ def aggregate(
     if len(set(learners)) != len(learners):
         raise ValueError(f"two candidates of one learner in round {round}: {learners}")
     rejected: list[Rejection] = []
-    kept: list[tuple[Candidate, list[Tensor], float]] = []
+    kept: Kept = []
     for candidate in ordered:
         checked = _check(candidate, version, round, spec, config)
         if isinstance(checked, tuple):
             rejected.append(_rejection(candidate.snapshot, *checked))
         else:
-            kept.append((candidate, checked, l2_norm(checked) or 0.0))
-    if len(kept) >= 3:
-        median = statistics.median(norm for _, _, norm in kept)
-        limit = config.outlier_factor * median
-        outliers = {id(c) for c, _, norm in kept if norm > limit}
-        for candidate, _, norm in kept:
-            if id(candidate) in outliers:
-                rejected.append(
-                    _rejection(
-                        candidate.snapshot,
-                        "outlier",
-                        f"norm {norm:.6g} is over {config.outlier_factor:g} × the median "
-                        f"{median:.6g}",
-                    )
-                )
-        kept = [entry for entry in kept if id(entry[0]) not in outliers]
+            norm = l2_norm(checked)
+            kept.append((candidate, checked, math.inf if norm is None else norm))
+    kept = _drop_large(kept, theta, config, rejected)
     rejected.sort(key=lambda r: r.learner)
     if not kept:
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)

@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.records import MergeRule, RejectReason, RoundRecord
+from gradientmail.protocol.records import DropReason, MergeRule, RejectReason, RoundRecord
 
 __all__ = [
     "Dropped",
@@ -50,11 +50,82 @@ __all__ = [
     "Outcome",
     "Resolution",
     "Tally",
+    "merge_into",
     "merged",
 ]
 
 Outcome = Literal["included", "rejected", "late"]
 """What a round did with a learner's snapshot (see the module docstring)."""
+
+
+def merge_into(
+    params: Sequence[Tensor],
+    outcome: Outcome,
+    *,
+    theta: Sequence[Tensor],
+    snapshot: Sequence[Tensor] | None,
+    base: Sequence[Tensor] | None,
+    rule: MergeRule,
+    alpha: float,
+    non_blocking: bool = False,
+) -> None:
+    """Replace the live fragment ``params`` by the learner's new fragment after a round (see
+    the module docstring), in place: the one implementation of the merge, which the node
+    runs on its parameters and ``merged`` on copies.
+
+    ``theta``, ``snapshot`` and ``base`` may live on another device (the CPU); they are
+    copied to each parameter's (``non_blocking`` from pinned memory). ``snapshot`` is needed
+    for ``included`` and ``base`` for ``late`` under ``keep-progress``. Raises
+    ``ValueError``, before changing anything, if the one needed is None, for mismatched
+    tensors, an unknown outcome or rule, or ``alpha`` outside [0, 1].
+    """
+    reference = _reference(params, outcome, theta, snapshot, base, rule, alpha)
+    with torch.no_grad():
+        for i, param in enumerate(params):
+            new = theta[i].to(param.device, non_blocking=non_blocking)
+            if rule == "alpha":
+                param.copy_(torch.add(new.mul(1.0 - alpha), param, alpha=alpha))
+            elif reference is None:
+                param.copy_(new)
+            else:
+                param.sub_(reference[i].to(param.device, non_blocking=non_blocking)).add_(new)
+
+
+def _reference(
+    local: Sequence[Tensor],
+    outcome: Outcome,
+    theta: Sequence[Tensor],
+    snapshot: Sequence[Tensor] | None,
+    base: Sequence[Tensor] | None,
+    rule: MergeRule,
+    alpha: float,
+) -> Sequence[Tensor] | None:
+    """Check a merge's arguments; the tensors subtracted from ``local`` (None: none)."""
+    if len(local) != len(theta):
+        raise ValueError(f"local has {len(local)} tensors, theta {len(theta)}")
+    for i, (a, b) in enumerate(zip(local, theta, strict=True)):
+        if a.shape != b.shape:
+            raise ValueError(f"tensor {i}: local shape {list(a.shape)}, theta {list(b.shape)}")
+    if rule == "alpha":
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+        return None
+    if rule != "keep-progress":
+        raise ValueError(f"unknown merge rule {rule!r}: use 'keep-progress' or 'alpha'")
+    if outcome == "rejected":
+        return None
+    if outcome == "included":
+        reference, name = snapshot, "snapshot"
+    elif outcome == "late":
+        reference, name = base, "base"
+    else:
+        raise ValueError(f"unknown outcome {outcome!r}")
+    if reference is None or len(reference) != len(theta):
+        raise ValueError(f"a {outcome} merge needs the {name}, one tensor per parameter")
+    for i, (a, b) in enumerate(zip(reference, theta, strict=True)):
+        if a.shape != b.shape:
+            raise ValueError(f"tensor {i}: {name} shape {list(a.shape)}, theta {list(b.shape)}")
+    return reference
 
 
 def merged(
@@ -67,36 +138,11 @@ def merged(
     rule: MergeRule,
     alpha: float,
 ) -> list[Tensor]:
-    """The learner's new fragment after a round (see the module docstring); new tensors.
-
-    ``snapshot`` is needed for ``included`` and ``base`` for ``late`` under ``keep-progress``;
-    raises ``ValueError`` if the one needed is None, for mismatched tensors, an unknown
-    outcome or rule, or ``alpha`` outside [0, 1].
-    """
-    if len(local) != len(theta):
-        raise ValueError(f"local has {len(local)} tensors, theta {len(theta)}")
-    for i, (a, b) in enumerate(zip(local, theta, strict=True)):
-        if a.shape != b.shape:
-            raise ValueError(f"tensor {i}: local shape {list(a.shape)}, theta {list(b.shape)}")
-    if rule == "alpha":
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-        return [
-            torch.add(g.mul(1.0 - alpha), x, alpha=alpha) for x, g in zip(local, theta, strict=True)
-        ]
-    if rule != "keep-progress":
-        raise ValueError(f"unknown merge rule {rule!r}: use 'keep-progress' or 'alpha'")
-    if outcome == "rejected":
-        return [g.clone() for g in theta]
-    if outcome == "included":
-        reference, name = snapshot, "snapshot"
-    elif outcome == "late":
-        reference, name = base, "base"
-    else:
-        raise ValueError(f"unknown outcome {outcome!r}")
-    if reference is None or len(reference) != len(theta):
-        raise ValueError(f"a {outcome} merge needs the {name}, one tensor per parameter")
-    return [g.add(x.sub(r)) for x, g, r in zip(local, theta, reference, strict=True)]
+    """The learner's new fragment after a round (see the module docstring); new tensors,
+    computed by ``merge_into`` on copies of ``local``. Raises as ``merge_into`` does."""
+    result = [x.detach().clone() for x in local]
+    merge_into(result, outcome, theta=theta, snapshot=snapshot, base=base, rule=rule, alpha=alpha)
+    return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +215,8 @@ class Dropped:
     fragment: int
     steps: int
     tokens: int
-    reason: str
+    reason: DropReason
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,10 +334,12 @@ class Ledger:
         )
         return self._with(entry), resolution
 
-    def dropped(self, fragment: int, reason: str) -> tuple["Ledger", Dropped]:
+    def dropped(
+        self, fragment: int, reason: DropReason, detail: str = ""
+    ) -> tuple["Ledger", Dropped]:
         """Give up the local steps of ``fragment`` (at close): ``since_base`` moves to
         ``dropped`` and an in-flight snapshot is forgotten."""
         entry = self[fragment]
         moved = entry.since_base
         entry = replace(entry, dropped=entry.dropped + moved, since_base=Tally(), in_flight=None)
-        return self._with(entry), Dropped(fragment, moved.steps, moved.tokens, reason)
+        return self._with(entry), Dropped(fragment, moved.steps, moved.tokens, reason, detail)

@@ -27,6 +27,7 @@ __all__ = [
     "BlobRef",
     "Count",
     "CreateClaim",
+    "DropReason",
     "Encoding",
     "FragmentSpec",
     "InitMarker",
@@ -68,6 +69,8 @@ RejectReason = Literal[
     "corrupt", "shape", "non-finite", "stale", "outlier", "tokens", "unsigned", "bad-signature"
 ]
 """Why a round rejected a snapshot; each is explained in ``docs/protocol.md``."""
+DropReason = Literal["rejected", "reset", "closed-without-flush", "gave-up"]
+"""Why a learner's local steps will never reach a round (``events.StepsDropped``)."""
 
 
 Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]

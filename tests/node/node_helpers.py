@@ -27,6 +27,13 @@ FAST = NodeOptions(
     close_timeout=10.0,
     max_retry_delay=0.2,
 )
+LEARNER_ONLY = NodeOptions(
+    poll_interval=FAST.poll_interval,
+    lease_every=FAST.lease_every,
+    lease_timeout=FAST.lease_timeout,
+    close_timeout=FAST.close_timeout,
+    syncer=False,
+)
 CONFIG = RunConfig(fragments=2, sync_every=4, grace=0.3, keep_versions=1000, keep_rounds=1000)
 
 

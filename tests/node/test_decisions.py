@@ -1,21 +1,31 @@
-"""The syncer's pure decisions and the node's options, without I/O."""
+"""The syncer's pure decisions and round state machine, and the node's options, without I/O."""
 
 import pytest
+import torch
 
+from gradientmail._node.commit import FragmentState, _outcome
 from gradientmail._node.options import NodeOptions
-from gradientmail._node.syncer import (
+from gradientmail.protocol.aggregation import Candidate
+from gradientmail.protocol.records import BlobRef, FragmentSpec, ParamSpec, RunConfig, Snapshot
+from gradientmail.protocol.rounds import (
+    MAX_CLAIMS,
     Adopt,
+    Again,
     Claim,
     CloseView,
+    Commit,
     Follow,
+    Observation,
     Resume,
+    RoundState,
     RoundView,
     TakeOver,
+    Wait,
     decide_close,
     decide_round,
+    observed,
     quorum_learners,
 )
-from gradientmail.protocol.records import RunConfig
 
 
 def view(**changes: object) -> RoundView:
@@ -149,3 +159,114 @@ def test_an_empty_round_closes_once_a_later_one_had_snapshots_for_grace() -> Non
     assert empty(None, 1e6) == "waiting"
     assert empty(10.0, 14.9) == "waiting"
     assert empty(10.0, 15.0) == "close"
+
+
+def test_a_claim_after_a_gap_is_foreign_and_the_claim_space_ends_without_an_exception() -> None:
+    assert decide_round(view(claims=((9999, "b"),))) == Claim(0)
+    assert decide_round(view(claims=((0, "b"), (5, "c")))) == Follow("b")
+    taken = tuple((k, "gone") for k in range(MAX_CLAIMS))
+    assert decide_round(view(claims=taken)) == Resume()
+
+
+def look(**changes: object) -> Observation:
+    base: dict[str, object] = {
+        "record": None,
+        "claims": (),
+        "snapshots": frozenset(),
+        "live": frozenset({"a", "b"}),
+        "learners": frozenset({"a", "b"}),
+        "snapshots_at": 0.0,
+        "leases_at": 0.0,
+    }
+    base.update(changes)
+    return Observation(**base)  # type: ignore[arg-type]
+
+
+def test_the_machine_claims_closes_on_quorum_and_grace_then_commits() -> None:
+    state = RoundState(7, "a", claim_timeout=30.0)
+    state, step = observed(state, look(), 0.0, CONFIG)
+    assert step == Claim(0)
+    state = state.claimed(0.0)
+    state, step = observed(state, look(snapshots=frozenset({"a"})), 1.0, CONFIG)
+    assert step == Wait()  # one of two live learners is below quorum_min 2
+    three = frozenset({"a", "b", "c"})
+    state, step = observed(
+        state, look(snapshots=frozenset({"a", "b"}), live=three, learners=three), 2.0, CONFIG
+    )
+    assert (step, state.quorum_at) == (Wait(), 2.0)
+    state, step = observed(
+        state, look(snapshots=frozenset({"a", "b"}), live=three, learners=three), 7.0, CONFIG
+    )
+    assert step == Commit(missing=frozenset({"c"}), published=frozenset({"a", "b"}))
+
+
+def test_a_close_waits_for_a_lease_listing_newer_than_the_snapshots() -> None:
+    state = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)
+    everyone = frozenset({"a", "b"})
+    stale = look(snapshots=everyone, snapshots_at=5.0, leases_at=4.0)
+    assert observed(state, stale, 5.0, CONFIG)[1] == Again(fresh=True)
+    fresh = look(snapshots=everyone, snapshots_at=5.0, leases_at=5.0)
+    assert observed(state, fresh, 5.0, CONFIG)[1] == Commit(frozenset(), everyone)
+
+
+def test_a_record_is_adopted_by_the_machine_and_supersedes_a_close() -> None:
+    record = object()
+    state = RoundState(7, "a", claim_timeout=30.0)
+    _, step = observed(state, look(record=record, claims=((0, "b"),)), 0.0, CONFIG)
+    assert step == Adopt(record)  # type: ignore[arg-type]
+    _, step = observed(state.claimed(0.0), look(record=record), 0.0, CONFIG)
+    assert step == Adopt(record, superseded=True)  # type: ignore[arg-type]
+
+
+def test_a_follower_announces_once_and_times_out_from_the_first_snapshot() -> None:
+    state = RoundState(7, "a", claim_timeout=30.0)
+    state, step = observed(state, look(claims=((0, "b"),)), 0.0, CONFIG)
+    assert step == Follow("b", announce=True)
+    state, step = observed(
+        state, look(claims=((0, "b"),), snapshots=frozenset({"b"})), 10.0, CONFIG
+    )
+    assert step == Follow("b")
+    state, step = observed(
+        state, look(claims=((0, "b"),), snapshots=frozenset({"b"})), 40.0, CONFIG
+    )
+    assert step == TakeOver(1, "no_record")
+
+
+def test_an_empty_round_stays_open_while_a_live_learner_has_not_moved_past_it() -> None:
+    """Issue 17's desync: one learner published two rounds ahead; the other, live, has not
+    published anywhere yet. Closing the round empty would send the second learner's next
+    snapshot ahead too, and the rounds would alternate one learner each for good."""
+    state = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)
+    for now in (0.0, 10.0, 100.0):
+        state, step = observed(state, look(later=frozenset({"b"})), now, CONFIG)
+        assert step == Wait()
+    state, step = observed(state, look(later=frozenset({"a", "b"})), 101.0, CONFIG)
+    assert (step, state.passed_at) == (Wait(), 101.0)
+    state, step = observed(state, look(later=frozenset({"a", "b"})), 106.0, CONFIG)
+    assert step == Commit(missing=frozenset({"a", "b"}), published=frozenset())
+
+
+def test_an_empty_round_closes_once_everybody_left() -> None:
+    state = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)
+    gone = look(live=frozenset(), later=frozenset({"b"}))
+    state, step = observed(state, gone, 0.0, CONFIG)
+    assert step == Wait()
+    assert observed(state, gone, 5.0, CONFIG)[1] == Commit(frozenset(), frozenset())
+
+
+def test_an_outer_step_that_overflows_commits_nothing() -> None:
+    """Deltas within the bound whose outer step is not finite: the round rejects them as
+    non-finite and commits θ, U and the momentum unchanged and finite."""
+    spec = FragmentSpec(index=0, params=(ParamSpec(name="w", shape=(3,), dtype="float32"),))
+    config = RunConfig(fragments=1, sync_every=4, outer_lr=1.0, outer_momentum=0.9)
+    theta = (torch.full((3,), 3e36),)
+    snapshot = Snapshot(
+        learner="a", round=5, fragment=0, base_version=5, steps=4, tokens=40,
+        delta=BlobRef(sha256="0" * 64, size=1, encoding="fp32"), norm=None,
+    )  # fmt: skip
+    candidate = Candidate(snapshot=snapshot, delta=[torch.full((3,), 2e38)], problem=None)
+    current = FragmentState(version=5, record=None, theta=theta)
+    result, new_theta, momentum, _ = _outcome(current, [candidate], spec, config)
+    assert [(r.learner, r.reason) for r in result.rejected] == [("a", "non-finite")]
+    assert torch.equal(new_theta[0], theta[0])
+    assert bool(torch.isfinite(momentum[0]).all())

@@ -1,55 +1,42 @@
-"""The learner's pure parts: the in-place merge and the state's transitions."""
+"""The pure learner (``protocol.learner.Learner``), driven without I/O, and proof that the
+node runs exactly it: the node modules hold no merge or outcome code of their own."""
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gradientmail._node.learner import FragmentState, LearnerState, Ready, merge_in_place
 from gradientmail.protocol import keys
-from gradientmail.protocol.merge import Ledger, merged
-from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord
+from gradientmail.protocol.learner import (
+    Apply,
+    Dropped,
+    Learner,
+    Publish,
+    Recorded,
+    Resolved,
+    Snapshot,
+    Unavailable,
+)
+from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord, RunConfig
 
-
-@pytest.mark.parametrize("outcome", ["included", "late", "rejected"])
-@pytest.mark.parametrize("rule", ["keep-progress", "alpha"])
-def test_the_in_place_merge_is_merged_bit_for_bit(outcome: str, rule: str) -> None:
-    generator = torch.Generator().manual_seed(3)
-    shapes = [(7, 5), (5,), (3, 2, 2)]
-
-    def tensors() -> list[torch.Tensor]:
-        return [torch.randn(shape, generator=generator) * 1e3 for shape in shapes]
-
-    local, theta, snapshot, base = tensors(), tensors(), tensors(), tensors()
-    expected = merged(
-        outcome,  # type: ignore[arg-type]
-        local=local,
-        theta=theta,
-        snapshot=snapshot,
-        base=base,
-        rule=rule,  # type: ignore[arg-type]
-        alpha=0.3,
-    )
-    params = [t.clone() for t in local]
-    merge_in_place(
-        params,
-        outcome,  # type: ignore[arg-type]
-        theta=theta,
-        snapshot=snapshot,
-        base=base,
-        rule=rule,  # type: ignore[arg-type]
-        alpha=0.3,
-    )
-    for got, want in zip(params, expected, strict=True):
-        assert torch.equal(got, want)
-
-
+node_module = importlib.import_module("gradientmail._node.node")
+driver_module = importlib.import_module("gradientmail._node.learner")
+CONFIG = RunConfig(fragments=2, sync_every=4, grace=1.0)
 REF = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
 
 
 def record(
-    round: int, *, included: tuple[str, ...] = (), rejected: tuple[str, ...] = ()
+    round: int,
+    *,
+    included: tuple[str, ...] = (),
+    rejected: tuple[str, ...] = (),
+    grace: float = 0.0,
 ) -> RoundRecord:
     return RoundRecord(
         round=round,
@@ -64,7 +51,7 @@ def record(
             Rejection(learner=name, reason="outlier", steps=1, tokens=1) for name in rejected
         ),
         quorum_seconds=0.0,
-        grace_seconds=0.0,
+        grace_seconds=grace,
         cosine=None,
         theta=REF,
         outer=REF,
@@ -72,126 +59,257 @@ def record(
     )
 
 
-def fresh() -> LearnerState:
-    base = (torch.zeros(2),)
-    return LearnerState(
-        ledger=Ledger.start(2),
-        step=0,
-        tokens=0,
-        fragments=(FragmentState(version=0, base=base), FragmentState(version=0, base=base)),
-        newest_round=-1,
-    )
+def fresh(name: str = "me") -> Learner:
+    zero = (torch.zeros(2),)
+    return Learner.start(CONFIG, name, (0, 0), (zero, zero), -1)
+
+
+def take(learner: Learner, actions: list[object]) -> tuple[Learner, list[Publish]]:
+    """Carry out the ``Snapshot`` actions as the driver does: hand over a copy."""
+    jobs = []
+    for action in actions:
+        if isinstance(action, Snapshot):
+            learner, job = learner.took(action.fragment, (torch.ones(2),))
+            jobs.append(job)
+    return learner, jobs
 
 
 def test_a_snapshot_targets_the_round_after_its_base_and_blocks_until_aligned() -> None:
-    state = fresh().stepped(10).stepped(10)
-    state, round = state.published(1, (torch.ones(2),))
-    assert round == 1
-    assert state.fragments[1].blocked
-    assert not state.fragments[0].blocked
-    state = state.publish_done(1, 1, ok=True)
-    assert state.fragments[1].blocked  # published, its round not yet applied
-    state, events = state.recorded(record(0), "me")
-    assert not events
-    state, events = state.recorded(record(1, included=("me",)), "me")
-    assert not events
-    assert state.fragments[1].published is not None
-    assert state.fragments[1].published.outcome == "included"
-    assert state.ledger[1].committed.steps == 2
-    assert state.fragments[1].wanted is not None
+    learner = fresh()
+    learner, actions = learner.stepped(10, now=0.0)
+    assert actions == []
+    learner, actions = learner.stepped(10, now=1.0)
+    assert actions == [Snapshot(0, 0)]
+    learner, jobs = take(learner, actions)
+    assert [(j.fragment, j.round, j.steps, j.tokens) for j in jobs] == [(0, 0, 2, 20)]
+    assert learner.slots[0].blocked
+    assert not learner.slots[1].blocked
+    learner, _ = learner.publish_done(0, 0)
+    learner, actions = learner.record_seen(record(0, included=("me",)), now=2.0)
+    assert [type(a) for a in actions] == [Recorded, Resolved]
+    assert learner.ledger[0].committed.steps == 2
+    [download] = learner.downloads()
+    assert (download.fragment, download.record.round) == (0, 0)
+    assert download.base is not None  # the next version: base + update
+    assert torch.equal(download.base[0], torch.zeros(2))
 
 
-def test_a_rejected_snapshot_reports_and_drops_its_steps() -> None:
-    state = fresh().stepped(5)
-    state, _ = state.published(0, (torch.ones(2),))
-    state = state.stepped(5)
-    state, events = state.recorded(record(0, rejected=("me",)), "me")
-    kinds = [type(e).__name__ for e in events]
-    assert kinds == ["SnapshotRejected", "StepsDropped"]
-    assert state.ledger[0].dropped.steps == 2
-    assert state.ledger[0].balanced
+def test_a_record_waits_for_the_publish_to_its_round() -> None:
+    learner = fresh()
+    learner, _ = learner.stepped(1, now=0.0)
+    learner, actions = learner.stepped(1, now=1.0)
+    learner, _ = take(learner, actions)
+    learner, actions = learner.record_seen(record(0, included=("me",)), now=1.5)
+    assert actions == []
+    assert learner.seen_round == 0
+    assert learner.newest_round == -1
+    learner, actions = learner.publish_done(0, 0)
+    assert isinstance(actions[0], Recorded)
+    assert learner.newest_round == 0
 
 
-def test_a_failed_publish_releases_the_fragment_and_keeps_its_steps() -> None:
-    state = fresh().stepped(5)
-    state, _ = state.published(0, (torch.ones(2),))
-    state = state.publish_done(0, 0, ok=False)
-    assert not state.fragments[0].blocked
-    assert state.ledger[0].since_base.steps == 1
-    assert state.ledger[0].in_flight is None
+def test_a_rejected_snapshot_drops_its_steps_and_resets_to_theta() -> None:
+    learner = fresh()
+    learner, _ = learner.stepped(5, now=0.0)
+    learner, actions = learner.stepped(5, now=1.0)
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.stepped(5, now=2.0)
+    learner, actions = learner.record_seen(record(0, rejected=("me",)), now=3.0)
+    assert [type(a) for a in actions] == [Recorded, Resolved, Dropped]
+    assert learner.ledger[0].dropped.steps == 3  # the snapshot's two and the one since
+    learner = learner.version_ready(0, 0, (torch.full((2,), 7.0),))
+    learner, actions = learner.stepped(0, now=4.0)
+    apply = next(a for a in actions if isinstance(a, Apply))
+    assert apply.outcome == "rejected"
+    assert [a.steps for a in actions if isinstance(a, Dropped)] == [1]  # reset to θ
+    assert learner.ledger[0].balanced
+    assert learner.slots[0].version == 1
+
+
+def test_a_corrupt_update_falls_back_to_theta_and_an_unusable_theta_is_reported_once() -> None:
+    learner = fresh()
+    learner, _ = learner.record_seen(record(0), now=0.0)
+    learner, _ = learner.record_seen(record(1), now=0.0)
+    assert [d.base is not None for d in learner.downloads()] == [True, True]
+    learner, actions = learner.download_failed(0, 0, "update", "corrupt", "flipped byte")
+    assert actions == []
+    assert [d.base is None for d in learner.downloads()] == [True, False]
+    learner, actions = learner.download_failed(0, 0, "theta", "corrupt", "flipped byte")
+    assert [type(a) for a in actions] == [Unavailable]
+    learner, actions = learner.download_failed(0, 0, "theta", "corrupt", "flipped byte")
+    assert actions == []
+    # The other fragment is prepared all the same.
+    learner = learner.version_ready(1, 1, (torch.ones(2),))
+    learner, actions = learner.stepped(0, now=1.0)
+    assert [a.fragment for a in actions if isinstance(a, Apply)] == [1]
+    # A newer record of the stuck fragment replaces it.
+    learner, _ = learner.record_seen(record(2), now=2.0)
+    assert [(d.fragment, d.record.round) for d in learner.downloads()] == [(0, 2)]
+
+
+def test_a_learner_that_missed_a_round_moves_its_schedule_into_the_others_rounds() -> None:
+    """One step a second; the others published fragment 0 at t=2 (the record, seen at t=3.5,
+    waited 2.5 s of grace); this learner's snapshot went out at t=4, late. Its phase moves
+    by ceil((2 + 0.5) / 1) = 3 steps (lag plus half the grace, in steps), so its fragments
+    come due 3 steps earlier; an included snapshot moves nothing."""
+    learner = fresh()
+    learner, _ = learner.stepped(1, now=3.0)
+    learner, actions = learner.stepped(1, now=4.0)
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.record_seen(record(0, included=("other",), grace=2.5), now=4.5)
+    assert learner.phase == 3
+    learner = learner.version_ready(0, 0, (torch.ones(2),))
+    due = []
+    for t in range(5, 9):
+        learner, actions = learner.stepped(1, now=float(t))
+        due += [(learner.step, a.fragment) for a in actions if isinstance(a, Snapshot)]
+    assert due == [(3, 0), (5, 1)]  # without the move: (4, 1), (6, 0)
+    learner, actions = learner.stepped(1, now=9.0)
+    learner, _ = take(learner, actions)
+
+
+@pytest.mark.parametrize(("waited", "phase"), [(0.2, 0), (0.4, 0), (0.7, 2)])
+def test_an_included_snapshot_moves_the_schedule_only_from_the_late_half_of_the_grace(
+    waited: float, phase: int
+) -> None:
+    """Included at t=4 in a round that waited ``waited`` seconds of its 1 s grace for it
+    (seen at 4.1): a lag behind the quorum over half the grace moves the phase by
+    ceil((lag + 0.5) / 1); less leaves it alone."""
+    learner = fresh()
+    learner, _ = learner.stepped(1, now=3.0)
+    learner, actions = learner.stepped(1, now=4.0)
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.record_seen(record(0, included=("me", "x"), grace=waited), now=4.1)
+    assert learner.phase == phase
 
 
 class LearnerMachine(RuleBasedStateMachine):
-    """Random interleavings of steps, publishes, publish outcomes, committed rounds and
-    applied versions, as the node's tasks drive them: the ledger stays balanced, a
-    fragment holds at most one unresolved snapshot, and every snapshot targets the round
-    after its base."""
-
-    fragments = 2
+    """Random steps, publishes and their failures, records (included, rejected, late,
+    foreign), downloads that work, fail or find blobs corrupt, and restarts (a new life of
+    the learner at the versions it held): the ledger stays balanced, every local step is in
+    it, a fragment holds at most one unresolved snapshot, and every snapshot targets the
+    round after its base."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.state = fresh()
-        self.next_round = 0
+        self.learner = fresh()
+        self.rounds: list[RoundRecord] = []
+        self.now = 0.0
+        self.steps = 0
+        self.jobs: list[Publish] = []
 
-    @rule(tokens=st.integers(min_value=0, max_value=9))
-    def step(self, tokens: int) -> None:
-        self.state = self.state.stepped(tokens)
+    def _carry(self, actions: list[object]) -> None:
+        for action in actions:
+            if isinstance(action, Snapshot):
+                slot = self.learner.slots[action.fragment]
+                assert action.round == keys.round_of(action.fragment, slot.version + 1, 2)
+                self.learner, job = self.learner.took(action.fragment, (torch.ones(2),))
+                self.jobs.append(job)
 
-    @rule(fragment=st.integers(min_value=0, max_value=1))
-    def publish(self, fragment: int) -> None:
-        entry = self.state.fragments[fragment]
-        if entry.blocked or self.state.ledger[fragment].since_base.steps == 0:
-            return
-        self.state, round = self.state.published(fragment, (torch.ones(2),))
-        assert round == keys.round_of(fragment, entry.version + 1, self.fragments)
+    @rule(tokens=st.integers(min_value=0, max_value=9), dt=st.floats(0.0, 3.0))
+    def step(self, tokens: int, dt: float) -> None:
+        self.now += dt
+        self.steps += 1
+        self.learner, actions = self.learner.stepped(tokens, self.now)
+        self._carry(actions)
 
-    @rule(fragment=st.integers(min_value=0, max_value=1), ok=st.booleans())
-    def publish_done(self, fragment: int, ok: bool) -> None:
-        entry = self.state.fragments[fragment]
-        if entry.in_flight and entry.published is not None:
-            self.state = self.state.publish_done(fragment, entry.published.round, ok)
+    @rule()
+    def flush(self) -> None:
+        self.learner, actions = self.learner.flush(self.now)
+        self._carry(actions)
 
-    @rule(outcome=st.sampled_from(["included", "rejected", "absent"]))
-    def commit(self, outcome: str) -> None:
-        round = self.next_round
-        self.next_round += 1
-        names = {"included": ("me",), "rejected": (), "absent": ()}[outcome]
-        rejected = ("me",) if outcome == "rejected" else ()
-        entry = self.state.fragments[round % self.fragments]
-        mine = entry.published is not None and entry.published.round == round
-        self.state, events = self.state.recorded(
-            record(round, included=names if mine else (), rejected=rejected if mine else ()),
-            "me",
+    @precondition(lambda self: self.jobs)
+    @rule(ok=st.booleans())
+    def publish_returns(self, ok: bool) -> None:
+        job = self.jobs.pop(0)
+        if ok:
+            self.learner, actions = self.learner.publish_done(job.fragment, job.round)
+        else:
+            self.learner, actions = self.learner.publish_failed(job.fragment, job.round)
+        self._carry(actions)
+
+    @rule(fate=st.sampled_from(["included", "rejected", "absent"]), grace=st.floats(0, 2))
+    def commit(self, fate: str, grace: float) -> None:
+        round = self.learner.seen_round + 1
+        names: dict[str, tuple[str, ...]] = {"included": ("me", "x"), "rejected": ("x",)}
+        rejected = ("me",) if fate == "rejected" else ()
+        made = record(round, included=names.get(fate, ("x",)), rejected=rejected, grace=grace)
+        self.rounds.append(made)
+        self.learner, actions = self.learner.record_seen(made, self.now)
+        self._carry(actions)
+
+    @rule(outcome=st.sampled_from(["ok", "gone", "corrupt"]))
+    def download(self, outcome: str) -> None:
+        for d in self.learner.downloads():
+            stage = "theta" if d.base is None else "update"
+            if outcome == "ok":
+                self.learner = self.learner.version_ready(
+                    d.fragment, d.record.round, (torch.ones(2),)
+                )
+            else:
+                self.learner, _ = self.learner.download_failed(
+                    d.fragment,
+                    d.record.round,
+                    stage,
+                    outcome,
+                    "test",  # type: ignore[arg-type]
+                )
+
+    @precondition(lambda self: not self.jobs)
+    @rule()
+    def restart(self) -> None:
+        """A new life: joins at the versions it holds, after the newest round seen."""
+        old = self.learner
+        self.learner = Learner.start(
+            CONFIG, "me", old.versions, [s.base for s in old.slots], old.seen_round
         )
-        assert all(e.learner == "me" for e in events)
-
-    @rule(fragment=st.integers(min_value=0, max_value=1))
-    def download(self, fragment: int) -> None:
-        entry = self.state.fragments[fragment]
-        if entry.wanted is not None and entry.ready is None:
-            wanted = entry.wanted
-            ready = Ready(round=wanted.round, version=wanted.version, theta=(torch.zeros(2),))
-            self.state = self.state.prepared(fragment, ready)
-
-    @rule(fragment=st.integers(min_value=0, max_value=1))
-    def apply(self, fragment: int) -> None:
-        if self.state.fragments[fragment].ready is not None:
-            self.state = self.state.aligned(fragment)
+        self.steps = 0
 
     @invariant()
     def balanced(self) -> None:
-        for fragment in range(self.fragments):
-            ledger = self.state.ledger[fragment]
+        learner = self.learner
+        assert learner.step == self.steps
+        for fragment in range(2):
+            ledger = learner.ledger[fragment]
             assert ledger.balanced
-            assert ledger.total.steps == self.state.step
-            entry = self.state.fragments[fragment]
-            flight = ledger.in_flight
-            unresolved = entry.published is not None and entry.published.outcome is None
-            assert (flight is not None) == unresolved
-            if flight is not None and entry.published is not None:
-                assert flight.round == entry.published.round
+            assert ledger.total.steps == learner.step
+            slot = learner.slots[fragment]
+            unresolved = slot.published is not None and slot.published.outcome is None
+            assert (ledger.in_flight is not None) == unresolved
+            if ledger.in_flight is not None and slot.published is not None:
+                assert ledger.in_flight.round == slot.published.round
+        assert 0 <= learner.phase < CONFIG.sync_every
 
 
 TestLearnerMachine = LearnerMachine.TestCase
-TestLearnerMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestLearnerMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+
+
+@pytest.mark.parametrize("module", [node_module, driver_module])
+def test_the_node_runs_the_pure_learner_and_has_no_merge_of_its_own(module: object) -> None:
+    """The node's modules import the pure learner and the one merge; they hold no tensor
+    arithmetic of a merge, decide no outcome and keep no ledger of their own."""
+    source = inspect.getsource(module)  # type: ignore[arg-type]
+    tree = ast.parse(source)
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+        if node.module.startswith("gradientmail.protocol")
+    }
+    if module is driver_module:
+        assert {"Learner", "merge_into", "apply_update"} <= imported
+    else:
+        assert "Learner" in imported
+    calls = {
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert not calls & {"sub_", "add_", "mul", "mul_", "recorded"}
+    for name in ("merge_in_place", "LearnerState", "Ledger", '"included"', "'late'"):
+        assert name not in source, f"{Path(inspect.getfile(module)).name} holds {name}"  # type: ignore[arg-type]

@@ -91,7 +91,7 @@ async def test_cancelling_mid_training_leaves_nothing_behind() -> None:
             assert "worker" in thread.name.lower() or thread.name.startswith("Trio thread")
     assert await Store(box).leases() == {}
     assert sink.of(LeaseReleased)
-    assert not sink.of(Closing)
+    assert [e.flushing for e in sink.of(Closing)] == [False]
     history = await records(box)
     state = node.state
     assert any(isinstance(e, StepsDropped) for e in sink.events) or state.steps == 0
@@ -100,16 +100,23 @@ async def test_cancelling_mid_training_leaves_nothing_behind() -> None:
     assert all(r.round <= state.round + 2 for r in history)
 
 
+class BreakingMailbox(MemoryMailbox):
+    """Lists ``records/`` fine until ``armed``, then raises an error no layer expects."""
+
+    armed = False
+
+    async def list(self, prefix: str, *, after: str = "") -> list[str]:  # type: ignore[override]
+        if self.armed and prefix == "records/":
+            raise RuntimeError("the store broke in a way nobody expected")
+        return list(await super().list(prefix, after=after))
+
+
+EVALUATION = 30.0
+"""How long the body below "evaluates" without stepping: the block must end long before."""
+
+
 async def test_a_failed_task_is_raised_by_the_next_step() -> None:
-    class Broken(MemoryMailbox):
-        armed = False
-
-        async def list(self, prefix: str, *, after: str = "") -> list[str]:  # type: ignore[override]
-            if self.armed and prefix == "records/":
-                raise RuntimeError("the store broke in a way nobody expected")
-            return list(await super().list(prefix, after=after))
-
-    box = Broken()
+    box = BreakingMailbox()
     model = tiny_model()
 
     async def run() -> None:
@@ -126,6 +133,87 @@ async def test_a_failed_task_is_raised_by_the_next_step() -> None:
     with pytest.raises(NodeFailed) as failed:
         await run()
     assert isinstance(failed.value.__cause__, RuntimeError)
+
+
+async def test_a_task_failing_while_the_body_waits_raises_node_failed_from_the_block() -> None:
+    """The body stops stepping to "evaluate" for 30 s; the receive task fails meanwhile.
+    The body is cancelled at its await and the block raises ``NodeFailed`` itself (not an
+    ``ExceptionGroup``), within a few poll intervals rather than 30 s."""
+    box = BreakingMailbox()
+    model = tiny_model()
+    sink = Recorder()
+    evaluated = False
+
+    async def run() -> None:
+        nonlocal evaluated
+        async with open_node(
+            model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]
+        ) as node:
+            await train(node, model, seed=1, until_round=1)
+            box.armed = True
+            await anyio.sleep(EVALUATION)  # the evaluation: the body waits, steps nothing
+            evaluated = True
+
+    started = anyio.current_time()
+    with pytest.raises(NodeFailed) as failed:
+        await run()
+    took = anyio.current_time() - started
+    assert type(failed.value) is NodeFailed
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    assert not evaluated
+    assert took < EVALUATION / 3, f"the block ended {took:.1f} s after entering"
+    assert [e.flushing for e in sink.of(Closing)] == [False]
+    assert all(e.detail == "the node failed" for e in sink.of(StepsDropped))
+    assert all(e.reason == "closed-without-flush" for e in sink.of(StepsDropped))
+
+
+async def test_a_thread_training_in_run_in_thread_is_stopped_when_the_node_fails() -> None:
+    """A thread stepping through ``run_in_thread``: its next ``handle.step`` after the
+    failure raises ``NodeFailed`` out of it, and so does the block."""
+    box = BreakingMailbox()
+    model = tiny_model()
+    seen: list[BaseException] = []
+
+    async def run() -> None:
+        async with open_node(model, box, learner="solo", config=CONFIG, options=FAST) as node:
+            trainer = Trainer(model, seed=1)
+
+            def loop(handle: StepHandle) -> None:
+                try:
+                    while True:
+                        trainer.step()
+                        handle.step(16)
+                        if handle.node.state.round >= 1:
+                            box.armed = True
+                except BaseException as exc:
+                    seen.append(exc)
+                    raise
+
+            await node.run_in_thread(loop)
+
+    with anyio.fail_after(EVALUATION):
+        with pytest.raises(NodeFailed) as failed:
+            await run()
+    assert isinstance(failed.value.__cause__, RuntimeError)
+    assert len(seen) == 1
+    assert type(seen[0]) is NodeFailed
+
+
+async def test_the_bodys_own_exception_wins_over_a_node_failure() -> None:
+    box = BreakingMailbox()
+    model = tiny_model()
+
+    async def run() -> None:
+        async with open_node(model, box, learner="solo", config=CONFIG, options=FAST) as node:
+            await train(node, model, seed=1, until_round=1)
+            box.armed = True
+            try:
+                await anyio.sleep(EVALUATION)
+            finally:
+                raise KeyError("the user's own")
+
+    with anyio.fail_after(EVALUATION / 3), pytest.raises(KeyError, match="the user's own"):
+        await run()
 
 
 async def test_a_node_with_nothing_to_flush_closes_at_once() -> None:

@@ -28,6 +28,7 @@ from gradientmail.events import (
     FollowingRound,
     RoundClaimed,
     RoundCommitted,
+    RoundIncomplete,
     TookOverCreation,
     TookOverRound,
 )
@@ -233,3 +234,59 @@ async def test_a_round_waits_for_a_learner_that_joined_but_has_not_published_yet
             assert record is not None
             assert {p.learner for p in record.participants} == {"a", "b"}
             scope.cancel()
+
+
+async def test_a_round_closed_without_a_live_learner_is_reported() -> None:
+    box = MemoryMailbox()
+    sink = Recorder()
+    model = tiny_model()
+    idle = tiny_model(1)
+    # "idle" joins and holds a live lease but never steps: rounds close without it.
+    async with (
+        open_node(model, box, learner="a", config=CONFIG, options=FAST, sinks=[sink]) as a,
+        open_node(idle, box, learner="idle", options=LEARNER_ONLY, sinks=[sink]),
+    ):
+        await train(a, model, seed=1, until_round=a.state.round + 3)
+    reports = sink.of(RoundIncomplete)
+    assert reports, "no RoundIncomplete"
+    assert all(r.missing == ("idle",) and not r.empty for r in reports)
+
+
+async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() -> None:
+    """Issue 17's resynchronization: "b" steps 30 times slower than "a" for a stretch (rounds
+    close without it after grace), then at the same speed again; from four rounds after the
+    stretch on, every round has both, for ten rounds."""
+    box = MemoryMailbox()
+    # A grace well above a loaded machine's hiccups; the stretch is slower than it.
+    config = msgspec.structs.replace(CONFIG, sync_every=4, grace=0.5)
+    recovered: list[int] = []
+
+    def until() -> int:
+        return recovered[0] + 14 if recovered else 10**6
+
+    async def learner(name: str, slow: range) -> None:
+        model = tiny_model()
+        async with open_node(model, box, learner=name, config=config, options=FAST) as node:
+            trainer = Trainer(model, seed=1)
+            step = 0
+            with anyio.fail_after(60):
+                while node.state.round < until():
+                    await anyio.to_thread.run_sync(trainer.step)
+                    await node.step(tokens=16)
+                    step += 1
+                    if step == slow.stop:
+                        recovered.append(node.state.round)
+                    await anyio.sleep(0.3 if step in slow else 0.01)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(learner, "a", range(0))
+        tg.start_soon(learner, "b", range(8, 20))
+    history = await records(box)
+    assert recovered
+    alone = [len(r.participants) for r in history if r.round <= recovered[0]]
+    assert min(alone) < 2, "the slow stretch never left a round without b"
+    late = [r for r in history if recovered[0] + 4 < r.round <= until()]
+    assert len(late) == 10
+    assert [
+        (r.round, [p.learner for p in r.participants]) for r in late if len(r.participants) < 2
+    ] == []

@@ -7,7 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradientmail.protocol.aggregation import Candidate, aggregate, l2_norm
+from gradientmail.protocol.aggregation import (
+    MAX_DELTA_RATIO,
+    Candidate,
+    aggregate,
+    l2_norm,
+    refused,
+)
 from gradientmail.protocol.records import (
     BlobRef,
     FragmentSpec,
@@ -265,3 +271,27 @@ def test_order_does_not_matter_and_weights_sum_to_one(
             if c.snapshot.learner in weights
         )
         assert float(first.mean[0][0, 0]) == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("honest", [0, 1, 2])
+def test_a_delta_far_larger_than_theta_is_rejected_whatever_the_count(honest: int) -> None:
+    """A diverged learner (finite parameters of 3e38) claiming the most tokens allowed: the
+    median rule needs three snapshots, the bound relative to θ does not."""
+    theta = delta(2.0)
+    bound = MAX_DELTA_RATIO * ((l2_norm(theta) or 0.0) + 3.0)
+    candidates = [good(f"h{i}", 0.5) for i in range(honest)]
+    candidates.append(good("diverged", 3e38, tokens=400))
+    candidates.append(good("large", bound, tokens=400))  # every element at the bound: over
+    result = aggregate(VERSION, candidates, SPEC, CONFIG, theta=theta)
+    assert reasons(result) == {"diverged": "outlier", "large": "outlier"}
+    assert [p.learner for p in result.participants] == [f"h{i}" for i in range(honest)]
+    assert result.mean is None or all(bool(torch.isfinite(t).all()) for t in result.mean)
+    within = aggregate(VERSION, [good("a", bound / 3)], SPEC, CONFIG, theta=theta)
+    assert within.rejected == ()
+
+
+def test_refused_rejects_every_participant_as_non_finite() -> None:
+    result = refused(aggregate(VERSION, [good("a"), good("b")], SPEC, CONFIG), "overflow")
+    assert reasons(result) == {"a": "non-finite", "b": "non-finite"}
+    assert result.mean is None
+    assert result.participants == ()

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from gradientmail.protocol import keys
-from gradientmail.protocol.merge import Ledger, Tally, merged
+from gradientmail.protocol.merge import Ledger, Tally, merge_into, merged
 from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord
 
 ME = "me"
@@ -148,6 +148,45 @@ def steps(ledger: Ledger, n: int, tokens: int = 10) -> Ledger:
     for _ in range(n):
         ledger = ledger.stepped(tokens)
     return ledger
+
+
+@pytest.mark.parametrize("outcome", ["included", "late", "rejected"])
+@pytest.mark.parametrize("rule", ["keep-progress", "alpha"])
+def test_in_place_merge_is_merged_bit_for_bit(outcome: str, rule: str) -> None:
+    """The node merges its live parameters in place with ``merge_into``; ``merged`` is the
+    same function on copies, so the two agree bit for bit."""
+    generator = torch.Generator().manual_seed(3)
+
+    def tensors() -> list[torch.Tensor]:
+        return [torch.randn(shape, generator=generator) * 1e3 for shape in [(7, 5), (5,)]]
+
+    local, theta, snapshot, base = tensors(), tensors(), tensors(), tensors()
+    kwargs = {"theta": theta, "snapshot": snapshot, "base": base, "alpha": 0.3}
+    expected = merged(outcome, local=local, rule=rule, **kwargs)  # type: ignore[arg-type]
+    params = [t.clone() for t in local]
+    merge_into(params, outcome, rule=rule, **kwargs)  # type: ignore[arg-type]
+    for got, want in zip(params, expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_in_place_merge_checks_everything_before_changing_anything() -> None:
+    params = [torch.ones(3), torch.ones(2)]
+    theta = [torch.zeros(3), torch.zeros(5)]
+    with pytest.raises(ValueError, match="tensor 1"):
+        merge_into(
+            params, "late", theta=theta, snapshot=None, base=theta, rule="keep-progress", alpha=0
+        )
+    with pytest.raises(ValueError, match="needs the snapshot"):
+        merge_into(
+            params,
+            "included",
+            theta=[torch.zeros(3), torch.zeros(2)],
+            snapshot=None,
+            base=None,
+            rule="keep-progress",
+            alpha=0,
+        )
+    assert all(torch.equal(p, torch.ones_like(p)) for p in params)
 
 
 def test_included_moves_the_snapshot_and_keeps_the_lag() -> None:

@@ -1,7 +1,7 @@
 """A model of the protocol: N nodes' steps in adversarial interleavings, invariants after each.
 
-The machine drives the node's own pure decisions (``decide_round``, ``decide_close``,
-``quorum_learners`` of ``node.syncer``; ``Liveness``; the learner's ``Ledger``) and the real
+The machine drives the node's own pure state machines (the syncer's ``RoundState`` and
+``observed`` of ``protocol.rounds``; ``LeaseWatch``; the learner's ``Ledger``) and the real
 record types and keys against an in-memory bucket whose listings may lag behind its writes.
 Hypothesis chooses who acts when: claims race on stale listings, closers stall between their
 blobs and their record, replies of successful writes are lost, nodes die and restart with
@@ -20,7 +20,7 @@ import random
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, event, settings
@@ -32,20 +32,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gradientmail._node.syncer import (
-    Adopt,
-    Claim,
-    CloseView,
-    Follow,
-    Resume,
-    RoundView,
-    TakeOver,
-    decide_close,
-    decide_round,
-    quorum_learners,
-)
 from gradientmail.errors import RecordError
-from gradientmail.lease import Liveness
+from gradientmail.lease import LeaseWatch, Liveness
 from gradientmail.protocol import keys, records
 from gradientmail.protocol.codec import digest
 from gradientmail.protocol.merge import Ledger
@@ -57,6 +45,18 @@ from gradientmail.protocol.records import (
     RoundRecordDraft,
     RunConfig,
     Snapshot,
+)
+from gradientmail.protocol.rounds import (
+    Adopt,
+    Again,
+    Claim,
+    Commit,
+    Follow,
+    Observation,
+    RoundState,
+    TakeOver,
+    Wait,
+    observed,
 )
 
 NODES = ("n0", "n1", "n2")
@@ -107,24 +107,18 @@ class Bucket:
 
 @dataclass
 class Closing:
-    """A round this node holds the last claim on: waiting for its quorum, then writing."""
+    """A round this node decided to commit: its draft, then its blobs, then the record."""
 
     round: int
-    claimed_at: float
-    quorum_at: float | None = None
-    passed_at: float | None = None
-    draft: RoundRecordDraft | None = None
+    draft: RoundRecordDraft
     blobs: tuple[BlobRef, ...] = ()
 
 
 @dataclass
 class SyncerModel:
     next_round: int
-    liveness: Liveness = field(default_factory=lambda: Liveness(LEASE_TIMEOUT))
-    learners: frozenset[str] = frozenset()
-    following: str | None = None
-    following_since: float | None = None
-    first_snapshot_at: float | None = None
+    watch: LeaseWatch = field(default_factory=lambda: LeaseWatch(Liveness(LEASE_TIMEOUT), 0.0))
+    held: RoundState | None = None
     closing: Closing | None = None
 
 
@@ -222,25 +216,41 @@ class ProtocolModel(RuleBasedStateMachine):
             if (parsed := keys.parse_snapshot(key)) is not None
         ]
 
-    def _live(self, syncer: SyncerModel, lag: int) -> frozenset[str]:
-        leases: dict[str, int] = {}
-        learners: set[str] = set()
+    def _beats(self, lag: int) -> dict[str, dict[int, keys.Role]]:
+        beats: dict[str, dict[int, keys.Role]] = {}
         for key in self.bucket.list(keys.LEASES, lag):
             parsed = keys.parse_lease(key)
             if parsed is not None:
-                leases[parsed[0]] = max(parsed[1], leases.get(parsed[0], -1))
-                if parsed[2] == "learner":
-                    learners.add(parsed[0])
-        syncer.liveness = syncer.liveness.observed(leases, self.now)
-        syncer.learners = frozenset(learners)
-        return syncer.liveness.live(self.now)
+                beats.setdefault(parsed[0], {})[parsed[1]] = parsed[2]
+        return beats
+
+    def _observe(self, syncer: SyncerModel, held: RoundState, lag: int) -> Observation:
+        """``_node.syncer._observe``: one look at the round, through a lagging listing."""
+        round = held.round
+        record = self._record(round)
+        claims = () if held.closing else self._claims(round, lag)
+        published = frozenset(self._published(round, lag)) if held.closing or claims else None
+        syncer.watch = syncer.watch.observed(self._beats(lag), self.now)
+        later = None
+        if held.wants_later(published or frozenset()):
+            later = frozenset(
+                learner
+                for ahead in range(round + 1, round + CONFIG.fragments)
+                for learner in self._published(ahead, lag)
+            )
+        return Observation(
+            record=record,
+            claims=claims,
+            snapshots=published or frozenset(),
+            live=syncer.watch.live(self.now),
+            learners=syncer.watch.learners,
+            snapshots_at=self.now,
+            leases_at=self.now,
+            later=later,
+        )
 
     def _adopt(self, node: NodeModel, record: RoundRecord) -> None:
-        node.syncer = SyncerModel(
-            next_round=record.round + 1,
-            liveness=node.syncer.liveness,
-            learners=node.syncer.learners,
-        )
+        node.syncer = SyncerModel(next_round=record.round + 1, watch=node.syncer.watch)
 
     def _write_once(self, key: str, data: bytes, lost_reply: bool) -> bool:
         """``Store.create``: a try whose reply was lost is retried, and the write is ours
@@ -377,8 +387,6 @@ class ProtocolModel(RuleBasedStateMachine):
             closing = self.nodes[name].syncer.closing
             if closing is None:
                 self.syncer_look(name, lag)
-            elif closing.draft is None:
-                self.close_look(name, lag)
             elif len(closing.blobs) < 3:
                 self.write_blob(name)
             else:
@@ -387,85 +395,38 @@ class ProtocolModel(RuleBasedStateMachine):
                 return
 
     def syncer_look(self, name: str, lag: int) -> None:
-        """One pass of the syncer's round loop (``_run_round``)."""
+        """One look of the syncer's round loop (``_run_round``) and the step it takes."""
         node = self.nodes[name]
         syncer = node.syncer
         if not node.alive or syncer.closing is not None:
             return
-        round = syncer.next_round
-        record = self._record(round)
-        if record is not None:
-            self._adopt(node, record)
-            return
-        claims = self._claims(round, lag)
-        live = self._live(syncer, lag)
-        if claims and claims[-1][1] != name:
-            published = self._published(round, lag)
-            if published and syncer.first_snapshot_at is None:
-                syncer.first_snapshot_at = self.now
-        action = decide_round(
-            RoundView(
-                round=round,
-                me=name,
-                has_record=False,
-                claims=claims,
-                live=live,
-                following_since=syncer.following_since,
-                first_snapshot_at=syncer.first_snapshot_at,
-                now=self.now,
-                claim_timeout=CLAIM_TIMEOUT,
-            )
-        )
-        match action:
-            case Adopt():
-                raise AssertionError("decide_round adopted a round without a record")
+        held = syncer.held or RoundState(syncer.next_round, name, CLAIM_TIMEOUT)
+        view = self._observe(syncer, held, lag)
+        held, step = observed(held, view, self.now, CONFIG)
+        syncer.held = held
+        match step:
+            case Adopt(record=record) if record is not None:
+                if step.superseded:
+                    event("superseded while closing")
+                self._adopt(node, record)
             case Claim(k) | TakeOver(k, _):
                 data = records.encode(RoundClaim(learner=name))
-                if self.bucket.put_if_absent(keys.round_claim(round, k), data):
-                    if isinstance(action, TakeOver):
-                        event(f"takeover ({action.cause})")
-                    syncer.closing = Closing(round=round, claimed_at=self.now)
-            case Resume():
-                syncer.closing = Closing(round=round, claimed_at=self.now)
-            case Follow(claimant):
-                if claimant != syncer.following:
-                    syncer.following, syncer.following_since = claimant, self.now
+                if self.bucket.put_if_absent(keys.round_claim(held.round, k), data):
+                    if isinstance(step, TakeOver):
+                        event(f"takeover ({step.cause})")
+                    syncer.held = held.claimed(self.now)
+            case Commit(published=published):
+                syncer.closing = Closing(held.round, self._draft(name, held.round, published))
+            case Follow() | Wait() | Again():
+                pass
+            case _:
+                raise AssertionError(f"unexpected step {step!r}")
 
-    def close_look(self, name: str, lag: int) -> None:
-        """One pass of the closer's wait for its quorum (``_close``)."""
-        node = self.nodes[name]
-        syncer = node.syncer
-        closing = syncer.closing
-        if not node.alive or closing is None or closing.draft is not None:
-            return
-        record = self._record(closing.round)
-        if record is not None:
-            self._adopt(node, record)
-            return
-        published = self._published(closing.round, lag)
-        live = self._live(syncer, lag)
-        if not published and closing.passed_at is None:
-            for later in range(closing.round + 1, closing.round + CONFIG.fragments):
-                if self._published(later, lag):
-                    closing.passed_at = self.now
-                    break
-        view = CloseView(
-            snapshots=frozenset(published),
-            learners=quorum_learners(live, syncer.learners),
-            quorum_at=closing.quorum_at,
-            now=self.now,
-            passed_at=closing.passed_at,
-        )
-        decision = decide_close(view, CONFIG)
-        if decision != "waiting" and closing.quorum_at is None:
-            closing.quorum_at = self.now
-            decision = decide_close(replace(view, quorum_at=self.now), CONFIG)
-        if decision != "close":
-            return
-        fragment = keys.fragment_of(closing.round, CONFIG.fragments)
+    def _draft(self, name: str, round: int, published: frozenset[str]) -> RoundRecordDraft:
+        """The closer's draft: every published snapshot that decodes, with equal weights."""
         participants = []
-        for learner in published:
-            data = self.bucket.get(keys.snapshot(closing.round, learner))
+        for learner in sorted(published):
+            data = self.bucket.get(keys.snapshot(round, learner))
             if data is None:
                 continue
             try:
@@ -481,10 +442,10 @@ class ProtocolModel(RuleBasedStateMachine):
                     base_version=snapshot.base_version,
                 )
             )
-        closing.draft = RoundRecordDraft(
-            round=closing.round,
-            fragment=fragment,
-            version=keys.version_of(closing.round, CONFIG.fragments),
+        return RoundRecordDraft(
+            round=round,
+            fragment=keys.fragment_of(round, CONFIG.fragments),
+            version=keys.version_of(round, CONFIG.fragments),
             committed_by=name,
             participants=tuple(participants),
             quorum_seconds=0.0,
@@ -496,7 +457,7 @@ class ProtocolModel(RuleBasedStateMachine):
         """The closer writes its next blob (θ, outer state, update): the record comes last."""
         node = self.nodes[name]
         closing = node.syncer.closing
-        if not node.alive or closing is None or closing.draft is None or len(closing.blobs) == 3:
+        if not node.alive or closing is None or len(closing.blobs) == 3:
             return
         what = ("theta", "outer", "update")[len(closing.blobs)]
         content = f"{what}:{closing.round}:{sorted(p.learner for p in closing.draft.participants)}"
@@ -505,7 +466,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def write_record(self, name: str, lost_reply: bool) -> None:
         node = self.nodes[name]
         closing = node.syncer.closing
-        if not node.alive or closing is None or closing.draft is None or len(closing.blobs) < 3:
+        if not node.alive or closing is None or len(closing.blobs) < 3:
             return
         theta, outer, update = closing.blobs
         ours = RoundRecord.committed(closing.draft, theta=theta, outer=outer, update=update)

@@ -1,0 +1,445 @@
+"""The learner as one pure state machine: what a node's training does with respect to the
+run, fed inputs and answering with actions (no I/O, no clock, no thread; the node's tasks
+move the bytes and the time around it).
+
+``Learner`` is an immutable value; every input returns the next value and the actions the
+driver carries out, in order. Per fragment it keeps the base ``B`` (θ of the version its
+local weights started from), the snapshot it published, and the version being prepared:
+
+``stepped(tokens, now)``
+    One local optimizer step. Answers ``Apply`` for every prepared version (the driver
+    merges it into the live weights with ``merge.merge_into``: included ``θ_new + (θ − S)``,
+    late or absent ``θ_new + (θ − B)``, rejected ``θ_new``), ``Dropped`` when a rejection
+    reset steps taken since, then ``Snapshot`` for the fragment due after this step
+    (``fragments.due`` on the step shifted by the learner's phase, see below) unless a
+    snapshot of it is unresolved or a version of it is pending.
+``took(fragment, snapshot)``
+    The driver copied the fragment (``S``); answers the ``Publish`` to carry out for round
+    ``round_of(f, version(B) + 1)``: the next round of that fragment after the newest record
+    this learner has applied.
+``publish_done`` / ``publish_failed``
+    A failed publish forgets the snapshot; its steps go out with the fragment's next one.
+``record_seen(record, now)``
+    The next committed record in round order. It is folded into the ``Ledger`` at once, or
+    after the publish of this learner's snapshot for its round returns (until then the
+    participant named like this learner may be an earlier life's snapshot under the same
+    key). Answers ``Recorded``, ``Resolved`` (what the round did with this learner's
+    snapshot: the one decision of included, late or rejected, the ``Ledger``'s), ``Dropped``
+    for a rejection's steps, and ``Download`` when the record is a newer version.
+``downloads()``
+    What to fetch now: the newest record of each fragment not yet prepared; the update
+    (``outer.apply_update`` on ``B``) when it is the next version and its update has not
+    failed, the record's θ otherwise.
+``version_ready`` / ``download_failed``
+    A prepared θ waits for the next step. A corrupt update falls back to the θ blob; a θ
+    that is corrupt answers ``Unavailable`` once (retried at every poll, silently); a θ that
+    is gone waits for the newer record that replaced it. One fragment never holds up
+    another.
+``flush()`` / ``settled`` / ``dropped_all(reason)``
+    Closing: every fragment with steps is snapshotted as soon as it can be; settled once no
+    fragment has steps or a pending version; what is given up is ``Dropped``.
+
+**Resynchronization.** A learner whose snapshot missed a round that others made (late or
+absent while it had steps for that fragment), or made it only in the late half of the
+grace, moves its schedule: its phase (a number of steps added to its step count for
+``due``) is advanced by its measured lag behind the round's quorum (estimated as the time
+it saw the record minus the record's ``grace_seconds``) plus half the grace, converted to
+steps at its mean step time. Its next snapshots then land in the others' rounds a little
+early instead of one grace too late, round after round; one that misjudged (its step time
+changed) corrects again at the next round.
+Times are the driver's clock readings, passed in; the learner never reads a clock.
+
+The step accounting is the ``Ledger``'s: for every fragment at all times
+``committed + dropped + since_base == total``.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gradientmail.protocol import keys
+from gradientmail.protocol.fragments import due
+from gradientmail.protocol.learner_values import (
+    Action,
+    Apply,
+    Download,
+    Dropped,
+    Failure,
+    Publish,
+    Published,
+    Ready,
+    Recorded,
+    Resolved,
+    Slot,
+    Snapshot,
+    Stage,
+    Tensors,
+    Unavailable,
+)
+from gradientmail.protocol.merge import Ledger, Outcome
+from gradientmail.protocol.records import DropReason, RoundRecord, RunConfig
+
+__all__ = [
+    "Action",
+    "Apply",
+    "Download",
+    "Dropped",
+    "Failure",
+    "Learner",
+    "Publish",
+    "Recorded",
+    "Resolved",
+    "Slot",
+    "Snapshot",
+    "Stage",
+    "Unavailable",
+]
+
+
+_EMA = 0.2
+"""Weight of the newest step duration in the mean step time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Learner:
+    """The learner's whole state (see the module docstring). Build it with ``start``.
+
+    ``committed`` counts the records folded that this learner's node committed; ``held`` the
+    records seen but not yet folded (each with the time it was seen); ``phase`` the steps
+    added to the step count for ``due``; ``step_time`` the mean step time."""
+
+    config: RunConfig
+    name: str
+    ledger: Ledger
+    slots: tuple[Slot, ...]
+    newest_round: int
+    step: int = 0
+    tokens: int = 0
+    committed: int = 0
+    held: tuple[tuple[RoundRecord, float], ...] = ()
+    phase: int = 0
+    last_step_at: float | None = None
+    step_time: float | None = None
+
+    @classmethod
+    def start(
+        cls,
+        config: RunConfig,
+        name: str,
+        versions: Sequence[int],
+        thetas: Sequence[Tensors],
+        newest_round: int,
+    ) -> "Learner":
+        """A learner that joined at ``versions`` (θ ``thetas``) after round ``newest_round``."""
+        if len(versions) != config.fragments or len(thetas) != config.fragments:
+            raise ValueError(f"a run of {config.fragments} fragments needs one version each")
+        return cls(
+            config=config,
+            name=name,
+            ledger=Ledger.new(config.fragments),
+            slots=tuple(Slot(v, tuple(t)) for v, t in zip(versions, thetas, strict=True)),
+            newest_round=newest_round,
+        )
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def seen_round(self) -> int:
+        """The newest round whose record this learner was fed (folded or held)."""
+        return self.held[-1][0].round if self.held else self.newest_round
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        return tuple(slot.version for slot in self.slots)
+
+    @property
+    def aligned_round(self) -> int:
+        """The newest round among the versions held (-1: Θ⁰ only)."""
+        fragments = len(self.slots)
+        return max(
+            (keys.round_of(f, s.version, fragments) for f, s in enumerate(self.slots) if s.version),
+            default=-1,
+        )
+
+    @property
+    def settled(self) -> bool:
+        """Closing is done: no fragment has steps or a version pending."""
+        return not any(
+            slot.blocked or self.ledger[f].since_base.steps > 0 for f, slot in enumerate(self.slots)
+        )
+
+    @property
+    def publishing(self) -> bool:
+        return any(slot.in_flight for slot in self.slots)
+
+    def downloads(self) -> list[Download]:
+        """The versions to fetch now, one per fragment that wants one (see ``Download``)."""
+        wanted = []
+        for fragment, slot in enumerate(self.slots):
+            record = slot.wanted
+            if record is None or slot.ready is not None:
+                continue
+            nxt = record.version == slot.version + 1 and not slot.update_failed
+            wanted.append(Download(fragment, record, slot.base if nxt else None))
+        return wanted
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def stepped(self, tokens: int, now: float) -> tuple["Learner", list[Action]]:
+        """One local step that consumed ``tokens``, at time ``now``."""
+        step_time = self.step_time
+        if self.last_step_at is not None and now > self.last_step_at:
+            took = now - self.last_step_at
+            step_time = took if step_time is None else (1 - _EMA) * step_time + _EMA * took
+        state = replace(
+            self,
+            ledger=self.ledger.stepped(tokens),
+            step=self.step + 1,
+            tokens=self.tokens + tokens,
+            last_step_at=now,
+            step_time=step_time,
+        )
+        state, actions = state._apply_ready()
+        for fragment in due(state.step + state.phase, state.config):
+            state, more = state._snapshot(fragment, now)
+            actions.extend(more)
+        return state, actions
+
+    def flush(self, now: float) -> tuple["Learner", list[Action]]:
+        """Closing: apply what is prepared and snapshot every fragment that can be."""
+        state, actions = self._apply_ready()
+        for fragment in range(self.config.fragments):
+            state, more = state._snapshot(fragment, now)
+            actions.extend(more)
+        return state, actions
+
+    def took(self, fragment: int, snapshot: Tensors) -> tuple["Learner", Publish]:
+        """The copy for the ``Snapshot`` of ``fragment`` just answered."""
+        slot = self.slots[fragment]
+        published = slot.published
+        if published is None or published.snapshot is not None:
+            raise ValueError(f"fragment {fragment} has no snapshot waiting for its copy")
+        flight = self.ledger[fragment].in_flight
+        assert flight is not None
+        slot = replace(slot, published=replace(published, snapshot=snapshot))
+        job = Publish(
+            fragment=fragment,
+            round=published.round,
+            base_version=slot.version,
+            base=slot.base,
+            snapshot=snapshot,
+            steps=flight.covers.steps,
+            tokens=flight.covers.tokens,
+        )
+        return self._with(fragment, slot), job
+
+    def publish_done(self, fragment: int, round: int) -> tuple["Learner", list[Action]]:
+        """The snapshot of ``fragment`` for ``round`` is in the store."""
+        return self._published(fragment, round, ok=True)
+
+    def publish_failed(self, fragment: int, round: int) -> tuple["Learner", list[Action]]:
+        """The snapshot of ``fragment`` for ``round`` did not reach the store."""
+        return self._published(fragment, round, ok=False)
+
+    def record_seen(self, record: RoundRecord, now: float) -> tuple["Learner", list[Action]]:
+        """The record of round ``seen_round + 1``, seen at ``now``. Raises ``ValueError`` for
+        any other round (records are fed in order, each once)."""
+        if record.round != self.seen_round + 1:
+            raise ValueError(
+                f"expected the record of round {self.seen_round + 1}, got {record.round}"
+            )
+        state = replace(self, held=(*self.held, (record, now)))
+        return state._fold_held()
+
+    def version_ready(self, fragment: int, round: int, theta: Tensors) -> "Learner":
+        """The download of round ``round``'s version of ``fragment`` gave ``theta``."""
+        slot = self.slots[fragment]
+        wanted = slot.wanted
+        if wanted is None or wanted.round != round or slot.ready is not None:
+            return self
+        ready = Ready(round=round, version=wanted.version, theta=theta)
+        return self._with(fragment, replace(slot, ready=ready, wanted=None, update_failed=False))
+
+    def download_failed(
+        self, fragment: int, round: int, stage: Stage, failure: Failure, detail: str
+    ) -> tuple["Learner", list[Action]]:
+        """The ``stage`` blob of round ``round``'s record was ``failure`` (``detail``)."""
+        slot = self.slots[fragment]
+        if slot.wanted is None or slot.wanted.round != round:
+            return self, []
+        if stage == "update":
+            return self._with(fragment, replace(slot, update_failed=True)), []
+        if failure == "gone" or slot.reported:
+            return self, []
+        report = Unavailable(
+            fragment,
+            round,
+            f"round {round} (fragment {fragment}, version {slot.wanted.version}): neither its "
+            f"update nor its θ can be used (θ: {detail}); the fragment keeps version "
+            f"{slot.version}, and the download is retried at every poll, silently, until it "
+            "works or a newer record of the fragment replaces it",
+        )
+        return self._with(fragment, replace(slot, reported=True)), [report]
+
+    def dropped_all(self, reason: DropReason, detail: str) -> tuple["Learner", list[Action]]:
+        """Give up every fragment's local steps (closing without a flush, or giving up)."""
+        ledger = self.ledger
+        actions: list[Action] = []
+        for fragment in range(self.config.fragments):
+            ledger, gone = ledger.dropped(fragment, reason, detail)
+            if gone.steps or gone.tokens:
+                actions.append(gone)
+        return replace(self, ledger=ledger), actions
+
+    # -- transitions -------------------------------------------------------------------------
+
+    def _with(self, fragment: int, slot: Slot) -> "Learner":
+        slots = list(self.slots)
+        slots[fragment] = slot
+        return replace(self, slots=tuple(slots))
+
+    def _snapshot(self, fragment: int, now: float) -> tuple["Learner", list[Action]]:
+        slot = self.slots[fragment]
+        if slot.blocked or self.ledger[fragment].since_base.steps == 0:
+            return self, []
+        round = keys.round_of(fragment, slot.version + 1, self.config.fragments)
+        published = Published(round=round, step=self.step, at=now)
+        state = replace(self, ledger=self.ledger.published(fragment, round))
+        state = state._with(fragment, replace(slot, published=published, in_flight=True))
+        return state, [Snapshot(fragment, round)]
+
+    def _apply_ready(self) -> tuple["Learner", list[Action]]:
+        state = self
+        actions: list[Action] = []
+        for fragment, slot in enumerate(self.slots):
+            ready = slot.ready
+            if ready is None:
+                continue
+            published = slot.published
+            mine = published is not None and published.round <= ready.round
+            outcome: Outcome = "late"
+            if mine and published is not None and published.outcome is not None:
+                outcome = published.outcome
+            lag = None
+            if outcome == "included" and published is not None:
+                lag = state.step - published.step
+            actions.append(
+                Apply(
+                    fragment=fragment,
+                    round=ready.round,
+                    version=ready.version,
+                    outcome=outcome,
+                    theta=ready.theta,
+                    snapshot=published.snapshot if published is not None else None,
+                    base=slot.base,
+                    rule=state.config.merge,
+                    alpha=state.config.alpha,
+                    step=state.step,
+                    lag=lag,
+                )
+            )
+            aligned = replace(
+                slot,
+                version=ready.version,
+                base=ready.theta,
+                published=None if mine else published,
+                ready=None,
+                reported=False,
+            )
+            state = state._with(fragment, aligned)
+            if outcome == "rejected":
+                # The ledger dropped the steps up to the record when it was folded; the reset
+                # to the round's θ just now also wiped the steps taken since.
+                detail = f"round {ready.round} rejected a snapshot"
+                ledger, gone = state.ledger.dropped(fragment, "reset", detail)
+                state = replace(state, ledger=ledger)
+                if gone.steps or gone.tokens:
+                    actions.append(gone)
+        return state, actions
+
+    def _published(self, fragment: int, round: int, *, ok: bool) -> tuple["Learner", list[Action]]:
+        slot = self.slots[fragment]
+        published = slot.published
+        ledger = self.ledger
+        slot = replace(slot, in_flight=False)
+        mine = published is not None and published.round == round
+        if not ok and mine and published is not None and published.outcome is None:
+            slot = replace(slot, published=None)
+            ledger = ledger.publish_failed(fragment)
+        return replace(self, ledger=ledger)._with(fragment, slot)._fold_held()
+
+    def _fold_held(self) -> tuple["Learner", list[Action]]:
+        state = self
+        actions: list[Action] = []
+        while state.held:
+            record, seen_at = state.held[0]
+            slot = state.slots[record.fragment]
+            published = slot.published
+            if slot.in_flight and published is not None and published.round == record.round:
+                break
+            state = replace(state, held=state.held[1:])
+            state, more = state._fold(record, seen_at)
+            actions.extend(more)
+        return state, actions
+
+    def _fold(self, record: RoundRecord, seen_at: float) -> tuple["Learner", list[Action]]:
+        fragment = record.fragment
+        had_steps = self.ledger[fragment].since_base.steps > 0
+        ledger, resolution = self.ledger.recorded(record, self.name)
+        actions: list[Action] = [Recorded(record)]
+        slot = self.slots[fragment]
+        published = slot.published
+        if resolution is not None:
+            actions.append(Resolved(resolution))
+            if resolution.outcome == "rejected":
+                detail = f"rejected by round {resolution.round}: {resolution.reason}"
+                actions.append(
+                    Dropped(fragment, resolution.steps, resolution.tokens, "rejected", detail)
+                )
+            if published is not None and published.round == resolution.round:
+                published = replace(published, outcome=resolution.outcome)
+        if record.version > slot.version:
+            slot = replace(slot, wanted=record, update_failed=False, reported=False)
+        committed = self.committed + (record.committed_by == self.name)
+        state = replace(self, ledger=ledger, newest_round=record.round, committed=committed)
+        state = state._with(fragment, replace(slot, published=published))
+        missed = (
+            had_steps
+            and bool(record.participants)
+            and (resolution is None or resolution.outcome == "late")
+            and (resolution is not None or self.ledger[fragment].in_flight is None)
+        )
+        if missed:
+            state = state._realigned(record, seen_at, published, least=0.0)
+        elif resolution is not None and resolution.outcome == "included":
+            # Waited for, in the late half of the grace: one jitter from missing the next.
+            state = state._realigned(record, seen_at, published, least=self.config.grace / 2)
+        return state, actions
+
+    def _realigned(
+        self, record: RoundRecord, seen_at: float, published: Published | None, least: float
+    ) -> "Learner":
+        """Advance the phase when this learner was more than ``least`` seconds behind the
+        first snapshots of ``record``'s round (see the module docstring)."""
+        tau = self.step_time
+        if tau is None or tau <= 0 or not math.isfinite(tau):
+            return self
+        first = seen_at - record.grace_seconds
+        if published is not None and published.round == record.round:
+            mine = published.at
+        else:
+            ahead = self._steps_until_due(record.fragment)
+            if ahead is None:
+                return self
+            mine = seen_at + ahead * tau
+        lag = mine - first
+        if lag <= least:
+            return self
+        shift = math.ceil((lag + self.config.grace / 2) / tau)
+        return replace(self, phase=(self.phase + shift) % self.config.sync_every)
+
+    def _steps_until_due(self, fragment: int) -> int | None:
+        for ahead in range(1, self.config.sync_every + 1):
+            if fragment in due(self.step + self.phase + ahead, self.config):
+                return ahead
+        return None

@@ -1,0 +1,345 @@
+"""The syncer's round as a pure state machine: what to do next about one round.
+
+A syncer runs rounds in order. For round ``r`` it holds a ``RoundState`` (its timers are
+values in it) and feeds it one ``Observation`` after another (what one look at the store
+showed: the record, the claims, who published, the leases). ``observed(state, view, now,
+config)`` answers ``(state', step)``; the node's shell (``_node/syncer.py``) only lists,
+reads, writes and sleeps as ``step`` says:
+
+- a record exists: ``Adopt`` it and go on with ``r + 1`` (``superseded`` when this node held
+  the round);
+- no claim: ``Claim(0)``; once the claim is won (``RoundState.claimed``) the node closes;
+- the last claim is this node's (a restart, or a retry after a failure): close it;
+- claims exist: ``Follow``, and ``TakeOver`` (the next claim) when the last claimant's lease
+  is gone (``lease_gone``) or no record lands within ``claim_timeout`` seconds of the later
+  of the round's first snapshot and the moment this node began following that claimant
+  (``no_record``). A round nobody published to is not expected to close, so it does not time
+  its claimant out.
+- closing: ``Wait`` for the quorum (at least ``quorum_min`` snapshots and at least
+  ``quorum_fraction`` of the live learners), then up to ``grace`` seconds more or until every
+  live learner has published; ``Commit`` then, but only on a listing of the leases taken
+  after the round's snapshots were listed (``Again(fresh=True)`` asks for one), so that a
+  learner that joined since the last listing is waited for like the others.
+
+An empty round (nobody published to it) closes once every live learner has a snapshot in
+one of the next ``fragments - 1`` rounds and that has held for ``grace`` seconds: they have
+all moved past it. A live learner that has not moved on keeps the round open, so one early
+learner cannot close its peers' rounds empty and leave the run one learner per round.
+
+Live learners are the nodes holding a live lease whose role is ``learner``
+(``quorum_learners``); a syncer-only node never counts toward a quorum.
+
+Pure: no I/O, no clock; the caller passes ``now``.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Literal, TypeAlias
+
+from gradientmail.protocol.records import RoundRecord, RunConfig
+
+__all__ = [
+    "MAX_CLAIMS",
+    "Adopt",
+    "Again",
+    "Claim",
+    "CloseView",
+    "Commit",
+    "Follow",
+    "Observation",
+    "Resume",
+    "RoundAction",
+    "RoundState",
+    "RoundView",
+    "Step",
+    "TakeOver",
+    "Wait",
+    "counted",
+    "decide_close",
+    "decide_round",
+    "observed",
+    "quorate",
+    "quorum_learners",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundView:
+    """What a syncer knows of round ``round`` at ``now``, for ``decide_round``.
+
+    ``claims``: ``(k, claimant)`` in order; ``following_since``: when this node began
+    following the last claimant (None if it has not); ``first_snapshot_at``: when it first
+    saw a snapshot in the round (None if none yet).
+    """
+
+    round: int
+    me: str
+    has_record: bool
+    claims: tuple[tuple[int, str], ...]
+    live: frozenset[str]
+    following_since: float | None
+    first_snapshot_at: float | None
+    now: float
+    claim_timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """The round has a record: take it as the round's outcome (``record``, set by
+    ``observed``); ``superseded`` when this node held the round."""
+
+    record: RoundRecord | None = None
+    superseded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Nobody claimed the round: take claim ``k`` (0) and close it."""
+
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The last claim is this node's: close the round."""
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """Another node holds the round: wait for its record. ``announce``: this node has just
+    begun following ``claimant`` (the shell reports it)."""
+
+    claimant: str
+    announce: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    """The last claimant failed the round: take claim ``k`` and close it."""
+
+    k: int
+    cause: Literal["lease_gone", "no_record"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Closing: the round is not ready; look again after the poll interval."""
+
+
+@dataclass(frozen=True, slots=True)
+class Again:
+    """Look again at once; with ``fresh``, on a listing of the leases taken now."""
+
+    fresh: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Close the round now. ``missing``: live learners without a snapshot in it (the round
+    closes without them; it is empty when nobody published)."""
+
+    missing: frozenset[str]
+    published: frozenset[str]
+
+
+RoundAction: TypeAlias = Adopt | Claim | Resume | Follow | TakeOver
+Step: TypeAlias = Adopt | Claim | TakeOver | Follow | Wait | Again | Commit
+
+
+MAX_CLAIMS = 10_000
+"""Claim numbers are four digits (``protocol.keys.round_claim``, ``keys.create_claim``)."""
+
+
+def counted(claims: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+    """The claims that count: the contiguous run numbered from 0. Honest nodes only ever take
+    the claim after the last one, so a claim after a gap (say one planted at ``9999``) is
+    someone else's object, ignored."""
+    run: list[tuple[int, str]] = []
+    for k, claimant in sorted(claims):
+        if k != len(run):
+            break
+        run.append((k, claimant))
+    return tuple(run)
+
+
+def decide_round(view: RoundView) -> RoundAction:
+    """What a syncer does next about ``view.round`` (see the module docstring).
+
+    When every claim number is taken (``MAX_CLAIMS`` claims, which only a hostile writer
+    makes), a syncer that would take over closes without a claim (``Resume``): the record is
+    create-once, so closers racing for it still commit one outcome."""
+    if view.has_record:
+        return Adopt()
+    claims = counted(view.claims)
+    if not claims:
+        return Claim(0)
+    k, claimant = claims[-1]
+    if claimant == view.me:
+        return Resume()
+    cause: Literal["lease_gone", "no_record"] | None = None
+    if claimant not in view.live:
+        cause = "lease_gone"
+    elif view.following_since is not None and view.first_snapshot_at is not None:
+        since = max(view.following_since, view.first_snapshot_at)
+        if view.now - since >= view.claim_timeout:
+            cause = "no_record"
+    if cause is None:
+        return Follow(claimant)
+    return TakeOver(k + 1, cause) if k + 1 < MAX_CLAIMS else Resume()
+
+
+def quorum_learners(live: frozenset[str], learners: frozenset[str]) -> frozenset[str]:
+    """The learners a quorum counts: holders of a live lease whose role is ``learner``."""
+    return live & learners
+
+
+@dataclass(frozen=True, slots=True)
+class CloseView:
+    """What the closer of a round knows at ``now``: who has a snapshot in it, the live
+    learners, when the quorum was first reached (None: not yet), and since when every live
+    learner has had a snapshot in one of the next ``fragments - 1`` rounds while this one had
+    none (None: not so)."""
+
+    snapshots: frozenset[str]
+    learners: frozenset[str]
+    quorum_at: float | None
+    now: float
+    passed_at: float | None = None
+
+
+def quorate(snapshots: frozenset[str], learners: frozenset[str], config: RunConfig) -> bool:
+    """Whether ``snapshots`` make the quorum among the live ``learners``."""
+    count = len(snapshots)
+    return count >= config.quorum_min and count >= config.quorum_fraction * len(learners)
+
+
+def decide_close(view: CloseView, config: RunConfig) -> Literal["waiting", "grace", "close"]:
+    """``waiting`` for the quorum, in ``grace`` after it, or ``close`` now.
+
+    A round nobody published to closes empty (its fragment unchanged) once every live
+    learner has moved past it for ``grace`` seconds (``passed_at``): waiting for a learner
+    that left would stall the run. This is what lets the last node's flush rounds close when
+    its own progress skipped a fragment.
+    """
+    if not view.snapshots:
+        passed = view.passed_at is not None and view.now - view.passed_at >= config.grace
+        return "close" if passed else "waiting"
+    if not quorate(view.snapshots, view.learners, config):
+        return "waiting"
+    if view.learners <= view.snapshots:
+        return "close"
+    if view.quorum_at is not None and view.now - view.quorum_at >= config.grace:
+        return "close"
+    return "grace"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One look at a round: its ``record`` (None: none yet), its ``claims`` in order, the
+    learners with a snapshot in it (in a signed run, only snapshots that verify), the
+    learners with a snapshot in one of the next ``fragments - 1`` rounds (``later``; None
+    when not listed), the holders of a live lease, the nodes whose lease says ``learner``,
+    and when the snapshots and the leases were listed."""
+
+    record: RoundRecord | None
+    claims: tuple[tuple[int, str], ...]
+    snapshots: frozenset[str]
+    live: frozenset[str]
+    learners: frozenset[str]
+    snapshots_at: float
+    leases_at: float
+    later: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundState:
+    """A syncer's state in round ``round``: who it follows and since when, when it first saw
+    a snapshot there, and once it holds the round (``claimed_at``) when the quorum was first
+    reached and since when every live learner has moved past the empty round."""
+
+    round: int
+    me: str
+    claim_timeout: float
+    following: str | None = None
+    following_since: float | None = None
+    first_snapshot_at: float | None = None
+    claimed_at: float | None = None
+    quorum_at: float | None = None
+    passed_at: float | None = None
+
+    @property
+    def closing(self) -> bool:
+        """Whether this node holds the round's last claim and closes it."""
+        return self.claimed_at is not None
+
+    def claimed(self, now: float) -> "RoundState":
+        """This node won its claim on the round at ``now`` (or holds the last one)."""
+        return replace(self, claimed_at=now)
+
+    def wants_later(self, snapshots: frozenset[str]) -> bool:
+        """Whether the next look should list the later rounds' snapshots (``later``): only
+        while closing a round nobody has published to."""
+        return self.closing and not snapshots
+
+
+def observed(
+    state: RoundState, view: Observation, now: float, config: RunConfig
+) -> tuple[RoundState, Step]:
+    """The next state and step of the round after ``view``, taken at ``now``."""
+    if view.record is not None and state.closing:
+        return state, Adopt(view.record, superseded=True)
+    if state.closing:
+        return _closing(state, view, now, config)
+    return _deciding(state, view, now)
+
+
+def _deciding(state: RoundState, view: Observation, now: float) -> tuple[RoundState, Step]:
+    first = state.first_snapshot_at
+    if first is None and view.snapshots:
+        first = now
+    state = replace(state, first_snapshot_at=first)
+    action = decide_round(
+        RoundView(
+            round=state.round,
+            me=state.me,
+            has_record=view.record is not None,
+            claims=view.claims,
+            live=view.live,
+            following_since=state.following_since,
+            first_snapshot_at=first,
+            now=now,
+            claim_timeout=state.claim_timeout,
+        )
+    )
+    match action:
+        case Adopt():
+            return state, Adopt(view.record)
+        case Resume():
+            return state.claimed(now), Again()
+        case Follow(claimant) if claimant != state.following:
+            return replace(state, following=claimant, following_since=now), Follow(
+                claimant, announce=True
+            )
+        case _:
+            return state, action
+
+
+def _closing(
+    state: RoundState, view: Observation, now: float, config: RunConfig
+) -> tuple[RoundState, Step]:
+    learners = quorum_learners(view.live, view.learners)
+    passed_at = state.passed_at
+    if view.snapshots:
+        passed_at = None
+    elif view.later is not None:
+        moved_on = bool(view.later) and learners <= view.later
+        passed_at = (now if passed_at is None else passed_at) if moved_on else None
+    quorum_at = state.quorum_at
+    if quorum_at is None and view.snapshots and quorate(view.snapshots, learners, config):
+        quorum_at = now
+    state = replace(state, quorum_at=quorum_at, passed_at=passed_at)
+    decision = decide_close(CloseView(view.snapshots, learners, quorum_at, now, passed_at), config)
+    if decision != "close":
+        return state, Wait()
+    if view.leases_at < view.snapshots_at:
+        return state, Again(fresh=True)
+    return state, Commit(missing=learners - view.snapshots, published=view.snapshots)
