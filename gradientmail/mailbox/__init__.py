@@ -12,9 +12,18 @@ users of the other backends need not pay.
 from typing import TYPE_CHECKING
 
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.mailbox._base import MAX_KEY_BYTES, Mailbox, check_key, check_prefix, retrying
+from gradientmail.mailbox._base import (
+    MAX_KEY_BYTES,
+    Mailbox,
+    NotARegularFile,
+    ObjectRefused,
+    ObjectTooLarge,
+    check_key,
+    check_prefix,
+    retrying,
+)
 from gradientmail.mailbox.faults import FaultCounts, Faults, FaultyMailbox
-from gradientmail.mailbox.local import LocalMailbox
+from gradientmail.mailbox.local import LocalAccessError, LocalMailbox
 from gradientmail.mailbox.memory import MemoryMailbox
 from gradientmail.mailbox.url import open
 
@@ -27,10 +36,14 @@ __all__ = [
     "FaultCounts",
     "Faults",
     "FaultyMailbox",
+    "LocalAccessError",
     "LocalMailbox",
     "Mailbox",
     "MailboxUnavailable",
     "MemoryMailbox",
+    "NotARegularFile",
+    "ObjectRefused",
+    "ObjectTooLarge",
     "S3AccessError",
     "S3Mailbox",
     "check_key",

@@ -11,9 +11,19 @@ from types import TracebackType
 from typing import Protocol, Self, TypeVar, runtime_checkable
 
 from gradientmail.clock import Clock, MonotonicClock
-from gradientmail.errors import MailboxUnavailable
+from gradientmail.errors import MailboxUnavailable, RecordError
 
-__all__ = ["MAX_KEY_BYTES", "Mailbox", "check_key", "check_prefix", "retrying"]
+__all__ = [
+    "MAX_KEY_BYTES",
+    "Mailbox",
+    "NotARegularFile",
+    "ObjectRefused",
+    "ObjectTooLarge",
+    "check_key",
+    "check_max_bytes",
+    "check_prefix",
+    "retrying",
+]
 
 MAX_KEY_BYTES = 1024
 """The longest key (in UTF-8 bytes) every backend accepts; S3's own limit."""
@@ -21,6 +31,41 @@ MAX_KEY_BYTES = 1024
 _log = logging.getLogger("gradientmail.mailbox")
 
 T = TypeVar("T")
+
+
+class ObjectRefused(RecordError):
+    """``get`` found an object at the key but will not read it: what is there cannot be a
+    well-formed object of the run (its writer was broken or hostile). The caller treats the
+    key as holding a malformed object; nothing was read into memory."""
+
+
+class ObjectTooLarge(ObjectRefused):
+    """The object is larger than the ``max_bytes`` its reader allowed; its size was learnt
+    before its body was read (``size``: the bytes the store reports, or a lower bound)."""
+
+    def __init__(self, key: str, size: int, max_bytes: int) -> None:
+        super().__init__(
+            f"object {key!r} holds {size} bytes, more than the {max_bytes} allowed for it; "
+            "it was not read"
+        )
+        self.key = key
+        self.size = size
+        self.max_bytes = max_bytes
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return type(self), (self.key, self.size, self.max_bytes)
+
+
+class NotARegularFile(ObjectRefused):
+    """(``LocalMailbox``) The entry at the key is a symbolic link, a device, a FIFO or a
+    socket, never something the mailbox writes; it is neither followed nor read."""
+
+
+def check_max_bytes(max_bytes: int | None) -> int | None:
+    """Return ``max_bytes`` if it is None or a non-negative int, else raise ``ValueError``."""
+    if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
+        raise ValueError(f"max_bytes must be None or a number of bytes >= 0, not {max_bytes!r}")
+    return max_bytes
 
 
 @runtime_checkable
@@ -40,8 +85,14 @@ class Mailbox(Protocol):
         """
         ...
 
-    async def get(self, key: str) -> bytes | None:
-        """The bytes under ``key``, or None when no such object exists."""
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """The bytes under ``key``, or None when no such object exists.
+
+        With ``max_bytes``, an object larger than that raises ``ObjectTooLarge`` before its
+        body is read (the size comes from the store's metadata, and no more than
+        ``max_bytes`` are ever read). An entry that cannot be an object (``LocalMailbox``:
+        a symbolic link or anything but a regular file) raises ``NotARegularFile``.
+        """
         ...
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:

@@ -32,7 +32,7 @@ from typing import Self
 
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.mailbox._base import Mailbox, check_key, check_prefix
+from gradientmail.mailbox._base import Mailbox, check_key, check_max_bytes, check_prefix
 
 __all__ = ["FaultCounts", "Faults", "FaultyMailbox"]
 
@@ -167,10 +167,11 @@ class FaultyMailbox:
             raise MailboxUnavailable(f"injected fault: the reply to put {key!r} was lost")
         return created
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         check_key(key)
+        check_max_bytes(max_bytes)
         await self._start(f"get {key!r}")
-        return await self._inner.get(key)
+        return await self._inner.get(key, max_bytes=max_bytes)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)

@@ -12,8 +12,11 @@ file named after its last segment with ``%`` appended. Inside every name ``%`` i
 ``%25``, so an escaped segment never ends in a bare ``%``: a file and a directory can never
 share a name, and ``a`` and ``a/b`` are both storable (``objects/a%`` and ``objects/a/b%``).
 A segment longer than 240 UTF-8 bytes (most filesystems cap a name at 255) is cut into
-pieces, each but the last a directory whose name ends in ``%+``. Keys are thereby any valid
-key (``check_key``) and decode back exactly; ``key_path`` and ``key_of`` are that mapping.
+pieces, each but the last a directory whose name ends in ``%+``; a last piece that is ``.``
+or ``..`` (of a segment that is not the key's last) is written ``%.`` or ``%..``, names no
+escaped piece can have (its every ``%`` is followed by ``25``). Keys are thereby any valid
+key (``check_key``), map one-to-one to paths below ``objects/`` and decode back exactly;
+``key_path`` and ``key_of`` are that mapping.
 
 Guarantees
 ----------
@@ -37,43 +40,125 @@ for it are fsynced before ``put_if_absent`` returns (and directory entries after
 
 Every operation runs in one worker thread (``anyio.to_thread.run_sync``), never on the event
 loop. Cancellation waits for that thread to finish its operation, so a cancelled
-``put_if_absent`` has either created its object or not, and the caller reads it back.
+``put_if_absent`` has either created its object or not, and the caller reads it back. An
+object over 16 MiB is written in 16 MiB chunks, one worker-thread call each, straight from
+the caller's bytes (no copy); cancellation between chunks removes the partial temporary
+file. ``get`` reads an object with one ``read`` into the ``bytes`` it returns (up to 2 GiB;
+no second whole-object buffer, which reading in chunks would need to join them).
 
 The filesystem must support hard links and be case-sensitive (``__aenter__`` checks the
 latter): Linux ext4, xfs, btrfs, zfs and NFSv3+ qualify; macOS's default case-insensitive
 APFS does not. Temporary files left behind by a killed process are removed by the next
-``__aenter__`` once they are an hour old. Filesystem errors other than a missing object
-(permissions, a full disk) propagate as ``OSError``.
+``__aenter__`` once they are an hour old.
+
+Failure modes
+-------------
+An ``OSError`` that the device or the file server may not repeat (``EIO``, a stale NFS
+handle ``ESTALE``, ``ETIMEDOUT``, ``EAGAIN``, a network error under a network filesystem:
+``_TRANSIENT_ERRNOS``) becomes ``MailboxUnavailable``, which callers retry. One only the
+operator can fix (a full disk ``ENOSPC``, ``EDQUOT``, a read-only filesystem ``EROFS``,
+``EACCES``/``EPERM``) becomes ``LocalAccessError``, an ``OSError`` with the same ``errno``
+whose message names the directory and says what to do. Both chain the original; any other
+``OSError`` (a caller's bug) propagates unchanged.
 """
 
 import builtins
 import contextlib
 import errno
 import os
+import stat
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 import anyio.to_thread
 
-from gradientmail.mailbox._base import check_key, check_prefix
+from gradientmail.errors import MailboxUnavailable
+from gradientmail.mailbox._base import (
+    NotARegularFile,
+    ObjectTooLarge,
+    check_key,
+    check_max_bytes,
+    check_prefix,
+)
 
-__all__ = ["LocalMailbox", "key_of", "key_path"]
+__all__ = ["LocalAccessError", "LocalMailbox", "key_of", "key_path"]
 
 _OBJECTS = "objects"
 _TMP = "tmp"
 _PIECE_BYTES = 240
 _FILE_MARK = "%"
 _MORE_MARK = "%+"
+_DOT_MARK = "%"
+_DOT_NAMES = (_DOT_MARK + ".", _DOT_MARK + "..")
 _STALE_TEMP_SECONDS = 3600.0
 _SUBDIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+# Never through a symbolic link; never waiting for a FIFO's writer (non-blocking changes
+# nothing for a regular file).
+_OBJECT = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# The most one read(2) returns on Linux.
+_READ_CHUNK = 0x7FFFF000
 # A put whose parent directory is removed by a concurrent delete retries; this bounds a
 # pathological livelock, not any expected case.
 _PUT_ATTEMPTS = 100
 _RACE_CHECK_BYTES = 1 << 16
+# Objects larger than this are written in chunks this size, one worker-thread call each.
+_WRITE_CHUNK = 16 << 20
+
+
+def _errnos(*names: str) -> frozenset[int]:
+    """The numbers of the errno ``names`` this platform defines."""
+    return frozenset(getattr(errno, name) for name in names if hasattr(errno, name))
+
+
+_TRANSIENT_ERRNOS = _errnos(
+    # The device or the file server failed this request; the next may succeed (a disk
+    # retrying a sector, an NFS server restarting and its handles going stale).
+    "EIO",
+    "ESTALE",
+    "EREMOTEIO",
+    "ETIMEDOUT",
+    "EAGAIN",
+    "EBUSY",
+    "EINTR",
+    "ENOLCK",
+    "ECOMM",
+    # The network under a network filesystem.
+    "ECONNRESET",
+    "ECONNABORTED",
+    "ECONNREFUSED",
+    "ENOTCONN",
+    "ENETDOWN",
+    "ENETRESET",
+    "ENETUNREACH",
+    "EHOSTDOWN",
+    "EHOSTUNREACH",
+)
+_FULL = "free space on its filesystem, or move the run to a larger one"
+_ADVICE = {
+    **dict.fromkeys(_errnos("ENOSPC"), _FULL),
+    **dict.fromkeys(_errnos("EDQUOT"), "raise this user's disk quota or free space within it"),
+    **dict.fromkeys(_errnos("EROFS"), "remount its filesystem read-write or use another directory"),
+    **dict.fromkeys(
+        _errnos("EACCES", "EPERM"),
+        "give this user permission to read, write and create files and directories in it",
+    ),
+}
+"""The errors only the operator can fix, and what to do about each."""
+
+
+class LocalAccessError(OSError):
+    """The filesystem refused an operation for a reason only the operator can fix: it is
+    full, over quota, read-only, or denies this user (the errnos in ``_ADVICE``).
+
+    An ``OSError`` with the original's ``errno`` and ``filename``, so callers catching
+    ``OSError`` or reading ``errno`` keep working; its ``strerror`` adds the mailbox's
+    directory, the operation and what to do. ``LocalMailbox`` raises it with the original
+    chained; nothing transient, so nothing retries it.
+    """
 
 
 def _escape(text: str) -> str:
@@ -101,15 +186,27 @@ def _pieces(segment: str) -> list[str]:
     return pieces
 
 
+def _directory_name(piece: str) -> str:
+    """The directory name of a segment's last piece: the piece itself, unless it is ``.``
+    or ``..`` (a long segment's tail can be), which would name this directory or its
+    parent; those get the dot mark: ``%.`` and ``%..`` are no escaped piece, in which a
+    ``%`` is always followed by ``25``."""
+    return _DOT_MARK + piece if piece in (".", "..") else piece
+
+
 def key_path(key: str) -> tuple[str, ...]:
-    """The names, relative to ``objects/``, of the file that holds ``key`` (already checked)."""
+    """The names, relative to ``objects/``, of the file that holds ``key`` (already checked).
+
+    One-to-one: distinct keys get distinct names, none of them empty, ``.`` or ``..``, so
+    every path stays below ``objects/``.
+    """
     names: list[str] = []
     segments = key.split("/")
     for index, segment in enumerate(segments):
         pieces = _pieces(segment)
         names.extend(piece + _MORE_MARK for piece in pieces[:-1])
         last = index == len(segments) - 1
-        names.append(pieces[-1] + _FILE_MARK if last else pieces[-1])
+        names.append(pieces[-1] + _FILE_MARK if last else _directory_name(pieces[-1]))
     return tuple(names)
 
 
@@ -127,6 +224,8 @@ def _partial(key_so_far: str, name: str, *, is_file: bool) -> str | None:
         return key_so_far + _unescape(name[: -len(_MORE_MARK)])
     if name.endswith(_FILE_MARK):
         return None
+    if name in _DOT_NAMES:
+        return key_so_far + name[len(_DOT_MARK) :] + "/"
     return key_so_far + _unescape(name) + "/"
 
 
@@ -257,6 +356,38 @@ def _walk(directory: int, key_so_far: str, prefix: str, after: str, keys: list[s
     keys.extend(_file_keys(files, key_so_far, prefix, after))
 
 
+def _discard(fd: int, temp: Path) -> None:
+    """Close and remove a temporary file that will not become an object."""
+    try:
+        os.close(fd)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    """Write all of ``view`` to ``fd`` (``os.write`` may write less than asked)."""
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of ``fd`` (fewer if it is shorter now), read straight into
+    the returned ``bytes`` (one ``read`` up to 2 GiB: no second whole-file buffer), never
+    more than ``size`` however much the file has grown since its ``fstat``."""
+    first = os.read(fd, min(size, _READ_CHUNK))
+    if len(first) == size or not first:
+        return first
+    chunks = [first]
+    left = size - len(first)
+    while left > 0:
+        chunk = os.read(fd, min(left, _READ_CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _fsync_directory(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -287,24 +418,52 @@ class LocalMailbox:
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
         check_key(key)
-        return await anyio.to_thread.run_sync(self._put, key_path(key), data)
+        with self._boundary(f"put {key!r}"):
+            if len(data) > _WRITE_CHUNK:
+                return await self._put_in_chunks(key_path(key), data)
+            return await anyio.to_thread.run_sync(self._put, key_path(key), data)
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         check_key(key)
-        return await anyio.to_thread.run_sync(self._get, key_path(key))
+        check_max_bytes(max_bytes)
+        with self._boundary(f"get {key!r}"):
+            return await anyio.to_thread.run_sync(self._get, key, key_path(key), max_bytes)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
-        return await anyio.to_thread.run_sync(self._list, prefix, after)
+        with self._boundary(f"list {prefix!r}"):
+            return await anyio.to_thread.run_sync(self._list, prefix, after)
 
     async def delete(self, keys: Iterable[str]) -> None:
         paths = [key_path(check_key(key)) for key in keys]
         if paths:
-            await anyio.to_thread.run_sync(self._delete, paths)
+            with self._boundary(f"delete {len(paths)} keys"):
+                await anyio.to_thread.run_sync(self._delete, paths)
 
     async def __aenter__(self) -> Self:
-        await anyio.to_thread.run_sync(self._prepare)
+        with self._boundary("open"):
+            await anyio.to_thread.run_sync(self._prepare)
         return self
+
+    @contextlib.contextmanager
+    def _boundary(self, what: str) -> Iterator[None]:
+        """Translate an ``OSError`` escaping the block: a transient one (``_TRANSIENT_ERRNOS``)
+        to ``MailboxUnavailable``, the operator's (``_ADVICE``) to ``LocalAccessError``, both
+        chaining the original; any other propagates unchanged."""
+        try:
+            yield
+        except OSError as error:
+            if isinstance(error, LocalAccessError):
+                raise
+            if error.errno in _TRANSIENT_ERRNOS:
+                raise MailboxUnavailable(f"{self!r}: {what}: {error}") from error
+            if error.errno in _ADVICE:
+                explained = (
+                    f"{error.strerror} in mailbox directory {str(self._root)!r} ({what}): "
+                    f"{_ADVICE[error.errno]}"
+                )
+                raise LocalAccessError(error.errno, explained, error.filename) from error
+            raise
 
     async def __aexit__(
         self,
@@ -338,19 +497,31 @@ class LocalMailbox:
             except FileNotFoundError:
                 continue
 
-    def _write_temp(self, data: bytes) -> Path:
+    def _open_temp(self) -> tuple[Path, int]:
+        """A fresh file in ``tmp/`` (made again if a cleanup removed it), opened to write."""
         temp = self._tmp / uuid.uuid4().hex
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            handle = open(temp, "xb")  # noqa: SIM115 (closed below, after an optional fsync)
+            return temp, os.open(temp, flags, 0o644)
         except FileNotFoundError:
             self._tmp.mkdir(parents=True, exist_ok=True)
-            handle = open(temp, "xb")  # noqa: SIM115
+            return temp, os.open(temp, flags, 0o644)
+
+    def _finish_temp(self, fd: int) -> None:
+        """Close a temporary file written in full, fsynced first if durable."""
         try:
-            with handle:
-                handle.write(data)
-                if self._durable:
-                    handle.flush()
-                    os.fsync(handle.fileno())
+            if self._durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_temp(self, data: bytes) -> Path:
+        temp, fd = self._open_temp()
+        try:
+            try:
+                _write_all(fd, memoryview(data))
+            finally:
+                self._finish_temp(fd)
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
@@ -379,34 +550,112 @@ class LocalMailbox:
         if len(data) >= _RACE_CHECK_BYTES and target.exists():
             return False
         temp = self._write_temp(data)
-        created: builtins.list[Path] = []
         try:
-            for _ in range(_PUT_ATTEMPTS):
-                try:
-                    os.link(temp, target)
-                except FileExistsError:
-                    return False
-                except FileNotFoundError:
-                    # A directory of the key is missing: not made yet, or removed by a
-                    # concurrent delete that had just emptied it (which can also happen while
-                    # making them). Make them and link again.
-                    with contextlib.suppress(FileNotFoundError):
-                        created += self._make_parents(target)
-                    continue
-                if self._durable:
-                    for directory in {target.parent, *(path.parent for path in created)}:
-                        _fsync_directory(directory)
-                return True
-            raise OSError(f"could not create the directories for {target}")
+            return self._link(temp, target)
         finally:
             temp.unlink(missing_ok=True)
 
-    def _get(self, names: tuple[str, ...]) -> bytes | None:
+    async def _put_in_chunks(self, names: tuple[str, ...], data: bytes) -> bool:
+        """``_put`` for a large object: each chunk of ``_WRITE_CHUNK`` bytes written by a
+        worker-thread call of its own (straight from ``data``, no copy), so that
+        cancellation takes effect between chunks; the calls before and after the chunks do
+        the rest, so that an object of N chunks costs N + 2 thread hops. Whatever ends it
+        early removes the temporary file, shielded."""
+        target = self._objects.joinpath(*names)
+        opened = await anyio.to_thread.run_sync(self._open_temp_unless, target)
+        if opened is None:
+            return False
+        temp, fd = opened
+        done = False
         try:
-            with open(self._objects.joinpath(*names), "rb") as handle:
-                return handle.read()
+            view = memoryview(data)
+            for start in range(0, len(view), _WRITE_CHUNK):
+                await anyio.to_thread.run_sync(_write_all, fd, view[start : start + _WRITE_CHUNK])
+            done = True
+            return await anyio.to_thread.run_sync(self._close_and_link, fd, temp, target)
+        finally:
+            if not done:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_discard, fd, temp)
+
+    def _open_temp_unless(self, target: Path) -> tuple[Path, int] | None:
+        """A fresh temporary file opened to write, or None when ``target`` exists already
+        (writing a large object only to lose the race is wasted work)."""
+        return None if target.exists() else self._open_temp()
+
+    def _close_and_link(self, fd: int, temp: Path, target: Path) -> bool:
+        """Finish the written ``temp`` and link it into place; the temporary file is gone
+        afterwards whatever happens."""
+        try:
+            self._finish_temp(fd)
+            return self._link(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def _link(self, temp: Path, target: Path) -> bool:
+        """Link the written ``temp`` into place at ``target``; False if it exists."""
+        created: builtins.list[Path] = []
+        for _ in range(_PUT_ATTEMPTS):
+            try:
+                os.link(temp, target)
+            except FileExistsError:
+                return False
+            except FileNotFoundError:
+                # A directory of the key is missing: not made yet, or removed by a
+                # concurrent delete that had just emptied it (which can also happen while
+                # making them). Make them and link again.
+                with contextlib.suppress(FileNotFoundError):
+                    created += self._make_parents(target)
+                continue
+            if self._durable:
+                for directory in {target.parent, *(path.parent for path in created)}:
+                    _fsync_directory(directory)
+            return True
+        raise OSError(f"could not create the directories for {target}")
+
+    def _open_object(self, names: tuple[str, ...]) -> int | None:
+        """The object file at ``names`` opened for reading, None if there is none; each
+        directory on the way is opened without following a symbolic link (a linked
+        directory is not ours, and ``list`` does not enter it either)."""
+        try:
+            directory = os.open(self._objects, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             return None
+        try:
+            for name in names[:-1]:
+                child = _open_subdirectory(directory, name)
+                if child is None:
+                    return None
+                os.close(directory)
+                directory = child
+            return os.open(names[-1], _OBJECT, dir_fd=directory)
+        except FileNotFoundError:
+            return None
+        finally:
+            os.close(directory)
+
+    def _get(self, key: str, names: tuple[str, ...], max_bytes: int | None) -> bytes | None:
+        try:
+            fd = self._open_object(names)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.EMLINK):
+                raise
+            # O_NOFOLLOW met a symbolic link (Linux: ELOOP, some BSDs: EMLINK).
+            raise NotARegularFile(f"{key!r} is a symbolic link; it was not followed") from None
+        if fd is None:
+            return None
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise NotARegularFile(
+                    f"{key!r} is not a regular file (mode {stat.filemode(status.st_mode)}); "
+                    "it was not read"
+                )
+            if max_bytes is not None and status.st_size > max_bytes:
+                raise ObjectTooLarge(key, status.st_size, max_bytes)
+            return _read_exactly(fd, status.st_size)
+        finally:
+            os.close(fd)
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
         # Every key that starts with the prefix's whole segments lies below their

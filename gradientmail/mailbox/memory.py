@@ -5,7 +5,7 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Self
 
-from gradientmail.mailbox._base import check_key, check_prefix
+from gradientmail.mailbox._base import ObjectTooLarge, check_key, check_max_bytes, check_prefix
 
 __all__ = ["MemoryMailbox"]
 
@@ -32,10 +32,14 @@ class MemoryMailbox:
             self._objects[key] = bytes(data)
             return True
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         check_key(key)
+        check_max_bytes(max_bytes)
         with self._lock:
-            return self._objects.get(key)
+            data = self._objects.get(key)
+        if data is not None and max_bytes is not None and len(data) > max_bytes:
+            raise ObjectTooLarge(key, len(data), max_bytes)
+        return data
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)

@@ -18,6 +18,17 @@ Strong read-after-write and list-after-write, an atomic ``If-None-Match: *`` on 
 Face's gateway accepts and ignores it): ``list`` also cuts at ``after`` itself. See
 ``docs/mailbox.md`` for the stores known to qualify and those that do not.
 
+Large objects
+-------------
+An object over ``multipart_threshold`` bytes is written by a multipart upload whose parts
+(``part_size`` bytes, ``part_concurrency`` in flight) go in parallel, after a HEAD that
+skips the upload when the object already exists; the completion carries ``If-None-Match: *``,
+so create-once holds as long as the store honours it there (AWS S3 and moto do). Whatever
+ends the upload early, cancellation included, aborts it (``_s3_parts``). It is read by
+parallel ranged GETs, each conditional on the ETag of the first response, so a replaced
+object is never spliced. Smaller objects (records, claims, the manifest: all far below the
+threshold) keep one conditional PUT and one GET.
+
 Failure modes
 -------------
 A refused connection, a connect or read timeout and a connection dropped mid-request or
@@ -27,18 +38,25 @@ within seconds. A 412 ``PreconditionFailed`` is the create-once contract: ``put_
 returns False. A 409 ``ConditionalRequestConflict`` (another conditional write on the same
 key was in flight, outcome unknown) is retried three times, then raised as
 ``MailboxUnavailable``. A missing bucket, denied access, credentials the store rejects and
-a bucket in another region raise ``S3AccessError``: a ``ClientError`` (same ``response`` and
+a bucket in another region (and a 501 ``NotImplemented``: a store that lacks a request the
+mailbox needs) raise ``S3AccessError``: a ``ClientError`` (same ``response`` and
 ``operation_name``) whose message names the bucket and endpoint and says what to do, with the
-original chained; nothing transient, so nothing retries it. Every other ``ClientError``
-(throttling that outlasts the retries, say) propagates unchanged. A payload above 5 GiB raises
-``ValueError`` before anything is sent. A bulk delete reports per-key failures in a 200
-response; the first is raised as a ``ClientError``.
+original chained; nothing transient, so nothing retries it. Throttling (503 ``SlowDown``, 429
+``TooManyRequests`` and botocore's other throttling codes), any other 5xx (500
+``InternalError``, 503 ``ServiceUnavailable``, ...) and a response whose checksum does not
+match become ``MailboxUnavailable`` once botocore's retries are spent (botocore does not retry
+a 429, so that one at once); the original is chained. Every other ``ClientError`` (a 4xx that
+says the request itself is wrong: a bug, not an outage) propagates unchanged. A payload above
+5 TiB raises ``ValueError`` before anything is sent. A bulk delete reports per-key failures in
+a 200 response; the first is mapped as above (a per-key ``SlowDown`` or ``InternalError`` is
+``MailboxUnavailable``) or else raised as a ``ClientError``.
 """
 
+import contextlib
 import io
 import logging
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -49,6 +67,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
 from botocore.exceptions import (
+    ChecksumError,
     ClientError,
     ConnectionError,
     HTTPClientError,
@@ -56,16 +75,55 @@ from botocore.exceptions import (
 )
 
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.mailbox._base import MAX_KEY_BYTES, check_key, check_prefix
+from gradientmail.mailbox import _s3_parts
+from gradientmail.mailbox._base import (
+    MAX_KEY_BYTES,
+    ObjectTooLarge,
+    check_key,
+    check_max_bytes,
+    check_prefix,
+)
+from gradientmail.mailbox._s3_parts import MIN_PART_BYTES
 
 __all__ = ["MAX_OBJECT_BYTES", "S3AccessError", "S3Mailbox"]
 
-MAX_OBJECT_BYTES = 5 * 2**30
-"""The largest single PUT S3 accepts; larger payloads need more fragments, not multipart."""
+MAX_OBJECT_BYTES = 5 * 2**40
+"""The largest object S3 stores (5 TiB, by a multipart upload)."""
+_MAX_PUT_BYTES = 5 * 2**30
+"""The largest single PUT S3 accepts."""
 
+_PART_SIZE = 16 * 2**20
+_MULTIPART_THRESHOLD = 32 * 2**20
+_PART_CONCURRENCY = 8
 _DELETE_CHUNK = 1000
 _CONFLICT_ATTEMPTS = 3
-_TRANSIENT = (ConnectionError, HTTPClientError, IncompleteReadError)
+# A transfer that failed on the way (refused, timed out, dropped, cut short, or whose bytes
+# arrived damaged): the store may be fine and a retry may succeed.
+_TRANSIENT = (ConnectionError, HTTPClientError, IncompleteReadError, ChecksumError)
+_TRANSIENT_CODES = frozenset(
+    {
+        # Throttling: AWS's SlowDown (503), R2's TooManyRequests (429), and the other
+        # spellings botocore's standard retries treat as throttling.
+        "SlowDown",
+        "TooManyRequests",
+        "TooManyRequestsException",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        # The store's own trouble.
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        # A conflicting operation on the same bucket or key is in progress.
+        "OperationAborted",
+    }
+)
 
 _log = logging.getLogger("gradientmail.mailbox.s3")
 
@@ -155,6 +213,30 @@ class _WholeBodySession(HttpxSession):  # type: ignore[misc]  # aiobotocore is u
             request.body = body
 
 
+def _object_size(response: Any) -> int | None:
+    """The whole object's size: from ``Content-Range`` (``bytes 0-9/1234``) for a part of
+    it, else the response's length; None when the store stated neither."""
+    content_range = response.get("ContentRange")
+    if content_range:
+        total = content_range.rpartition("/")[2]
+        return int(total) if total.isdigit() else None
+    length = response.get("ContentLength")
+    return int(length) if length is not None else None
+
+
+async def _read_at_most(stream: Any, key: str, max_bytes: int) -> bytes:
+    """The whole body of a response that did not state its length, read in chunks and
+    abandoned (``ObjectTooLarge``) as soon as it exceeds ``max_bytes``."""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in stream.iter_chunks(1 << 20):
+        total += len(chunk)
+        if total > max_bytes:
+            raise ObjectTooLarge(key, total, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _error_code(exc: ClientError) -> str | None:
     code = exc.response.get("Error", {}).get("Code")
     return str(code) if code is not None else None
@@ -168,6 +250,10 @@ _DENIED = (
 _CREDENTIALS = (
     "rejected the credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
     "AWS_PROFILE), and AWS_SESSION_TOKEN for temporary ones, for this endpoint"
+)
+_UNSUPPORTED = (
+    "does not implement a request gradientmail needs (a conditional PUT, say): use a store "
+    "that does (docs/mailbox.md lists those known to qualify)"
 )
 _REGION = "is in another region: give its region in the URL (?region=...) or AWS_DEFAULT_REGION"
 _ADVICE = {
@@ -183,8 +269,10 @@ _ADVICE = {
     "AuthorizationHeaderMalformed": _REGION,
     "PermanentRedirect": _REGION,
     "IllegalLocationConstraintException": _REGION,
+    "NotImplemented": _UNSUPPORTED,
 }
-"""The error codes ``S3AccessError`` explains: the bucket, the access or the region is wrong."""
+"""The error codes ``S3AccessError`` explains: the bucket, the access or the region is wrong,
+or the store lacks a feature the mailbox needs."""
 
 
 def _shown_endpoint(endpoint: str) -> str:
@@ -199,8 +287,9 @@ def _shown_endpoint(endpoint: str) -> str:
 
 class S3AccessError(ClientError):  # type: ignore[misc]  # botocore is untyped
     """The store refused an operation for a reason only the user can fix: the bucket does
-    not exist, access to it is denied, the credentials are rejected, or it lives in another
-    region (the codes in ``_ADVICE``).
+    not exist, access to it is denied, the credentials are rejected, it lives in another
+    region, or the store does not implement a request the mailbox needs (the codes in
+    ``_ADVICE``).
 
     A ``ClientError`` carrying the store's ``response`` and ``operation_name`` unchanged,
     so that callers catching ``ClientError`` or reading ``response["Error"]["Code"]`` keep
@@ -252,6 +341,11 @@ class S3Mailbox:
         Signing region; None lets botocore resolve it from the environment.
     max_concurrency
         Requests in flight at once (an anyio ``CapacityLimiter``), also the connection pool size.
+    part_size, multipart_threshold, part_concurrency
+        An object over ``multipart_threshold`` bytes (at most 5 GiB) travels in parts of
+        ``part_size`` bytes (5 MiB to 5 GiB; larger where 10,000 parts would not hold it),
+        ``part_concurrency`` of them in flight at once (within ``max_concurrency``): see
+        "Large objects" above. The defaults are measured (``benchmarks/bench_transfer.py``).
     request_checksums
         ``"when_supported"`` sends a CRC32 of every uploaded object for the store to verify
         (botocore's default flexible checksum: a SHA-256 cost a quarter of a 64 MiB put's
@@ -282,6 +376,9 @@ class S3Mailbox:
         endpoint_url: str | None = None,
         region: str | None = None,
         max_concurrency: int = 8,
+        part_size: int = _PART_SIZE,
+        multipart_threshold: int = _MULTIPART_THRESHOLD,
+        part_concurrency: int = _PART_CONCURRENCY,
         request_checksums: RequestChecksums = "when_supported",
         connect_timeout: float = 3.0,
         read_timeout: float = 20.0,
@@ -290,6 +387,21 @@ class S3Mailbox:
             raise ValueError(f"invalid bucket name {bucket!r}: give the bare name, no '/'")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be at least 1, not {max_concurrency}")
+        if not MIN_PART_BYTES <= part_size <= _MAX_PUT_BYTES:
+            raise ValueError(
+                f"part_size must be from {MIN_PART_BYTES} (5 MiB, S3's smallest part) to "
+                f"{_MAX_PUT_BYTES} bytes, not {part_size}"
+            )
+        if not part_size <= multipart_threshold <= _MAX_PUT_BYTES:
+            raise ValueError(
+                f"multipart_threshold must be from part_size ({part_size}) to {_MAX_PUT_BYTES} "
+                f"bytes (5 GiB, S3's largest single PUT), not {multipart_threshold}"
+            )
+        if part_concurrency < 1:
+            raise ValueError(f"part_concurrency must be at least 1, not {part_concurrency}")
+        self._part_size = part_size
+        self._multipart_threshold = multipart_threshold
+        self._part_concurrency = part_concurrency
         if request_checksums not in ("when_supported", "when_required"):
             raise ValueError(
                 f"request_checksums must be 'when_supported' or 'when_required', "
@@ -378,14 +490,40 @@ class S3Mailbox:
             raise RuntimeError(f"{self!r} is not open: use it inside 'async with'")
         return self._client, self._limiter
 
-    def _explained(self, exc: ClientError) -> S3AccessError | None:
-        """``exc`` as an ``S3AccessError`` when its code is one the user must fix, else None."""
-        if isinstance(exc, S3AccessError) or _error_code(exc) not in _ADVICE:
-            return None
-        endpoint = self._client.meta.endpoint_url if self._client is not None else None
-        return S3AccessError(
-            exc.response, exc.operation_name, self._bucket, endpoint or self._endpoint_url
-        )
+    def _mapped(self, exc: ClientError, what: str) -> Exception:
+        """What ``exc`` becomes at the mailbox's boundary: an ``S3AccessError`` when its code
+        is one the user must fix, ``MailboxUnavailable`` when it is transient (throttling, a
+        5xx other than 501) and so outlasted botocore's retries, else ``exc`` itself."""
+        if isinstance(exc, S3AccessError):
+            return exc
+        code = _error_code(exc)
+        if code in _ADVICE:
+            endpoint = self._client.meta.endpoint_url if self._client is not None else None
+            return S3AccessError(
+                exc.response, exc.operation_name, self._bucket, endpoint or self._endpoint_url
+            )
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _TRANSIENT_CODES or status == 429 or (isinstance(status, int) and status >= 500):
+            return MailboxUnavailable(
+                f"{what}: the store answered {code} ({status or 'in a 200 response'}) "
+                f"to {exc.operation_name}"
+            )
+        unchanged: Exception = exc
+        return unchanged
+
+    @contextlib.contextmanager
+    def _boundary(self, what: str) -> Iterator[None]:
+        """Translate what escapes the block: transient failures to ``MailboxUnavailable``,
+        the user's to ``S3AccessError`` (both chaining the original), the rest unchanged."""
+        try:
+            yield
+        except ClientError as exc:
+            mapped = self._mapped(exc, what)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        except _TRANSIENT as exc:
+            raise MailboxUnavailable(f"{what}: {exc}") from exc
 
     def _full_key(self, key: str) -> str:
         check_key(key)
@@ -401,52 +539,120 @@ class S3Mailbox:
         full = self._full_key(key)
         if len(data) > MAX_OBJECT_BYTES:
             raise ValueError(
-                f"{key!r}: {len(data)} bytes exceeds S3's 5 GiB single-object limit; "
-                "use more fragments"
+                f"{key!r}: {len(data)} bytes exceeds S3's 5 TiB object limit; use more fragments"
             )
         client, limiter = self._open()
         body = data if isinstance(data, bytes) else bytes(data)
+        if len(body) > self._multipart_threshold:
+            return await self._put_in_parts(key, full, body)
         for _ in range(_CONFLICT_ATTEMPTS):
-            try:
-                async with limiter:
-                    await client.put_object(
-                        Bucket=self._bucket, Key=full, Body=body, IfNoneMatch="*"
-                    )
-            except ClientError as exc:
-                code = _error_code(exc)
-                if code == "PreconditionFailed":
-                    return False
-                if code != "ConditionalRequestConflict":
-                    if (explained := self._explained(exc)) is not None:
-                        raise explained from exc
-                    raise
-                _log.info("conditional write of %r conflicted; retrying", key)
-            except _TRANSIENT as exc:
-                raise MailboxUnavailable(f"put {key!r}: {exc}") from exc
-            else:
-                return True
+            with self._boundary(f"put {key!r}"):
+                try:
+                    async with limiter:
+                        await client.put_object(
+                            Bucket=self._bucket, Key=full, Body=body, IfNoneMatch="*"
+                        )
+                except ClientError as exc:
+                    code = _error_code(exc)
+                    if code == "PreconditionFailed":
+                        return False
+                    if code != "ConditionalRequestConflict":
+                        raise
+                    _log.info("conditional write of %r conflicted; retrying", key)
+                else:
+                    return True
         raise MailboxUnavailable(
             f"put {key!r}: conditional write conflicted {_CONFLICT_ATTEMPTS} times"
         )
 
-    async def get(self, key: str) -> bytes | None:
-        full = self._full_key(key)
+    async def _put_in_parts(self, key: str, full: str, body: bytes) -> bool:
         client, limiter = self._open()
-        try:
+        with self._boundary(f"put {key!r}"):
             async with limiter:
                 try:
-                    response = await client.get_object(Bucket=self._bucket, Key=full)
+                    await client.head_object(Bucket=self._bucket, Key=full)
                 except ClientError as exc:
-                    if _error_code(exc) == "NoSuchKey":
-                        return None
-                    if (explained := self._explained(exc)) is not None:
-                        raise explained from exc
-                    raise
+                    if _error_code(exc) not in ("404", "NoSuchKey"):
+                        raise
+                else:
+                    # Uploading gigabytes only to be refused at the completion is waste.
+                    return False
+            try:
+                return await _s3_parts.upload(
+                    client,
+                    limiter,
+                    bucket=self._bucket,
+                    key=full,
+                    data=body,
+                    part_size=self._part_size,
+                    concurrency=self._part_concurrency,
+                    checksums=self._checksums,
+                )
+            except ClientError as exc:
+                if _error_code(exc) == "ConditionalRequestConflict":
+                    raise MailboxUnavailable(f"put {key!r}: conditional write conflicted") from exc
+                raise
+
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        full = self._full_key(key)
+        check_max_bytes(max_bytes)
+        client, limiter = self._open()
+        # A caller allowing more than the threshold expects a large object (a blob of known
+        # size): ask for the first part only, which tells the size, and fetch the rest in
+        # parallel. Others (records) get one plain GET, whose checksum botocore validates.
+        ranged = max_bytes is not None and max_bytes > self._multipart_threshold
+        with self._boundary(f"get {key!r}"):
+            async with limiter:
+                response = await self._first_response(full, ranged)
+                if response is None:
+                    return None
+                # Leaving this block unread closes the response (and drops its connection).
                 async with response["Body"] as stream:
-                    data: bytes = await stream.read()
-                    return data
-        except _TRANSIENT as exc:
-            raise MailboxUnavailable(f"get {key!r}: {exc}") from exc
+                    size = _object_size(response)
+                    if max_bytes is not None:
+                        if size is None:
+                            return await _read_at_most(stream, key, max_bytes)
+                        if size > max_bytes:
+                            raise ObjectTooLarge(key, size, max_bytes)
+                    if size is None:
+                        data: bytes = await stream.read()
+                        return data
+                    total: int = size
+                    # A first part (which may be all of it), or a small object: read it.
+                    if "ContentRange" in response or total <= self._multipart_threshold:
+                        data = await stream.read()
+                        if len(data) >= total:
+                            return data
+                    else:
+                        data = b""
+            return await _s3_parts.download(
+                client,
+                limiter,
+                bucket=self._bucket,
+                key=full,
+                size=total,
+                etag=response["ETag"],
+                part_size=self._part_size,
+                concurrency=self._part_concurrency,
+                first=data,
+            )
+
+    async def _first_response(self, full: str, ranged: bool) -> Any:
+        """The response to the GET of ``full`` (its first part when ``ranged``), or None
+        when there is no such object."""
+        request = {"Bucket": self._bucket, "Key": full}
+        if ranged:
+            request["Range"] = f"bytes=0-{self._part_size - 1}"
+        try:
+            return await self._client.get_object(**request)
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code == "NoSuchKey":
+                return None
+            if code == "InvalidRange":
+                # An empty object has no first byte to range over.
+                return await self._first_response(full, False)
+            raise
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
@@ -455,15 +661,10 @@ class S3Mailbox:
         if after:
             request["StartAfter"] = self._prefix + after
         keys: list[str] = []
-        try:
+        with self._boundary(f"list {prefix!r}"):
             while True:
                 async with limiter:
-                    try:
-                        page = await client.list_objects_v2(**request)
-                    except ClientError as exc:
-                        if (explained := self._explained(exc)) is not None:
-                            raise explained from exc
-                        raise
+                    page = await client.list_objects_v2(**request)
                 for item in page.get("Contents", ()):
                     full = item.get("Key")
                     if full is None or not full.startswith(self._prefix):
@@ -476,8 +677,6 @@ class S3Mailbox:
                 if not page.get("IsTruncated") or not token:
                     return keys
                 request["ContinuationToken"] = token
-        except _TRANSIENT as exc:
-            raise MailboxUnavailable(f"list {prefix!r}: {exc}") from exc
 
     async def delete(self, keys: Iterable[str]) -> None:
         full_keys = [self._full_key(key) for key in keys]
@@ -486,21 +685,12 @@ class S3Mailbox:
         client, limiter = self._open()
         for start in range(0, len(full_keys), _DELETE_CHUNK):
             chunk = full_keys[start : start + _DELETE_CHUNK]
-            try:
+            with self._boundary(f"delete {len(chunk)} keys"):
                 async with limiter:
                     response = await client.delete_objects(
                         Bucket=self._bucket,
                         Delete={"Objects": [{"Key": key} for key in chunk], "Quiet": True},
                     )
-            except ClientError as exc:
-                if (explained := self._explained(exc)) is not None:
-                    raise explained from exc
-                raise
-            except _TRANSIENT as exc:
-                raise MailboxUnavailable(f"delete {len(chunk)} keys: {exc}") from exc
-            # Per-key failures arrive in a 200 response, not as an exception.
-            if errors := response.get("Errors"):
-                failure = ClientError({"Error": errors[0]}, "DeleteObjects")
-                if (explained := self._explained(failure)) is not None:
-                    raise explained
-                raise failure
+                # Per-key failures arrive in a 200 response, not as an exception.
+                if errors := response.get("Errors"):
+                    raise ClientError({"Error": errors[0]}, "DeleteObjects")

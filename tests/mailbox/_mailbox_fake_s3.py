@@ -8,6 +8,7 @@ hang up without one, or waits (to hold the request in flight).
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -100,3 +101,74 @@ async def fake_s3(answer: Answer) -> AsyncIterator[tuple[str, Log]]:
             yield f"http://127.0.0.1:{port}", log
         finally:
             group.cancel_scope.cancel()
+
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "content-encoding",
+        "expect",
+        "te",
+    }
+)
+
+
+@dataclass
+class Burst:
+    """Faults for a relay to inject: while ``remaining`` is positive, each request gets the
+    next of ``faults`` (cycling, as raw responses) instead of reaching the store, and
+    ``remaining`` counts down. ``injected`` counts the faults sent over the relay's life."""
+
+    faults: list[bytes]
+    remaining: int = 0
+    injected: int = 0
+
+    def start(self, requests: int) -> None:
+        self.remaining = requests
+
+
+@asynccontextmanager
+async def faulty_relay(
+    upstream: str, burst: Burst | None = None, intercept: Answer | None = None
+) -> AsyncIterator[tuple[str, Log]]:
+    """An HTTP relay on 127.0.0.1 to ``upstream`` (a real store) that answers with
+    ``burst``'s faults while a burst lasts, else with what ``intercept`` returns (it may
+    also wait, to hold the request), and forwards every other request unchanged, ``Host``
+    header (and so the signature) included. Yields its endpoint URL and log."""
+    import httpx
+
+    burst = burst if burst is not None else Burst([])
+    async with httpx.AsyncClient(base_url=upstream, timeout=60) as client:
+
+        async def answer(request: Request) -> bytes:
+            if intercept is not None and (reply := await intercept(request)) is not None:
+                return reply
+            if burst.remaining > 0:
+                burst.remaining -= 1
+                fault = burst.faults[burst.injected % len(burst.faults)]
+                burst.injected += 1
+                return fault
+            headers = {k: v for k, v in request.headers.items() if k not in _HOP_BY_HOP}
+            # botocore may send the absolute form (``http://host/path``): keep the path.
+            parts = urlsplit(request.target)
+            target = parts.path + (f"?{parts.query}" if parts.query else "")
+            forwarded = await client.request(
+                request.method, target, headers=headers, content=request.body
+            )
+            head = f"HTTP/1.1 {forwarded.status_code} {forwarded.reason_phrase}\r\n"
+            for name, value in forwarded.headers.multi_items():
+                if name.lower() not in _HOP_BY_HOP:
+                    head += f"{name}: {value}\r\n"
+            if request.method == "HEAD":
+                length = forwarded.headers.get("content-length", "0")
+            else:
+                length = str(len(forwarded.content))
+            head += f"Content-Length: {length}\r\n\r\n"
+            body = b"" if request.method == "HEAD" else forwarded.content
+            return head.encode("latin-1") + body
+
+        async with fake_s3(answer) as (endpoint, log):
+            yield endpoint, log

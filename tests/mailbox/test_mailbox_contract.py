@@ -1,6 +1,7 @@
 """The mailbox contract, one suite for every backend (memory, local, s3) on asyncio and trio."""
 
 import os
+import pickle
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -9,7 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
-from gradientmail.mailbox import Mailbox, S3Mailbox
+from gradientmail.errors import RecordError
+from gradientmail.mailbox import Mailbox, ObjectTooLarge, S3Mailbox
 
 pytestmark = pytest.mark.anyio
 
@@ -244,3 +246,20 @@ async def test_the_longest_valid_key_works(mailbox: Mailbox) -> None:
     assert await mailbox.put_if_absent(key, b"long")
     assert await mailbox.get(key) == b"long"
     assert list(await mailbox.list("k/")) == [key]
+
+
+async def test_a_size_cap_refuses_larger_objects_alike(mailbox: Mailbox) -> None:
+    assert await mailbox.put_if_absent("capped", b"x" * 1000)
+    assert await mailbox.put_if_absent("empty", b"")
+    assert await mailbox.get("capped", max_bytes=1000) == b"x" * 1000
+    assert await mailbox.get("empty", max_bytes=0) == b""
+    assert await mailbox.get("missing", max_bytes=0) is None
+    with pytest.raises(ObjectTooLarge) as caught:
+        await mailbox.get("capped", max_bytes=999)
+    assert (caught.value.key, caught.value.size, caught.value.max_bytes) == ("capped", 1000, 999)
+    assert isinstance(caught.value, RecordError)
+    assert "'capped' holds 1000 bytes, more than the 999 allowed" in str(caught.value)
+    assert pickle.loads(pickle.dumps(caught.value)).args == caught.value.args
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="max_bytes must be None or a number of bytes"):
+            await mailbox.get("capped", max_bytes=bad)  # type: ignore[arg-type]

@@ -9,11 +9,13 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradientmail.mailbox import LocalMailbox, check_key
+import gradientmail.mailbox.local as local_module
+from gradientmail.mailbox import LocalMailbox, NotARegularFile, ObjectTooLarge, check_key
 from gradientmail.mailbox.local import key_of, key_path
 
 RACERS = 4
@@ -265,3 +267,128 @@ async def test_entries_the_layout_never_makes_are_not_listed(tmp_path: Path) -> 
         assert await mailbox.list("d/b/") == ["d/b/c"]
         assert await mailbox.list("d/link/") == []
         assert await mailbox.list("d/plain/") == []
+
+
+@pytest.mark.anyio
+async def test_links_and_special_files_at_a_key_are_never_followed_or_read(
+    tmp_path: Path,
+) -> None:
+    async with LocalMailbox(tmp_path / "box") as mailbox:
+        assert await mailbox.put_if_absent("records/0", b"ours")
+        assert await mailbox.put_if_absent("elsewhere/secret", b"not through a link")
+        here = tmp_path / "box" / "objects"
+        # Read whole, /dev/zero would fill the memory; a FIFO would block the reader.
+        (here / "records" / "1%").symlink_to("/dev/zero")
+        (here / "records" / "2%").symlink_to(here / "records" / "0%")
+        os.mkfifo(here / "records" / "3%")
+        (here / "linked").symlink_to(here / "elsewhere")
+        with anyio.fail_after(10):
+            for key in ("records/1", "records/2"):
+                with pytest.raises(NotARegularFile, match="symbolic link; it was not followed"):
+                    await mailbox.get(key, max_bytes=2**20)
+                with pytest.raises(NotARegularFile):
+                    await mailbox.get(key)
+            with pytest.raises(NotARegularFile, match=r"not a regular file \(mode p"):
+                await mailbox.get("records/3")
+            # A linked directory is not entered, as ``list`` does not enter it.
+            assert await mailbox.get("linked/secret") is None
+        assert await mailbox.get("records/0") == b"ours"
+
+
+@pytest.mark.anyio
+async def test_an_oversized_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    async with LocalMailbox(tmp_path / "box") as mailbox:
+        assert await mailbox.put_if_absent("records/0", b"")
+        # Sparse: 256 MiB by its size, no memory or disk behind it.
+        os.truncate(tmp_path / "box" / "objects" / "records" / "0%", 256 * 2**20)
+        with pytest.raises(ObjectTooLarge) as caught:
+            await mailbox.get("records/0", max_bytes=2**20)
+        assert caught.value.size == 256 * 2**20
+
+
+# Segments whose pieces (cut every 240 bytes) end at or around dots, escapes and wide
+# characters: where ``..`` once became a directory name of its own.
+cut_segments = st.one_of(
+    st.builds(
+        lambda width, tail: "a" * width + tail,
+        st.integers(230, 250),
+        st.text(alphabet=".%+a", min_size=1, max_size=4),
+    ),
+    st.text(alphabet=".%+é", min_size=1, max_size=300),
+).filter(lambda segment: segment not in (".", ".."))
+cut_keys = st.lists(cut_segments, min_size=1, max_size=3).map("/".join)
+
+
+@given(st.lists(cut_keys, min_size=2, max_size=6, unique=True))
+def test_distinct_keys_map_to_distinct_paths_inside_objects(drawn: list[str]) -> None:
+    keys = [key for key in drawn if len(key.encode()) <= 1024]
+    paths = {key: key_path(key) for key in keys}
+    assert len(set(paths.values())) == len(keys)
+    for key, names in paths.items():
+        assert all(name not in ("", ".", "..") and "/" not in name for name in names)
+        assert key_of(names) == key
+
+
+def test_a_long_segment_ending_in_dots_stays_in_its_directory() -> None:
+    key = "A" * 240 + "../manifest"
+    assert key_path(key) == ("A" * 240 + "%+", "%..", "manifest%")
+    assert key_path("A" * 240 + "./x") == ("A" * 240 + "%+", "%.", "x%")
+    assert key_path("A" * 240 + "%../x")[1] == "%25.."
+
+
+@pytest.mark.anyio
+@settings(deadline=None, max_examples=40)
+@given(st.lists(cut_keys, min_size=1, max_size=6, unique=True))
+async def test_every_key_put_is_stored_inside_the_root_and_listed_exactly(
+    drawn: list[str],
+) -> None:
+    keys = [key for key in drawn if len(key.encode()) <= 1024]
+    with tempfile.TemporaryDirectory() as directory:
+        async with LocalMailbox(directory) as mailbox:
+            for key in keys:
+                assert await mailbox.put_if_absent(key, key.encode())
+            assert await mailbox.list("") == sorted(keys, key=lambda key: key.encode())
+            for key in keys:
+                assert await mailbox.get(key) == key.encode()
+        stored, outside = _object_files(Path(directory))
+        assert stored == len(keys)
+        assert outside == []
+
+
+def _object_files(directory: Path) -> tuple[int, list[Path]]:
+    """How many files under ``directory`` are named like an object, and those of them whose
+    resolved path is not below ``directory/objects``."""
+    objects = (directory / "objects").resolve()
+    paths = [
+        Path(root, name).resolve()
+        for root, _, names in os.walk(directory)
+        for name in names
+        if name.endswith("%")
+    ]
+    return len(paths), [path for path in paths if not path.is_relative_to(objects)]
+
+
+@pytest.mark.anyio
+async def test_large_objects_are_written_in_chunks_and_a_cancelled_write_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_module, "_WRITE_CHUNK", 2**20)
+    data = os.urandom(5 * 2**20 + 3)
+    temporaries = tmp_path / "box" / "tmp"
+    async with LocalMailbox(tmp_path / "box") as mailbox:
+        assert await mailbox.put_if_absent("whole", data)
+        assert await mailbox.get("whole") == data
+        assert await mailbox.put_if_absent("whole", data) is False
+
+        def written() -> int:
+            return sum(entry.stat().st_size for entry in os.scandir(temporaries))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(mailbox.put_if_absent, "cancelled", os.urandom(64 * 2**20))
+                # Cancelled once part of it, and not all, is in the temporary file.
+                while not 0 < await anyio.to_thread.run_sync(written) < 64 * 2**20:
+                    await anyio.lowlevel.checkpoint()
+                group.cancel_scope.cancel()
+        assert await mailbox.get("cancelled") is None
+        assert list(temporaries.iterdir()) == []

@@ -25,7 +25,7 @@ from _mailbox_fake_s3 import Request, fake_s3, response, s3_error
 from botocore.exceptions import ClientError
 
 import gradientmail.mailbox.s3 as s3_module
-from gradientmail.mailbox import MailboxUnavailable, S3Mailbox, retrying
+from gradientmail.mailbox import MailboxUnavailable, ObjectTooLarge, S3Mailbox, retrying
 from gradientmail.mailbox.s3 import S3AccessError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("aws_credentials")]
@@ -565,3 +565,26 @@ def test_bad_arguments_are_refused() -> None:
         S3Mailbox("bucket", request_checksums="always")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="invalid mailbox prefix"):
         S3Mailbox("bucket", "a/../b")
+
+
+async def test_an_oversized_object_is_refused_before_its_body_is_read() -> None:
+    async def huge(request: Request) -> bytes:
+        # A head promising 256 MiB and none of the body: a reader that waited for the body
+        # would time out instead of refusing.
+        return (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 268435456\r\n"
+            b"Content-Type: application/octet-stream\r\n\r\n"
+        )
+
+    async with fake_s3(huge) as (endpoint, _), quick(endpoint) as mailbox:
+        with anyio.fail_after(BOUND), pytest.raises(ObjectTooLarge) as caught:
+            await mailbox.get("records/0", max_bytes=2**20)
+    assert caught.value.size == 2**28
+
+
+async def test_a_size_cap_on_moto(moto_server: str, s3_bucket: str) -> None:
+    async with S3Mailbox(s3_bucket, endpoint_url=moto_server) as mailbox:
+        assert await mailbox.put_if_absent("big", os.urandom(3 * 2**20))
+        with pytest.raises(ObjectTooLarge):
+            await mailbox.get("big", max_bytes=2**20)
+        assert len(await mailbox.get("big", max_bytes=3 * 2**20) or b"") == 3 * 2**20
