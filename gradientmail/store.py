@@ -41,9 +41,11 @@ import msgspec
 
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError, SignatureError
-from gradientmail.mailbox import Mailbox, retrying
+from gradientmail.mailbox import Mailbox, ObjectRefused, retrying
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import (
+    MAX_MANIFEST_BYTES,
+    MAX_RECORD_BYTES,
     BlobRef,
     CreateClaim,
     InitMarker,
@@ -209,17 +211,33 @@ class Store:
             attempts=attempts if attempts is not None else self._attempts,
         )
 
-    async def get(self, key: str, *, attempts: int | None = None) -> bytes | None:
-        """The bytes under ``key`` or None."""
+    async def get(
+        self, key: str, *, attempts: int | None = None, max_bytes: int | None = None
+    ) -> bytes | None:
+        """The bytes under ``key`` or None; ``ObjectRefused`` (a ``RecordError``) for an
+        object over ``max_bytes`` or one the mailbox will not read, before its body is read."""
 
         async def op() -> bytes | None:
             self._requests["get"] += 1
-            data = await self.mailbox.get(key)
+            data = await self.mailbox.get(key, max_bytes=max_bytes)
             if data is not None:
                 self._bytes_down += len(data)
             return data
 
         return await self._retry(op, attempts)
+
+    async def _object(
+        self, key: str, *, limit: int = MAX_RECORD_BYTES, attempts: int | None = None
+    ) -> bytes | None:
+        """The bytes of the object at ``key`` (manifest, claim, marker, beat, snapshot or
+        record), or None. One the mailbox refuses unread (over ``limit``, or not a regular
+        file) is junk: it comes back as empty bytes, which fail to decode, so every walk
+        skips it as it skips any malformed object."""
+        try:
+            return await self.get(key, attempts=attempts, max_bytes=limit)
+        except ObjectRefused as exc:
+            self._ignore(key, str(exc))
+            return b""
 
     async def list_keys(
         self, prefix: str, *, after: str = "", attempts: int | None = None
@@ -354,7 +372,7 @@ class Store:
         """
         for slot in range(keys.SLOTS):
             key = keys.manifest_slot(slot)
-            data = await self.get(key)
+            data = await self._object(key, limit=MAX_MANIFEST_BYTES)
             if data is None:
                 return None
             manifest = self._manifest_at(key, data)
@@ -392,7 +410,7 @@ class Store:
             signed = self._signed(key, manifest)
             if await self.create(key, encode(signed)):
                 return self._learn(signed)
-            data = await self.get(key)
+            data = await self._object(key, limit=MAX_MANIFEST_BYTES)
             if data is None:
                 raise MailboxUnavailable(f"{key} was reported present but cannot be read")
             winner = self._manifest_at(key, data)
@@ -410,7 +428,7 @@ class Store:
         claims = []
         for attempt in attempts:
             key = keys.create_claim(attempt)
-            data = await self.get(key)
+            data = await self._object(key)
             if data is None:
                 break
             claims.append((attempt, self._claimant(key, data, CreateClaim)))
@@ -439,7 +457,7 @@ class Store:
             return found
         verified = []
         for key in found:
-            data = await self.get(key)
+            data = await self._object(key)
             try:
                 if data is not None and self._problem(key, data) is None:
                     verified.append(key)
@@ -492,7 +510,7 @@ class Store:
         known = self._beats.get(key)
         if known is not None:
             return known
-        data = await self.get(key, attempts=attempts)
+        data = await self._object(key, attempts=attempts)
         if data is None:
             return False
         try:
@@ -532,7 +550,7 @@ class Store:
             key = keys.snapshot_slot(snapshot.round, snapshot.learner, slot)
             if await self.create(key, self._encode(key, snapshot)):
                 return True
-            data = await self.get(key)
+            data = await self._object(key)
             if data is None:
                 raise MailboxUnavailable(f"{key} reported present but unreadable")
             found = self._snapshot_at(key, snapshot.round, snapshot.learner, data)
@@ -584,7 +602,7 @@ class Store:
         for key in listed:
             known = cache.get(key)
             if known is None:
-                data = await self.get(key)
+                data = await self._object(key)
                 if data is None:
                     continue
                 known = self._snapshot_at(key, round, learner, data)
@@ -638,7 +656,7 @@ class Store:
         for k in _from_zero(listed):
             key = keys.round_claim(round, k)
             if k not in known:
-                data = await self.get(key)
+                data = await self._object(key)
                 if data is None:
                     continue
                 known[k] = self._claimant(key, data, RoundClaim)
@@ -663,7 +681,7 @@ class Store:
             key = keys.record_slot(round, slot)
             if key in self._junk:
                 continue
-            data = await self.get(key)
+            data = await self._object(key)
             if data is None:
                 return None
             record = self._record_at(key, round, data)
@@ -704,7 +722,7 @@ class Store:
             signed = self._signed(key, record)
             if await self.create(key, encode(signed)):
                 return signed, True
-            data = await self.get(key)
+            data = await self._object(key)
             if data is None:
                 raise MailboxUnavailable(f"{key} reported present but unreadable")
             theirs = self._record_at(key, record.round, data)

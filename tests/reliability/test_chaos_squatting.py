@@ -3,11 +3,15 @@ a claim) stalls nothing. Every honest store skips it for the same successor key,
 create-once still settles races among honest nodes; and in a signed run whatever was
 signed for another run (same key, another run id) is junk too. Store-level, no timing."""
 
+import os
+from pathlib import Path
+
 import msgspec
 import pytest
 
 from gradientmail.errors import RecordError, RunMismatch
-from gradientmail.mailbox import MemoryMailbox
+from gradientmail.mailbox import LocalMailbox, Mailbox, MemoryMailbox
+from gradientmail.mailbox.local import key_path
 from gradientmail.protocol import keys, records
 from gradientmail.protocol.records import (
     BlobRef,
@@ -59,7 +63,7 @@ def record(round: int, by: str) -> RoundRecord:
     )
 
 
-async def _run(box: MemoryMailbox, run_key: RunKey | None = None) -> list[Store]:
+async def _run(box: Mailbox, run_key: RunKey | None = None) -> list[Store]:
     """Three honest stores of one run in ``box``, each having read the manifest."""
     stores = [Store(box, run_key=run_key) for _ in range(3)]
     await stores[0].create_manifest(MANIFEST)
@@ -201,3 +205,22 @@ def test_successor_keys_sort_after_their_first_and_before_the_next_round() -> No
         assert keys.parse_record_slot(foreign) is None
     assert keys.manifest_slot(0) == keys.MANIFEST
     assert keys.manifest_slot(3) == "manifest.0003"
+
+
+async def test_an_object_the_mailbox_refuses_unread_is_junk(tmp_path: Path) -> None:
+    """Issue 14 #4: a 256 MiB object or a symlink to /dev/zero at a record key was read
+    whole. The store asks for at most the record limit and skips what the mailbox refuses."""
+    async with LocalMailbox(tmp_path / "run") as box:
+        a, reader, _ = await _run(box)
+        await box.put_if_absent(keys.record(0), b"x" * (records.MAX_RECORD_BYTES + 1))
+        await box.put_if_absent(keys.record_slot(0, 1), b"placeholder")
+        link = tmp_path / "run" / "objects" / Path(*key_path(keys.record_slot(0, 2)))
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink("/dev/zero", link)
+        assert await reader.record(0) is None
+        landed, mine = await a.put_record(record(0, "a"))
+        assert mine
+        assert await box.get(keys.record_slot(0, 3)) is not None
+        found = await reader.record(0)
+        assert found == landed
+        assert keys.record(0) in reader.ignored
