@@ -1,4 +1,5 @@
-"""Development sessions: ``lint``, ``types``, ``tests`` (the default), ``soak``, ``bench``.
+"""Development sessions: ``lint``, ``types``, ``tests`` (the default), ``soak``, ``bench``,
+``bench-text``.
 
 The sessions run in the environment nox itself runs in, which the README's command creates
 once (``.venv`` with the ``dev`` extra, whose torch pin is the CPU wheel): installing torch
@@ -58,3 +59,12 @@ def bench(session: nox.Session) -> None:
     """Every benchmark, then ``docs/benchmarks.md`` generated from ``benchmarks/results``;
     ``nox -s bench -- --quick`` for the smoke-test sizes."""
     session.run(PYTHON, "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(name="bench-text", default=False)
+def bench_text(session: nox.Session) -> None:
+    """The real-text benchmark against torchft's DiLoCo (needs the ``bench`` extra), then
+    ``docs/benchmarks.md``; ``nox -s bench-text -- --size small`` for the scaled-down run,
+    ``-- --only dp gm-fp32-H100 torchft-fp32-H100`` for some arms."""
+    session.run(PYTHON, "benchmarks/bench_text.py", *session.posargs)
+    session.run(PYTHON, "benchmarks/report.py")

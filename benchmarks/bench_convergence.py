@@ -24,9 +24,16 @@ hold the same committed versions).
 
 Usage: ``.venv/bin/python benchmarks/bench_convergence.py [--quick] [--results DIR]``.
 The learner and syncer processes run this file with ``--worker``.
+
+``--grid`` runs the defaults grid instead: one gradientmail run per point of outer lr ×
+outer momentum × H × (quorum fraction, grace), seed 0, against data-parallel and a single
+learner of the same seed, into ``convergence-grid.json``; ``--outer-lr``,
+``--outer-momentum``, ``--sync-every``, ``--quorum F:G`` and ``--encoding`` set the axes
+(``GRID`` has the defaults, 54 points: about 40 s each at full size on two idle cores).
 """
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -35,10 +42,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _harness as h
+import msgspec
 
 NAME = "convergence"
 K = 4
@@ -108,18 +117,24 @@ def train(
     eval_every: int,
     evaluation: list[Any],
     after_step: Callable[[], None] = lambda: None,
+    first: int = 0,
+    lr: float = LR,
+    optimizer: Any = None,
 ) -> list[list[float]]:
-    """``steps`` AdamW steps on ``batches``, calling ``after_step`` after each; the
-    evaluation loss every ``eval_every`` steps, as ``[step, loss]`` pairs (step 0 first)."""
+    """Steps ``first .. steps - 1`` on ``batches`` at peak learning rate ``lr`` (``lr_at``'s
+    schedule over ``steps``) with ``optimizer`` (a new AdamW when None), calling
+    ``after_step`` after each; the evaluation loss every ``eval_every`` steps, as
+    ``[step, loss]`` pairs (step ``first`` first)."""
     import torch
 
     from gradientmail.demo.data import evaluate
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    curve = [[0.0, evaluate(model, evaluation)]]
-    for step in range(steps):
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    curve = [[float(first), evaluate(model, evaluation)]]
+    for step in range(first, steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps)
+            group["lr"] = lr_at(step, steps) * lr / LR
         loss = model.loss(next(batches))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -179,7 +194,7 @@ def run_local(arm: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-# -- gradientmail: the worker processes -------------------------------------------------
+# -- gradientmail: the worker processes (shared with bench_text.py) ---------------------
 
 
 def _options(*, syncer: bool) -> Any:
@@ -208,7 +223,8 @@ def run_config(sync_every: int, encoding: str) -> Any:
     )
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` every 10 ms; ``TimeoutError`` naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -216,26 +232,68 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.01)
 
 
-def _learner_worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
+@dataclass
+class Learning:
+    """What one learner process trains, whatever the benchmark.
+
+    ``train(first, after_step)`` runs the learner's steps ``first .. steps - 1`` (``first`` >
+    0 in a learner restarted after a kill), calling ``after_step()`` after each, and returns
+    its evaluation curve as ``[step, loss]`` pairs; ``final()`` evaluates the model at the
+    end; ``tokens_per_step`` is what each step reports to the node; ``optimizer``, when not
+    None, is the inner optimizer ``train`` steps (for a peer system that hooks it).
+    """
+
+    model: Any
+    tokens_per_step: int
+    train: Callable[[int, Callable[[], None]], list[list[float]]]
+    final: Callable[[], float]
+    optimizer: Any = None
+
+
+class Progress:
+    """A learner's completed steps, in memory (with the ``time.monotonic()`` of each, one clock
+    for every process of the machine) and in the
+    file ``progress-{index}`` of the scratch directory, which the runner watches to kill a
+    learner at a given step and a restarted learner reads to resume there."""
+
+    def __init__(self, scratch: Path, index: int) -> None:
+        self._path = scratch / f"progress-{index}"
+        self.first = int(self._path.read_text()) if self._path.exists() else 0
+        self.done = self.first
+        self.times: list[float] = []
+
+    def step(self) -> None:
+        self.done += 1
+        self.times.append(time.monotonic())
+        self._path.write_text(str(self.done))
+
+    def report(
+        self, index: int, steps: int, curve: list[list[float]], final: float, trained: float
+    ) -> dict[str, Any]:
+        """The fields every learner's report starts with, whatever the system."""
+        return {
+            "index": index,
+            "curve": [*curve, [float(steps), final]],
+            "final_loss": final,
+            "first_step": self.first,
+            "step_times": self.times,
+            "train_seconds": trained,
+        }
+
+
+def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict[str, Any]:
+    """One gradientmail learner on the run in ``spec["scratch"]/store``, configured by
+    ``spec["config"]`` (``RunConfig`` fields): joins, waits for the first ``spec["learners"]``
+    to have joined (not when restarted), trains, leaves; returns its report."""
     import anyio
-    import torch
 
     from gradientmail._node import node as join_run
-    from gradientmail.demo.data import evaluate, synthetic
-    from gradientmail.demo.model import GPT
     from gradientmail.events import Event, kind_name
     from gradientmail.mailbox import LocalMailbox
+    from gradientmail.protocol.records import RunConfig
 
-    torch.set_num_threads(1)
-    seed, steps = spec["seed"], spec["steps"]
-    corpus = synthetic(length=CONTEXT, seed=seed)
-    evaluation = corpus.evaluation(batches=EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT)
-    final_set = corpus.evaluation(
-        batches=FINAL_EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT
-    )
-    model = GPT(model_config(), seed=seed)
-    batches = corpus.train(index, batch_size=BATCH, length=CONTEXT)
     scratch = Path(spec["scratch"])
+    progress = Progress(scratch, index)
     counts: dict[str, int] = {}
     tally = h.Tally()
     learner = f"learner-{index}"
@@ -248,18 +306,18 @@ def _learner_worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
         async with (
             LocalMailbox(scratch / "store") as local,
             join_run(
-                model,
+                learning.model,
                 h.CountingMailbox(local, tally, learner),
                 learner=learner,
-                config=run_config(spec["sync_every"], spec["encoding"]),
+                config=RunConfig(**spec["config"]),
                 options=_options(syncer=False),
                 sinks=[count],
             ) as node,
         ):
             (scratch / f"ready-{index}").touch()
             await anyio.to_thread.run_sync(
-                _wait_for,
-                lambda: all((scratch / f"ready-{k}").exists() for k in range(K)),
+                wait_for,
+                lambda: all((scratch / f"ready-{k}").exists() for k in range(spec["learners"])),
                 120.0,
                 "every learner to join",
             )
@@ -268,25 +326,17 @@ def _learner_worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
             started = time.perf_counter()
 
             def loop(handle: Any) -> list[list[float]]:
-                tokens = BATCH * CONTEXT
-                return train(
-                    model,
-                    batches,
-                    steps=steps,
-                    eval_every=spec["eval_every"],
-                    evaluation=evaluation,
-                    after_step=lambda: handle.step(tokens),
-                )
+                def after_step() -> None:
+                    handle.step(learning.tokens_per_step)
+                    progress.step()
+
+                return learning.train(progress.first, after_step)
 
             curve = await node.run_in_thread(loop)
             trained = time.perf_counter() - started
         end = node.state
-        final = evaluate(model, final_set)
-        return {
-            "index": index,
-            "curve": [*curve, [float(steps), final]],
-            "final_loss": final,
-            "train_seconds": trained,
+        final = learning.final()
+        return progress.report(index, spec["steps"], curve, final, trained) | {
             "seconds_with_flush": time.perf_counter() - started,
             "bytes_up": end.bytes_published - start.bytes_published,
             "bytes_down": end.bytes_downloaded - start.bytes_downloaded,
@@ -305,7 +355,9 @@ def _learner_worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
     return anyio.run(main)
 
 
-def _syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
+def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """A dedicated syncer on the run in ``spec["scratch"]/store`` until the file ``stop``
+    appears there; returns its report (bytes, requests, every round it committed)."""
     import anyio
 
     from gradientmail._node import node as join_run
@@ -343,7 +395,7 @@ def _syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
             ) as node,
         ):
             await anyio.to_thread.run_sync(
-                _wait_for, (scratch / "stop").exists, 3600.0, "the stop file"
+                wait_for, (scratch / "stop").exists, 3600.0, "the stop file"
             )
         state = node.state
         return {
@@ -357,9 +409,42 @@ def _syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
     return anyio.run(main)
 
 
+def _synthetic_learning(spec: dict[str, Any], index: int) -> Learning:
+    import torch
+
+    from gradientmail.demo.data import evaluate, synthetic
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    seed, steps = spec["seed"], spec["steps"]
+    corpus = synthetic(length=CONTEXT, seed=seed)
+    evaluation = corpus.evaluation(batches=EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT)
+    final_set = corpus.evaluation(
+        batches=FINAL_EVAL_BATCHES, batch_size=EVAL_BATCH_SIZE, length=CONTEXT
+    )
+    model = GPT(model_config(), seed=seed)
+    batches = corpus.train(index, batch_size=BATCH, length=CONTEXT)
+
+    def run(first: int, after_step: Callable[[], None]) -> list[list[float]]:
+        return train(
+            model,
+            batches,
+            steps=steps,
+            eval_every=spec["eval_every"],
+            evaluation=evaluation,
+            after_step=after_step,
+            first=first,
+        )
+
+    return Learning(model, BATCH * CONTEXT, run, lambda: evaluate(model, final_set))
+
+
 def _worker(spec_path: Path, role: str) -> None:
     spec = json.loads(spec_path.read_text())
-    result = _syncer_worker(spec) if role == "syncer" else _learner_worker(spec, int(role))
+    if role == "syncer":
+        result = syncer_worker(spec)
+    else:
+        result = learner_worker(spec, int(role), _synthetic_learning(spec, int(role)))
     out = Path(spec["scratch"]) / f"result-{role}.json"
     out.write_text(json.dumps(result), encoding="utf-8")
 
@@ -367,59 +452,117 @@ def _worker(spec_path: Path, role: str) -> None:
 # -- gradientmail: the runner -----------------------------------------------------------
 
 
-def run_gradientmail(
-    seed: int, sync_every: int, encoding: str, settings: dict[str, Any], scratch: Path
+@dataclass(frozen=True)
+class Kill:
+    """SIGKILL learner ``index`` once it has done ``at_step`` steps, and start it again
+    ``restart_after`` seconds later (it resumes at the step its progress file names)."""
+
+    index: int
+    at_step: int
+    restart_after: float
+
+
+def launch(
+    script: Path,
+    spec: dict[str, Any],
+    *,
+    services: tuple[str, ...] = ("syncer",),
+    kill: Kill | None = None,
+    timeout: float = 900.0,
 ) -> dict[str, Any]:
-    """One gradientmail run: the syncer process, then ``K`` learner processes; waits for the
-    learners, stops the syncer and gathers their reports."""
+    """Write ``spec`` to ``spec["scratch"]/spec.json`` and run ``spec["learners"]`` learner
+    processes (roles ``0`` …) and the ``services`` (e.g. a dedicated syncer) as
+    ``script --worker SPEC ROLE``; once every learner has exited, create the file ``stop``
+    for the services and wait for them. With ``kill``, one learner is SIGKILLed and
+    restarted as described. Returns every role's report (``result-{role}.json``), the wall
+    time, and the ``time.monotonic()`` of the start and, for a kill, of the kill and the
+    restart. ``RuntimeError`` with the end of its log for a process that fails."""
+    scratch = Path(spec["scratch"])
     scratch.mkdir(parents=True)
-    spec = {
-        "seed": seed,
-        "steps": settings["steps"],
-        "eval_every": settings["eval_every"],
-        "sync_every": sync_every,
-        "encoding": encoding,
-        "scratch": str(scratch),
-    }
     spec_path = scratch / "spec.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    this = str(Path(__file__).resolve())
-
     logs: list[Any] = []
 
     def spawn(role: str) -> subprocess.Popen[bytes]:
-        log = open(scratch / f"log-{role}.txt", "wb")  # noqa: SIM115 (closed in the finally below)
+        log = open(scratch / f"log-{role}.txt", "ab")  # noqa: SIM115 (closed in the finally below)
         logs.append(log)
         return subprocess.Popen(
-            [sys.executable, this, "--worker", str(spec_path), role],
+            [sys.executable, str(script), "--worker", str(spec_path), role],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
 
+    def failed(role: str) -> RuntimeError:
+        log = (scratch / f"log-{role}.txt").read_text(errors="replace")
+        return RuntimeError(f"{role} failed:\n{log[-4000:]}")
+
     started = time.perf_counter()
-    learners = [spawn(str(k)) for k in range(K)]
-    syncer = spawn("syncer")
+    events: dict[str, float] = {"started": time.monotonic()}
+    learners = {str(k): spawn(str(k)) for k in range(spec["learners"])}
+    others = {role: spawn(role) for role in services}
     try:
-        for k, process in enumerate(learners):
-            if process.wait(timeout=900) != 0:
-                log = (scratch / f"log-{k}.txt").read_text(errors="replace")
-                raise RuntimeError(f"learner {k} failed:\n{log[-4000:]}")
+        if kill is not None:
+            victim, progress = str(kill.index), scratch / f"progress-{kill.index}"
+
+            def reached() -> bool:
+                if learners[victim].poll() is not None:
+                    raise failed(victim)
+                return progress.exists() and int(progress.read_text() or 0) >= kill.at_step
+
+            wait_for(reached, timeout, f"learner {victim} to reach step {kill.at_step}")
+            learners[victim].kill()
+            learners[victim].wait()
+            events["killed"] = time.monotonic()
+            time.sleep(kill.restart_after)
+            learners[victim] = spawn(victim)
+            events["restarted"] = time.monotonic()
+        for role, process in learners.items():
+            if process.wait(timeout=timeout) != 0:
+                raise failed(role)
         (scratch / "stop").touch()
-        if syncer.wait(timeout=120) != 0:
-            log = (scratch / "log-syncer.txt").read_text(errors="replace")
-            raise RuntimeError(f"the syncer failed:\n{log[-4000:]}")
+        for role, process in others.items():
+            if process.wait(timeout=120) != 0:
+                raise failed(role)
     finally:
-        for process in (*learners, syncer):
+        for process in (*learners.values(), *others.values()):
             if process.poll() is None:
                 process.kill()
                 process.wait()
         for log in logs:
             log.close()
     wall = time.perf_counter() - started
-    reports = [json.loads((scratch / f"result-{k}.json").read_text()) for k in range(K)]
-    syncer_report = json.loads((scratch / "result-syncer.json").read_text())
+    reports = {
+        role: json.loads((scratch / f"result-{role}.json").read_text())
+        for role in (*learners, *others)
+    }
+    return {"reports": reports, "wall_seconds": wall, "events": events}
+
+
+def run_gradientmail(
+    seed: int,
+    sync_every: int,
+    encoding: str,
+    settings: dict[str, Any],
+    scratch: Path,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One gradientmail run: ``K`` learner processes and one syncer process; gathers their
+    reports into the arm's figures. ``overrides`` replace fields of ``run_config``'s."""
+    config = msgspec.structs.replace(run_config(sync_every, encoding), **(overrides or {}))
+    spec = {
+        "seed": seed,
+        "steps": settings["steps"],
+        "eval_every": settings["eval_every"],
+        "learners": K,
+        "config": msgspec.structs.asdict(config),
+        "scratch": str(scratch),
+    }
+    launched = launch(Path(__file__).resolve(), spec)
+    reports = [launched["reports"][str(k)] for k in range(K)]
+    syncer_report = launched["reports"]["syncer"]
+    wall = launched["wall_seconds"]
     from gradientmail.demo.data import synthetic
 
     floor = synthetic(length=CONTEXT, seed=seed).floor
@@ -577,14 +720,99 @@ def run(results: Path, quick: bool, log: Callable[[str], None] = print) -> Path:
     return h.write_result(results, NAME, result)
 
 
+# -- the defaults grid ------------------------------------------------------------------
+
+GRID: dict[str, list[Any]] = {
+    "outer_lr": [0.4, 0.7, 1.0],
+    "outer_momentum": [0.0, 0.6, 0.9],
+    "sync_every": [25, 50, 100],
+    "quorum": ["0.5:3", "1.0:3"],
+}
+"""The grid's default axes; ``quorum`` values are ``quorum_fraction:grace``."""
+
+
+def grid(
+    results: Path,
+    quick: bool,
+    axes: dict[str, list[Any]],
+    encoding: str,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Every point of ``axes`` (``GRID``'s keys) as one gradientmail run on seed 0, against
+    data-parallel and a single learner of the same seed; writes
+    ``results/convergence-grid.json`` (points ordered by excess ÷ data-parallel's)."""
+    settings = plan(quick)
+    points: list[dict[str, Any]] = []
+    references = {arm: run_local(arm, 0, settings) for arm in ("dp", "single")}
+    dp = references["dp"]
+    log(f"  dp: excess {dp['excess']:.4f}; single: {references['single']['excess']:.4f}")
+    with tempfile.TemporaryDirectory(prefix="gm-bench-grid-") as scratch:
+        combos = itertools.product(
+            axes["outer_lr"], axes["outer_momentum"], axes["sync_every"], axes["quorum"]
+        )
+        for n, (lr, momentum, sync_every, quorum) in enumerate(combos):
+            fraction, grace = (float(x) for x in str(quorum).split(":"))
+            overrides = {
+                "outer_lr": float(lr),
+                "outer_momentum": float(momentum),
+                "quorum_fraction": fraction,
+                "grace": grace,
+            }
+            report = run_gradientmail(
+                0, int(sync_every), encoding, settings, Path(scratch) / str(n), overrides
+            )
+            point = overrides | {
+                "sync_every": int(sync_every),
+                "final_loss": report["final_loss"],
+                "excess": report["excess"],
+                "excess_ratio_vs_dp": report["excess"] / dp["excess"],
+                "rounds_committed": report["rounds_committed"],
+                "mean_participants": report["mean_participants"],
+                "wall_seconds": report["wall_seconds"],
+            }
+            points.append(point)
+            log(
+                "  "
+                + " ".join(f"{k}={v}" for k, v in overrides.items())
+                + f" H={sync_every}: excess ÷ dp {point['excess_ratio_vs_dp']:.3f}"
+            )
+    parameters = {"steps": settings["steps"], "seed": 0, "encoding": encoding, "axes": axes}
+    result = h.header(f"{NAME}-grid", quick=quick, parameters=parameters)
+    result["figures"] = {
+        "references": {
+            arm: {"final_loss": r["final_loss"], "excess": r["excess"]}
+            for arm, r in references.items()
+        },
+        "points": sorted(points, key=lambda point: point["excess_ratio_vs_dp"]),
+    }
+    return h.write_result(results, f"{NAME}-grid", result)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one short seed, one config")
     parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--grid", action="store_true", help="the defaults grid instead of the arms (see GRID)"
+    )
+    parser.add_argument("--outer-lr", nargs="+", type=float, default=GRID["outer_lr"])
+    parser.add_argument("--outer-momentum", nargs="+", type=float, default=GRID["outer_momentum"])
+    parser.add_argument("--sync-every", nargs="+", type=int, default=GRID["sync_every"])
+    parser.add_argument("--quorum", nargs="+", default=GRID["quorum"], help="FRACTION:GRACE pairs")
+    parser.add_argument("--encoding", default="fp32", help="the grid's delta/update encoding")
     args = parser.parse_args()
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
+        return
+    if args.grid:
+        axes = {
+            "outer_lr": args.outer_lr,
+            "outer_momentum": args.outer_momentum,
+            "sync_every": args.sync_every,
+            "quorum": args.quorum,
+        }
+        print(f"wrote {grid(args.results, args.quick, axes, args.encoding)}")
         return
     path = run(args.results, args.quick)
     summaries = json.loads(path.read_text())["figures"]["arms"]

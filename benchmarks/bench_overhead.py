@@ -13,6 +13,16 @@ that call is measured on the caller.
 The ratio is node steps per second over bare steps per second, for each pair of adjacent
 segments; its median is the headline.
 
+A second arm measures the blocking facade (``gradientmail.sync.node``, whose ``step`` crosses
+into the node's own event loop thread through an anyio blocking portal) against the same
+loop driven through ``Node.run_in_thread``'s handle. Each session runs four segments, handle,
+facade, facade, handle (ABBA), each in a fresh node on a fresh ``LocalMailbox`` joined
+before and left after its timed steps; the facade ratio is facade steps per second over
+handle steps per second for each adjacent pair, and its median is that arm's headline.
+Beside it, ``facade_ratio_of_calls`` is the ratio the medians of the two arms' ``step()``
+calls imply for one median training step: (train + handle call) / (train + facade call),
+which load that drifts between segments does not move.
+
 Usage: ``.venv/bin/python benchmarks/bench_overhead.py [--quick] [--results DIR]``.
 """
 
@@ -28,6 +38,7 @@ import _harness as h
 import anyio
 import torch
 
+import gradientmail.sync
 from gradientmail._node import StepHandle
 from gradientmail._node import node as join_run
 from gradientmail.demo.data import synthetic
@@ -74,7 +85,7 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
     model = GPT(shape(vocab_size=64, context=CONTEXT), seed=0)
     corpus = synthetic(length=CONTEXT, seed=0)
     # Batches are drawn ahead so that sampling the Markov chain is not part of either arm.
-    total = 4 * settings["sessions"] * settings["segment_steps"] + 2
+    total = 8 * settings["sessions"] * settings["segment_steps"] + 2
     pool = [next(corpus.train(0, batch_size=BATCH, length=CONTEXT)) for _ in range(8)]
     batches = iter([pool[i % len(pool)] for i in range(total)])
     step = _trainer(model, batches)
@@ -125,6 +136,7 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
         bare_seconds += [first, last]
         node_seconds += middle
         ratios += [first / middle[0], last / middle[1]]
+    facade = await _facade_arm(settings, scratch, model, step, config)
     bare_rate = [n / s for s in bare_seconds]
     node_rate = [n / s for s in node_seconds]
     ms = [t * 1e3 for t in step_times]
@@ -141,6 +153,63 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
         "bytes_published": published,
         "bytes_downloaded": downloaded,
         "params": model.num_parameters(),
+    } | facade
+
+
+async def _facade_arm(
+    settings: dict[str, Any],
+    scratch: Path,
+    model: GPT,
+    step: Callable[[], float],
+    config: RunConfig,
+) -> dict[str, Any]:
+    """The blocking facade against ``run_in_thread``'s handle, ABBA (module docstring)."""
+    n = settings["segment_steps"]
+    tokens = BATCH * CONTEXT
+    times: dict[str, list[float]] = {"handle": [], "facade": []}
+    trains: list[float] = []
+
+    def loop(call: Callable[[int], None], arm: str) -> float:
+        started = time.perf_counter()
+        for _ in range(n):
+            trains.append(step())
+            before = time.perf_counter()
+            call(tokens)
+            times[arm].append(time.perf_counter() - before)
+        return time.perf_counter() - started
+
+    async def with_handle(directory: Path) -> float:
+        async with (
+            LocalMailbox(directory) as mailbox,
+            join_run(model, mailbox, learner="solo", config=config) as node,
+        ):
+            return await node.run_in_thread(lambda handle: loop(handle.step, "handle"))
+
+    def with_facade(directory: Path) -> float:
+        with gradientmail.sync.node(model, str(directory), learner="solo", config=config) as node:
+            return loop(node.step, "facade")
+
+    ratios: list[float] = []
+    for session in range(settings["sessions"]):
+        base = scratch / f"facade-{session}"
+        first = await with_handle(base / "a")
+        second = await anyio.to_thread.run_sync(with_facade, base / "b")
+        third = await anyio.to_thread.run_sync(with_facade, base / "c")
+        fourth = await with_handle(base / "d")
+        ratios += [first / second, fourth / third]
+    handle_ms = [t * 1e3 for t in times["handle"]]
+    facade_ms = [t * 1e3 for t in times["facade"]]
+    train_ms = h.percentile([t * 1e3 for t in trains], 50)
+    handle_p50, facade_p50 = h.percentile(handle_ms, 50), h.percentile(facade_ms, 50)
+    return {
+        "facade_ratio": h.summary(ratios),
+        # What the medians of the calls alone imply for steps per second: a training step
+        # plus the call, for each arm. Load that drifts between segments does not enter it.
+        "facade_ratio_of_calls": (train_ms + handle_p50) / (train_ms + facade_p50),
+        "facade_step_ms_p50": facade_p50,
+        "facade_step_ms_p99": h.percentile(facade_ms, 99),
+        "handle_step_ms_p50": handle_p50,
+        "handle_step_ms_p99": h.percentile(handle_ms, 99),
     }
 
 
@@ -162,6 +231,7 @@ def run(results: Path, quick: bool) -> Path:
     result = h.header(NAME, quick=quick, parameters=parameters)
     result["figures"] = figures
     result["target_ratio"] = TARGET_RATIO
+    result["target_facade_ratio"] = TARGET_RATIO
     return h.write_result(results, NAME, result)
 
 
@@ -176,6 +246,12 @@ def main() -> None:
         f"ratio {figures['ratio']['median']:.3f} ({figures['ratio']['values']}), step() p50 "
         f"{figures['step_ms_p50']:.2f} ms p99 {figures['step_ms_p99']:.2f} ms, "
         f"{figures['rounds_committed']} rounds"
+    )
+    print(
+        f"facade ÷ handle {figures['facade_ratio']['median']:.3f} "
+        f"({figures['facade_ratio']['values']}), from the calls' medians "
+        f"{figures['facade_ratio_of_calls']:.4f}, step() p50 facade "
+        f"{figures['facade_step_ms_p50']:.3f} ms, handle {figures['handle_step_ms_p50']:.3f} ms"
     )
     print(f"wrote {path}")
 

@@ -817,6 +817,329 @@ def events(page: Page, result: dict[str, Any] | None) -> None:
     )
 
 
+# -- real text (benchmarks/bench_text.py) -----------------------------------------------
+
+
+def _text_order(arm: str) -> tuple[int, int, str, int]:
+    if arm in ("dp", "single"):
+        return (0, 0 if arm == "dp" else 1, "", 0)
+    parts = arm.split("-")
+    system = {"gm": 1, "torchft": 2}[parts[0]]
+    return (
+        len(parts) - 2,
+        system,
+        {"fp32": "a", "int8": "b", "int4": "c"}[parts[1]],
+        int(parts[2][1:]),
+    )
+
+
+def _text_label(arm: str) -> str:
+    label = _ARM_LABEL.get(arm, arm)
+    return label.replace("-kill", " (one learner killed)")
+
+
+TEXT_SIZES = ("full", "medium", "small")
+"""The real-text sizes the page shows, each from its own result file when it exists."""
+
+
+def _text_results(results: Path) -> dict[str, Any] | None:
+    """Each real-text size's result (``text.json`` for the full size, ``text-{size}.json``
+    for the others), or None when there is none."""
+    found = {}
+    for size in TEXT_SIZES:
+        result = _load(results, "text" if size == "full" else f"text-{size}")
+        if result is not None:
+            found[size] = result
+    return found or None
+
+
+def text(page: Page, by_size: dict[str, Any] | None) -> None:
+    """The real-text task at every size measured."""
+    page.add("## 6. Real text: the standard library, against torchft's DiLoCo", "")
+    if by_size is None:
+        page.add(
+            "_Not measured: `benchmarks/results/text.json` is missing (`nox -s bench-text`)._",
+            "",
+        )
+        return
+    for size, result in by_size.items():
+        page.add(f"### Size `{size}`", "")
+        _text_size(page, result)
+
+
+def _text_size(page: Page, result: dict[str, Any]) -> None:
+    """One size: every arm, gradientmail ÷ torchft, the failure and the ordering."""
+    p, figures = result["parameters"], result["figures"]
+    table, arms = figures["table"], figures["arms"]
+    size = p["size"]
+    scale = (
+        ""
+        if size == "full"
+        else f" **Size `{size}`: a scaled-down run (the full size is 1,000 steps of a "
+        "1M-parameter model), so its figures check the harness and the orderings, not the "
+        "full-size losses.**"
+    )
+    model = p["model"]
+    page.add(
+        _provenance(result),
+        "",
+        f"A byte-level GPT (d_model {model['d_model']}, {model['n_layers']} layers, "
+        f"{model['n_heads']} heads, context {model['context']}; {p['params']:,} parameters) "
+        f"learns the Python standard library's own source ({p['corpus']}); a file is held out "
+        "for validation by a hash of its path. "
+        f"{p['learners']} learners, {p['steps']} steps each, batch {p['batch']} windows, AdamW "
+        f"at {p['lr']} with warm-up and cosine decay; {p['fragments']} fragments "
+        f"(`{p['pattern']}`) in both systems, outer Nesterov SGD 0.7 / 0.9 in both. "
+        "Data-parallel trains one model on the union of the learners' batches. "
+        "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
+        "torchft runs each learner as its own replica group with `torchft.local_sgd.DiLoCo`, "
+        "its lighthouse process and gloo on 127.0.0.1. Bytes per learner: gradientmail's "
+        "**measured** (what each learner wrote and read), data-parallel's and torchft's "
+        "**computed** (ring all-reduce of fp32: 2(p − 1)/p × 4 bytes × elements, per "
+        "gradient step for data-parallel, per fragment sync and its participants p for "
+        "torchft). Wall time is the arm's, process start to the last exit, on this shared "
+        f"machine; train time the learners' mean from first to last step.{scale}",
+        "",
+        f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
+        f"in {figures['total_seconds'] / 60:.1f} minutes (`nox -s bench-text` runs every arm "
+        "at the full size).",
+        "",
+    )
+    rows = []
+    for arm in sorted(table, key=_text_order):
+        entry, run = table[arm], arms[arm]
+        sync = (
+            f"{run['rounds_committed']} rounds, {run['mean_participants']:.2f} per round"
+            if "rounds_committed" in run
+            else f"{sum(run['syncs'])} syncs, {sum(run['failed_syncs'])} failed"
+            if "syncs" in run
+            else "–"
+        )
+        rows.append(
+            [
+                _text_label(arm),
+                _num(entry["bits_per_byte"], 4),
+                _num(entry.get("excess_over_dp"), 4),
+                {True: "yes", False: "**no**", None: "–"}[entry.get("beats_single")],
+                _num(entry["wall_seconds"], 0),
+                _num(entry["train_seconds"], 1),
+                _bytes(entry["bytes_per_learner"]) if entry["bytes_per_learner"] else "–",
+                sync,
+            ]
+        )
+    page.add(
+        *_table(
+            [
+                "arm",
+                "validation bits/byte",
+                "excess over DP",
+                "beats single",
+                "wall (s)",
+                "train (s)",
+                "bytes per learner",
+                "rounds / syncs",
+            ],
+            rows,
+        )
+    )
+    _text_versus(page, figures["versus_torchft"], size)
+    _text_failure(page, figures["failure"], arms, p)
+    _text_plot(page, arms, size)
+
+
+def _text_versus(page: Page, versus: dict[str, Any], size: str) -> None:
+    if not versus:
+        return
+    page.add("gradientmail ÷ torchft, fp32, the same H, measured in this run:", "")
+    rows = []
+    for sync_every, v in sorted(versus.items(), key=lambda item: int(item[0])):
+        gm_excess, ft_excess = v["excess_over_dp"]
+        rows.append(
+            [
+                sync_every,
+                _num(v["bits_per_byte_ratio"], 4),
+                f"{_num(gm_excess, 4)} vs {_num(ft_excess, 4)}",
+                _num(v["wall_ratio"], 2),
+                _num(v["train_ratio"], 2),
+                _num(v["bytes_ratio"], 2),
+            ]
+        )
+        met = None if gm_excess is None or ft_excess is None else gm_excess <= ft_excess
+        page.target(
+            f"real text ({size}) H={sync_every}: excess over DP, gradientmail vs torchft",
+            "≤ torchft's",
+            f"{_num(gm_excess, 4)} vs {_num(ft_excess, 4)} bits/byte",
+            met,
+            "bench_text",
+        )
+        page.target(
+            f"real text ({size}) H={sync_every}: wall time ÷ torchft's",
+            "≤ 1.0",
+            _num(v["wall_ratio"], 2),
+            None if v["wall_ratio"] is None else v["wall_ratio"] <= 1.0,
+            "bench_text",
+        )
+    page.add(
+        *_table(
+            [
+                "H",
+                "bits/byte ratio",
+                "excess over DP (gm vs torchft)",
+                "wall ratio",
+                "train ratio",
+                "bytes ratio",
+            ],
+            rows,
+        )
+    )
+
+
+def _lost(run: dict[str, Any]) -> tuple[int, str]:
+    """Survivors' discarded work in a kill arm, from each learner's own report: gradientmail's
+    rejected snapshots (a survivor's steps count unless its snapshot is rejected), torchft's
+    failed syncs (the fragment goes back to its last committed value); the restarted
+    learner's are given apart."""
+    gm = "rounds_committed" in run
+
+    def lost(learner: dict[str, Any]) -> int:
+        return int(learner["events"].get("snapshot_rejected", 0) if gm else learner["failed_syncs"])
+
+    survivors = sum(lost(r) for r in run["learners"] if r["first_step"] == 0)
+    restarted = sum(lost(r) for r in run["learners"] if r["first_step"] > 0)
+    what = "snapshots rejected" if gm else "failed syncs"
+    return survivors, f"{survivors} {what} (restarted learner: {restarted})"
+
+
+def _text_failure(
+    page: Page, failure: dict[str, Any], arms: dict[str, Any], p: dict[str, Any]
+) -> None:
+    if not failure:
+        return
+    kill = p["kill"]
+    page.add(
+        f"Failure side by side: learner {kill['learner']} SIGKILLed at "
+        f"{kill['at_fraction']:.0%} of its steps and started again "
+        f"{kill['restart_after']:.0f} s later; it resumes at the step it reached, on a new "
+        "stream of its shard. A survivor's pause and time beyond its median step are "
+        'measured against its own median step before the kill; "on the group\'s model" is '
+        "when the restarted learner first holds the committed model (gradientmail: loaded "
+        "before its first step; torchft: its first committed sync, which heals it).",
+        "",
+    )
+    rows = []
+    for arm in sorted(failure, key=_text_order):
+        f = failure[arm]
+        lost, lost_text = _lost(arms[arm])
+        rows.append(
+            [
+                arm,
+                str(f["killed_at_step"]),
+                _num(f["survivors_longest_pause"], 2),
+                _num(f["survivors_seconds_beyond_median"], 2),
+                lost_text,
+                _num(f["restarted_first_step_seconds"], 1),
+                _num(f["restarted_on_group_model_seconds"], 1),
+                _num(f["bits_per_byte"], 4),
+            ]
+        )
+        page.target(
+            f"real text ({p['size']}), {arm.split('-')[0]}: survivors' work discarded after a kill",
+            "none",
+            f"{lost_text}; longest pause {_num(f['survivors_longest_pause'], 2)} s",
+            lost == 0,
+            "bench_text",
+        )
+    page.add(
+        *_table(
+            [
+                "arm",
+                "killed at step",
+                "survivors' longest pause (s)",
+                "survivors' time beyond median (s)",
+                "survivors' lost work",
+                "restart → first step (s)",
+                "restart → on the group's model (s)",
+                "final bits/byte",
+            ],
+            rows,
+        )
+    )
+
+
+def _text_plot(page: Page, arms: dict[str, Any], size: str) -> None:
+    def draw(figure: Any) -> None:
+        axes = figure.add_subplot(1, 1, 1)
+        for arm in sorted(arms, key=_text_order):
+            if arm.endswith("-kill") or arm.split("-")[1:2] in (["int8"], ["int4"]):
+                continue
+            curve = arms[arm]["curve"]
+            style = {"dp": "k-", "single": "k:"}.get(arm, "--" if "torchft" in arm else "-")
+            axes.plot(
+                [x for x, _ in curve],
+                [y / math.log(2) for _, y in curve],
+                style,
+                label=_text_label(arm),
+                linewidth=1.2,
+            )
+        axes.set_xlabel("steps per learner")
+        axes.set_ylabel("validation bits per byte")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=7, ncol=2)
+        axes.set_title(f"Real text, size {size}: validation loss against steps (fp32)")
+
+    page.plot(f"text-{size}.png", draw, f"validation bits per byte against steps, size {size}")
+
+
+def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
+    """The outer-optimizer × H × quorum grid of ``bench_convergence.py --grid``."""
+    page.add("## 7. The defaults grid (synthetic language)", "")
+    if result is None:
+        page.add(
+            "_Not measured: `benchmarks/results/convergence-grid.json` is missing "
+            "(`.venv/bin/python benchmarks/bench_convergence.py --grid`)._",
+            "",
+        )
+        return
+    p, figures = result["parameters"], result["figures"]
+    references = figures["references"]
+    page.add(
+        _provenance(result),
+        "",
+        f"One gradientmail run per point (section 1's task and learners, {p['steps']} steps, "
+        f"seed {p['seed']}, {p['encoding']}), best first by excess over the entropy floor ÷ "
+        f"data-parallel's ({_num(references['dp']['excess'], 4)}); a single learner's excess "
+        f"is {_num(references['single']['excess'], 4)}. One seed: a difference of a few "
+        "percent between neighbours is within noise.",
+        "",
+    )
+    rows = [
+        [
+            _num(point["outer_lr"], 2),
+            _num(point["outer_momentum"], 2),
+            str(point["sync_every"]),
+            f"{_num(point['quorum_fraction'], 2)} / {_num(point['grace'], 1)} s",
+            _num(point["excess"], 4),
+            _num(point["excess_ratio_vs_dp"], 3),
+            _num(point["mean_participants"], 2),
+        ]
+        for point in figures["points"]
+    ]
+    page.add(
+        *_table(
+            [
+                "outer lr",
+                "outer momentum",
+                "H",
+                "quorum / grace",
+                "excess",
+                "excess ÷ DP's",
+                "snapshots per round",
+            ],
+            rows,
+        )
+    )
+
+
 def generate(results: Path, docs: Path) -> Path:
     """Write ``docs/benchmarks.md`` and its plots from ``results``; returns the page."""
     page = Page(docs)
@@ -826,10 +1149,12 @@ def generate(results: Path, docs: Path) -> Path:
         (store, "store"),
         (rounds, "rounds"),
         (events, "events"),
+        (text, "text"),
+        (defaults_grid, "convergence-grid"),
     ]
     body = Page(docs)
     for section, name in sections:
-        section(body, _load(results, name))
+        section(body, _text_results(results) if name == "text" else _load(results, name))
     quick = any((_load(results, n) or {}).get("quick") for _, n in sections)
     page.add(
         "# Benchmarks",

@@ -1,6 +1,6 @@
 """gradientmail: train one PyTorch model on many machines that share nothing but a bucket."""
 
-from gradientmail import events
+from gradientmail import events, sync
 from gradientmail._node import Node, NodeOptions, NodeState, StepHandle, node
 from gradientmail.errors import (
     CorruptBlob,
@@ -12,6 +12,7 @@ from gradientmail.errors import (
     RunMismatch,
 )
 from gradientmail.patterns import Barrier, shared_queue
+from gradientmail.protocol.fragments import preview
 from gradientmail.protocol.records import RunConfig
 from gradientmail.reader import load
 
@@ -32,5 +33,7 @@ __all__ = [
     "events",
     "load",
     "node",
+    "preview",
     "shared_queue",
+    "sync",
 ]

@@ -6,6 +6,7 @@ anyio memory object streams to sinks (``sinks``): structlog JSON lines, a consol
 callable. Observation never blocks or changes a run. See ``docs/events.md``.
 """
 
+from gradientmail.events._tensorboard import TensorBoardSink, tensorboard
 from gradientmail.events.bus import BusStatistics, EventBus, Sink, SinkStatistics
 from gradientmail.events.kinds import (
     KINDS,
@@ -97,6 +98,7 @@ __all__ = [
     "SyncerEvent",
     "SyncerStopped",
     "Takeover",
+    "TensorBoardSink",
     "TookOverCreation",
     "TookOverRound",
     "combined",
@@ -105,4 +107,5 @@ __all__ = [
     "json_logs",
     "kind_name",
     "level",
+    "tensorboard",
 ]

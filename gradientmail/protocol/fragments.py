@@ -16,6 +16,17 @@ the model's order. Two patterns:
     one, its module (the name without its last component: ``embed.weight`` → ``embed``).
     Blocks are numbered in order of first appearance. A model with fewer blocks than
     fragments deals out single parameters instead.
+``balanced``
+    Whole parameters, placed by size so that the fragments' element counts are as even as
+    whole tensors allow: largest first (ties in model order), each into the fragment that
+    holds the fewest elements so far (ties: fewer parameters, then lower index); fragments are
+    then numbered by the model position of their first parameter. The largest fragment is
+    within 4/3 of the best possible split (the longest-processing-time bound). A parameter
+    larger than the balance point (``1/F`` of the model) gets a fragment to itself, since at
+    every placement some fragment holds less than ``1/F``; no split of whole tensors can be
+    smaller than that parameter, so ``preview`` shows it and fewer fragments (or a model
+    without that one huge tensor, e.g. a tied embedding) is the remedy. Unlike the two
+    patterns above, a fragment's parameters need not be neighbours in the model.
 
 The schedule: fragments are staggered by ``H // F`` local steps (``H = sync_every``), so that
 on a steady learner one fragment is in flight at a time, and in round order: fragment ``f``
@@ -26,19 +37,35 @@ is due after every local step ``s > 0`` with ``s ≡ offset(f) (mod H)``, where
 fragment 0 last instead, round 0 would be the last of its period to get a snapshot and every
 syncer (rounds close in order) would wait on it, or close the rounds before it empty.
 
+``preview`` shows a split before a run exists: each fragment's tensors, elements and blob
+size in every encoding, and the bytes one learner moves per ``sync_every`` steps.
+
 Pure: no I/O.
 """
 
 import bisect
+import heapq
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-from gradientmail.protocol.records import FragmentSpec, ParamSpec, Pattern, RunConfig
+from gradientmail.protocol.codec import ENCODINGS, encode_fragment
+from gradientmail.protocol.records import Encoding, FragmentSpec, ParamSpec, Pattern, RunConfig
 
-__all__ = ["block_of", "due", "mismatch", "offset", "signature"]
+__all__ = [
+    "FragmentSize",
+    "Preview",
+    "block_of",
+    "due",
+    "mismatch",
+    "offset",
+    "preview",
+    "signature",
+]
 
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -92,6 +119,21 @@ def _strided(params: Sequence[ParamSpec], fragments: int) -> list[list[int]]:
     return [sorted(group) for group in groups]
 
 
+def _balanced(params: Sequence[ParamSpec], fragments: int) -> list[list[int]]:
+    largest_first = sorted(range(len(params)), key=lambda i: (-params[i].numel, i))
+    # (elements so far, parameters so far, fragment): the least-filled fragment pops first.
+    heap = [(0, 0, f) for f in range(fragments)]
+    groups: list[list[int]] = [[] for _ in range(fragments)]
+    for i in largest_first:
+        numel, count, f = heapq.heappop(heap)
+        groups[f].append(i)
+        heapq.heappush(heap, (numel + params[i].numel, count + 1, f))
+    return sorted(sorted(group) for group in groups)
+
+
+_SPLITS = {"contiguous": _contiguous, "strided": _strided, "balanced": _balanced}
+
+
 def signature(
     named: Sequence[tuple[str, Tensor]], fragments: int, pattern: Pattern
 ) -> tuple[FragmentSpec, ...]:
@@ -114,12 +156,12 @@ def signature(
             f"the model has {len(params)} parameter tensors, fewer than the {fragments} "
             f"fragments asked for; use at most {len(params)} fragments"
         )
-    if pattern == "contiguous":
-        groups = _contiguous(params, fragments)
-    elif pattern == "strided":
-        groups = _strided(params, fragments)
-    else:
-        raise ValueError(f"unknown fragment pattern {pattern!r}: use 'contiguous' or 'strided'")
+    split = _SPLITS.get(pattern)
+    if split is None:
+        raise ValueError(
+            f"unknown fragment pattern {pattern!r}: use one of {', '.join(map(repr, _SPLITS))}"
+        )
+    groups = split(params, fragments)
     return tuple(
         FragmentSpec(index=index, params=tuple(params[i] for i in group))
         for index, group in enumerate(groups)
@@ -196,3 +238,95 @@ def due(step: int, config: RunConfig) -> tuple[int, ...]:
     else:
         fragment = -(-phase * config.fragments // config.sync_every) - 1
     return (fragment,) if offset(fragment, config) == phase else ()
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentSize:
+    """One fragment of a ``Preview``: its parameter tensors, elements, and the bytes of one
+    blob of it in each encoding (safetensors header and int8/int4 scales included)."""
+
+    index: int
+    tensors: int
+    params: int
+    blob_bytes: Mapping[Encoding, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """How ``config`` splits a model, before any run exists (``preview``).
+
+    ``largest_tensor`` names the model's largest parameter and its element count: when it is
+    above ``1/F`` of the model no split of whole tensors is more even than that tensor.
+    ``str(preview)`` is a table for a terminal.
+    """
+
+    config: RunConfig
+    fragments: tuple[FragmentSize, ...]
+    largest_tensor: tuple[str, int]
+
+    @property
+    def params(self) -> int:
+        return sum(fragment.params for fragment in self.fragments)
+
+    def bytes_per_period(self) -> tuple[int, int]:
+        """``(up, down)`` bytes of blobs one learner moves per ``sync_every`` steps, when every
+        fragment is synchronized once: its deltas in ``delta_encoding`` up, the updates in
+        ``update_encoding`` down (records of a few hundred bytes each not counted)."""
+        up = sum(f.blob_bytes[self.config.delta_encoding] for f in self.fragments)
+        down = sum(f.blob_bytes[self.config.update_encoding] for f in self.fragments)
+        return up, down
+
+    def __str__(self) -> str:
+        config, total = self.config, self.params
+        lines = [
+            f"{total:,} parameters in {sum(f.tensors for f in self.fragments)} tensors, "
+            f"fragments={config.fragments} pattern={config.pattern} "
+            f"block_size={config.block_size}",
+            f"{'fragment':>8} {'tensors':>7} {'parameters':>12} {'share':>6}"
+            + "".join(f" {encoding:>10}" for encoding in ENCODINGS),
+        ]
+        for f in self.fragments:
+            lines.append(
+                f"{f.index:>8} {f.tensors:>7} {f.params:>12,} {f.params / max(total, 1):>6.1%}"
+                + "".join(f" {_megabytes(f.blob_bytes[e]):>10}" for e in ENCODINGS)
+            )
+        up, down = self.bytes_per_period()
+        lines.append(
+            f"one learner per {config.sync_every} steps: {_megabytes(up)} up "
+            f"({config.delta_encoding} deltas), {_megabytes(down)} down "
+            f"({config.update_encoding} updates)"
+        )
+        name, numel = self.largest_tensor
+        if numel * config.fragments > total:
+            lines.append(
+                f"{name!r} ({numel:,} parameters) is more than 1/{config.fragments} of the "
+                "model: its fragment cannot be smaller than it"
+            )
+        return "\n".join(lines)
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.3f} MB"
+
+
+def preview(named: Iterable[tuple[str, Tensor]], config: RunConfig | None = None) -> Preview:
+    """How ``config`` (default ``RunConfig()``) would split ``named`` (a model's
+    ``named_parameters()``), with each fragment's blob size in every encoding.
+
+    Sizes are exact: each fragment is encoded once per encoding from zeros of its shapes, one
+    fragment at a time (so it briefly allocates one fragment's fp32 copy). Raises what
+    ``signature`` raises.
+    """
+    config = config if config is not None else RunConfig()
+    named = list(named)
+    specs = signature(named, config.fragments, config.pattern)
+    sizes = []
+    for spec in specs:
+        zeros = [torch.zeros(param.shape) for param in spec.params]
+        blob_bytes = {
+            encoding: len(encode_fragment(zeros, spec, encoding, block_size=config.block_size))
+            for encoding in ENCODINGS
+        }
+        sizes.append(FragmentSize(spec.index, len(spec.params), spec.numel, blob_bytes))
+    largest = max(named, key=lambda item: item[1].numel())
+    return Preview(config, tuple(sizes), (largest[0], largest[1].numel()))

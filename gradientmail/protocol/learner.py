@@ -35,7 +35,7 @@ local weights started from), the snapshot it published, and the version being pr
     that is corrupt answers ``Unavailable`` once (retried at every poll, silently); a θ that
     is gone waits for the newer record that replaced it. One fragment never holds up
     another.
-``flush()`` / ``settled`` / ``dropped_all(reason)``
+``flush()`` / ``settled`` / ``dropped_all(reason, detail)``
     Closing: every fragment with steps is snapshotted as soon as it can be; settled once no
     fragment has steps or a pending version; what is given up is ``Dropped``.
 
@@ -46,7 +46,9 @@ grace, moves its schedule: its phase (a number of steps added to its step count 
 it saw the record minus the record's ``grace_seconds``) plus half the grace, converted to
 steps at its mean step time. Its next snapshots then land in the others' rounds a little
 early instead of one grace too late, round after round; one that misjudged (its step time
-changed) corrects again at the next round.
+changed) corrects again at the next round. Nothing moves when a period (``sync_every``
+steps) is shorter than the grace (every phase is in time) or the lag is a period or more
+(not a matter of phase).
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -282,14 +284,20 @@ class Learner:
         return self._with(fragment, replace(slot, reported=True)), [report]
 
     def dropped_all(self, reason: DropReason, detail: str) -> tuple["Learner", list[Action]]:
-        """Give up every fragment's local steps (closing without a flush, or giving up)."""
+        """Give up every fragment's local steps (closing without a flush, or giving up).
+
+        A snapshot still in flight is forgotten with its steps: its ``publish_done`` or
+        ``publish_failed`` may still arrive and then only ends the flight."""
+        state = self
         ledger = self.ledger
         actions: list[Action] = []
-        for fragment in range(self.config.fragments):
+        for fragment, slot in enumerate(self.slots):
             ledger, gone = ledger.dropped(fragment, reason, detail)
             if gone.steps or gone.tokens:
                 actions.append(gone)
-        return replace(self, ledger=ledger), actions
+            if slot.published is not None and slot.published.outcome is None:
+                state = state._with(fragment, replace(slot, published=None))
+        return replace(state, ledger=ledger), actions
 
     # -- transitions -------------------------------------------------------------------------
 
@@ -433,7 +441,10 @@ class Learner:
                 return self
             mine = seen_at + ahead * tau
         lag = mine - first
-        if lag <= least:
+        period = tau * self.config.sync_every
+        # Within a period shorter than the grace every phase lands in time; a lag of a
+        # period or more is not a phase (a pause, a blocked fragment): moving would not help.
+        if lag <= least or period <= self.config.grace or lag >= period:
             return self
         shift = math.ceil((lag + self.config.grace / 2) / tau)
         return replace(self, phase=(self.phase + shift) % self.config.sync_every)

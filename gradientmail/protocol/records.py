@@ -59,7 +59,7 @@ MAX_MANIFEST_BYTES: Final = 16 << 20
 
 Encoding = Literal["fp32", "bf16", "int8", "int4"]
 """How a delta or an update travels: full fp32, bf16, or blockwise-absmax int8 / int4."""
-Pattern = Literal["contiguous", "strided"]
+Pattern = Literal["contiguous", "strided", "balanced"]
 """How parameters are split into fragments (see ``protocol.fragments``)."""
 Weighting = Literal["tokens", "steps", "equal"]
 """What a snapshot's weight in its round is proportional to."""

@@ -258,6 +258,12 @@ class LearnerMachine(RuleBasedStateMachine):
                     "test",  # type: ignore[arg-type]
                 )
 
+    @rule()
+    def close_without_flush(self) -> None:
+        """Leaving by an exception: every local step is dropped, a publish may still return."""
+        self.learner, actions = self.learner.dropped_all("closed-without-flush", "closed")
+        self._carry(actions)
+
     @precondition(lambda self: not self.jobs)
     @rule()
     def restart(self) -> None:
@@ -313,3 +319,15 @@ def test_the_node_runs_the_pure_learner_and_has_no_merge_of_its_own(module: obje
     assert not calls & {"sub_", "add_", "mul", "mul_", "recorded"}
     for name in ("merge_in_place", "LearnerState", "Ledger", '"included"', "'late'"):
         assert name not in source, f"{Path(inspect.getfile(module)).name} holds {name}"  # type: ignore[arg-type]
+
+
+def test_nothing_moves_when_a_period_is_shorter_than_the_grace() -> None:
+    """Steps of 0.2 s, a period of 4 steps (0.8 s) and a grace of 1 s: every phase lands in
+    time, so a late snapshot is not a matter of phase."""
+    learner = fresh()
+    learner, _ = learner.stepped(1, now=3.8)
+    learner, actions = learner.stepped(1, now=4.0)
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.record_seen(record(0, included=("other",), grace=0.9), now=4.5)
+    assert learner.phase == 0

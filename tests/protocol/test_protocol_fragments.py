@@ -1,12 +1,23 @@
 """Fragments: deterministic splits, mismatch reports and the staggered schedule."""
 
+import itertools
+import json
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradientmail.protocol.fragments import block_of, due, mismatch, offset, signature
-from gradientmail.protocol.records import RunConfig
+from gradientmail.protocol.codec import ENCODINGS, encode_fragment
+from gradientmail.protocol.fragments import (
+    block_of,
+    due,
+    mismatch,
+    offset,
+    preview,
+    signature,
+)
+from gradientmail.protocol.records import Manifest, RunConfig, decode, encode
 
 CHECKS = settings(max_examples=80, deadline=None)
 
@@ -29,7 +40,7 @@ def names(specs: tuple) -> list[list[str]]:  # type: ignore[type-arg]
     return [[p.name for p in spec.params] for spec in specs]
 
 
-@pytest.mark.parametrize("pattern", ["contiguous", "strided"])
+@pytest.mark.parametrize("pattern", ["contiguous", "strided", "balanced"])
 def test_signature_is_deterministic_and_complete(pattern: str) -> None:
     named = list(transformer().named_parameters())
     one = signature(named, 3, pattern)  # type: ignore[arg-type]
@@ -86,7 +97,7 @@ def test_contiguous_balances_element_counts() -> None:
 @given(
     st.lists(st.integers(0, 1000), min_size=1, max_size=40),
     st.integers(1, 8),
-    st.sampled_from(["contiguous", "strided"]),
+    st.sampled_from(["contiguous", "strided", "balanced"]),
 )
 def test_every_fragment_is_non_empty_and_ordered(
     sizes: list[int], fragments: int, pattern: str
@@ -106,6 +117,121 @@ def test_every_fragment_is_non_empty_and_ordered(
         total, largest = sum(sizes), max(sizes)
         for spec in specs:
             assert spec.numel <= total / fragments + largest
+
+
+def lstm_language_model() -> list[tuple[str, torch.Tensor]]:
+    """pytorch/examples' word_language_model at 128 units, 2 layers, an 18,375-word vocabulary
+    (the issue's port), as shapes only."""
+    vocab, width = 18_375, 128
+    shapes: list[tuple[str, tuple[int, ...]]] = [("encoder.weight", (vocab, width))]
+    for layer in range(2):
+        shapes += [
+            (f"rnn.weight_ih_l{layer}", (4 * width, width)),
+            (f"rnn.weight_hh_l{layer}", (4 * width, width)),
+            (f"rnn.bias_ih_l{layer}", (4 * width,)),
+            (f"rnn.bias_hh_l{layer}", (4 * width,)),
+        ]
+    shapes += [("decoder.weight", (vocab, width)), ("decoder.bias", (vocab,))]
+    return [(name, torch.empty(shape, device="meta")) for name, shape in shapes]
+
+
+def test_balanced_splits_the_lstm_as_evenly_as_whole_tensors_allow() -> None:
+    named = lstm_language_model()
+    sizes = {
+        pattern: [spec.numel for spec in signature(named, 4, pattern)]  # type: ignore[arg-type]
+        for pattern in ("contiguous", "strided", "balanced")
+    }
+    # The issue's figures: contiguous and strided leave two fragments far under a quarter.
+    assert sizes["contiguous"] == [2_352_000, 132_096, 132_096, 2_370_375]
+    assert min(sizes["strided"]) == 1_024
+    # Each embedding matrix is 47% of the model, so it gets a fragment to itself and the
+    # LSTM and the decoder's bias share the other two.
+    assert sizes["balanced"] == [2_352_000, 149_447, 133_120, 2_352_000]
+    specs = signature(named, 4, "balanced")
+    assert [p.name for p in specs[0].params] == ["encoder.weight"]
+    assert [p.name for p in specs[3].params] == ["decoder.weight"]
+
+
+def best_largest_fragment(sizes: list[int], fragments: int) -> int:
+    """The smallest possible largest fragment over every split of whole tensors."""
+    best = sum(sizes)
+    for assignment in itertools.product(range(fragments), repeat=len(sizes)):
+        if len(set(assignment)) < fragments:
+            continue
+        loads = [0] * fragments
+        for size, f in zip(sizes, assignment, strict=True):
+            loads[f] += size
+        best = min(best, max(loads))
+    return best
+
+
+@CHECKS
+@given(st.lists(st.integers(0, 1000), min_size=1, max_size=7), st.integers(1, 3))
+def test_balanced_is_within_four_thirds_of_the_best_split(sizes: list[int], fragments: int) -> None:
+    if len(sizes) < fragments:
+        return
+    named = [(f"p{i}", torch.empty(n, device="meta")) for i, n in enumerate(sizes)]
+    specs = signature(named, fragments, "balanced")
+    largest = max(spec.numel for spec in specs)
+    assert 3 * largest <= 4 * best_largest_fragment(sizes, fragments)
+    total = sum(sizes)
+    order = [name for name, _ in named]
+    firsts = [order.index(spec.params[0].name) for spec in specs]
+    assert firsts == sorted(firsts)
+    for spec in specs:
+        for param in spec.params:
+            if param.numel * fragments > total:
+                assert len(spec.params) == 1, "a tensor over 1/F of the model shares a fragment"
+
+
+def test_balanced_fills_every_fragment_even_with_empty_tensors() -> None:
+    named = [(f"p{i}", torch.zeros(0)) for i in range(3)] + [("w", torch.zeros(5))]
+    assert names(signature(named, 4, "balanced")) == [["p0"], ["p1"], ["p2"], ["w"]]
+
+
+def test_a_manifest_keeps_its_pattern_so_a_new_default_cannot_resplit_old_runs() -> None:
+    named = list(transformer(layers=2).named_parameters())
+    manifest = Manifest(
+        created_by="learner-0",
+        config=RunConfig(fragments=2, sync_every=8, pattern="contiguous"),
+        fragments=signature(named, 2, "contiguous"),
+        theta0=(),
+    )
+    data = encode(manifest)
+    assert json.loads(data)["config"]["pattern"] == "contiguous"
+    config = decode(data, Manifest).config
+    assert mismatch(manifest.fragments, signature(named, 2, config.pattern)) is None
+
+
+def test_preview_sizes_are_the_blobs_a_run_writes() -> None:
+    model = transformer(layers=3)
+    config = RunConfig(fragments=3, sync_every=30, pattern="balanced", delta_encoding="int4")
+    shown = preview(model.named_parameters(), config)
+    specs = signature(list(model.named_parameters()), 3, "balanced")
+    by_name = dict(model.named_parameters())
+    assert shown.params == sum(p.numel() for p in model.parameters())
+    for spec, size in zip(specs, shown.fragments, strict=True):
+        assert (size.index, size.tensors, size.params) == (spec.index, len(spec.params), spec.numel)
+        tensors = [by_name[p.name] for p in spec.params]
+        for encoding in ENCODINGS:
+            blob = encode_fragment(tensors, spec, encoding, block_size=config.block_size)
+            assert size.blob_bytes[encoding] == len(blob)
+    up, down = shown.bytes_per_period()
+    assert up == sum(f.blob_bytes["int4"] for f in shown.fragments)
+    assert down == sum(f.blob_bytes["fp32"] for f in shown.fragments)
+    text = str(shown)
+    assert "pattern=balanced" in text
+    assert "more than 1/3" not in text
+
+
+def test_preview_says_when_one_tensor_outweighs_a_fragment() -> None:
+    named = [("big", torch.zeros(1000)), ("a", torch.zeros(10)), ("b", torch.zeros(10))]
+    shown = preview(named, RunConfig(fragments=2, sync_every=8, pattern="balanced"))
+    assert [f.params for f in shown.fragments] == [1000, 20]
+    assert shown.largest_tensor == ("big", 1000)
+    assert "'big' (1,000 parameters) is more than 1/2 of the model" in str(shown)
+    with pytest.raises(ValueError, match="use at most 3 fragments"):
+        preview(named, RunConfig(fragments=4, sync_every=8))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,541 @@
+"""Real text: gradientmail against data-parallel training and torchft's DiLoCo.
+
+A byte-level GPT (the demo's model, vocabulary 256) learns the Python standard library's own
+source: every ``*.py`` file under the running interpreter's ``sysconfig.get_paths()["stdlib"]``
+(``site-packages`` excluded), in sorted order. A file belongs to validation when the sha256
+of its path relative to that directory, read as a number, is 0 mod 20 (about 5% of the
+files), so the split never depends on file sizes or on the order files were listed. The
+training bytes are concatenated and cut into ``K`` contiguous shards; learner ``k`` draws
+windows at random offsets of shard ``k`` (``bench_text_data.py``).
+
+Every arm sees the same batches: learner ``k``'s step ``t`` is the same in every arm, and
+data-parallel's step ``t`` is the union of the learners' step-``t`` batches. Every arm's
+inner optimizer is AdamW with ``bench_convergence.train``'s schedule (linear warm-up,
+cosine decay to a tenth); a learner restarted after a kill resumes at its recorded step on a
+new stream of its shard.
+
+- ``dp``: one process, batch ``K × b``: the reference. Bytes: a ring all-reduce of fp32
+  gradients per step, ``2 (K − 1) / K × 4 × params`` per learner (computed).
+- ``single``: one learner, batch ``b``, the same steps: the DiLoCo ordering check is that
+  every ``K``-learner arm ends below it at equal steps per learner.
+- ``gm-{encoding}-H{H}``: ``K`` learner processes and a dedicated syncer process on a
+  ``LocalMailbox`` (``bench_convergence``'s workers), ``F`` fragments. Bytes are measured by
+  each learner's node (written and read, from when all joined to the end of its flush).
+- ``torchft-fp32-H{H}``: ``K`` processes, each its own replica group of one, with
+  ``torchft.local_sgd.DiLoCo`` over the same fragments (``bench_text_torchft.py``), its
+  lighthouse process and gloo process groups on 127.0.0.1. Bytes: the ring
+  all-reduce of every fragment sync, ``2 (p − 1) / p × 4 × numel`` with ``p`` the sync's
+  participants (computed, not measured).
+- ``*-kill``: the same as the arm named, with learner 1 SIGKILLed at 40% of its steps and
+  restarted 20 s later.
+
+Validation loss is in bits per byte on a fixed set of windows of the validation files; the
+final figure is the mean over learners of their models at the end (after gradientmail's
+closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
+[--size quick|small|medium|full] [--results DIR] [--only ARM ...]``; ``nox -s bench-text``
+runs the full size (1,000 steps, a 1M-parameter GPT); ``medium`` is 1,000 steps of the
+119k-parameter GPT of ``small`` (200 steps). The worker
+processes run this file with ``--worker``.
+"""
+
+import argparse
+import itertools
+import json
+import math
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+import bench_convergence as bc
+import bench_text_data as data
+import msgspec
+
+NAME = "text"
+"""The full size's result is ``text.json``; another size's ``text-{size}.json``."""
+K = 4
+FRAGMENTS = 5
+"""Five, so that every H of the matrix (50, 100, 250) is a multiple of it: torchft's
+DiLoCo syncs one fragment every ``H / F`` steps and refuses an H that F does not divide."""
+KILLED = 1
+KILL_AT = 0.4
+LR = 2e-3
+
+SIZES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "steps": 40,
+        "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context": 32},
+        "batch": 4,
+        "sync_every": [10],
+        "encodings": ["fp32"],
+        "torchft": [10],
+        "kill_sync_every": 10,
+        "restart_after": 2.0,
+        "eval": (4, 16),
+        "final_eval": (8, 16),
+        "eval_every": 20,
+    },
+    "small": {
+        "steps": 200,
+        "model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64},
+        "batch": 8,
+        "sync_every": [10, 20, 50],
+        "encodings": ["fp32", "int8", "int4"],
+        "torchft": [10, 20, 50],
+        "kill_sync_every": 20,
+        "restart_after": 20.0,
+        "eval": (4, 32),
+        "final_eval": (16, 32),
+        "eval_every": 50,
+    },
+    "medium": {
+        "steps": 1000,
+        "model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64},
+        "batch": 8,
+        "sync_every": [50, 100, 250],
+        "encodings": ["fp32", "int8", "int4"],
+        "torchft": [50, 100, 250],
+        "kill_sync_every": 100,
+        "restart_after": 20.0,
+        "eval": (4, 32),
+        "final_eval": (16, 32),
+        "eval_every": 200,
+    },
+    "full": {
+        "steps": 1000,
+        "model": {"d_model": 128, "n_layers": 5, "n_heads": 4, "context": 128},
+        "batch": 16,
+        "sync_every": [50, 100, 250],
+        "encodings": ["fp32", "int8", "int4"],
+        "torchft": [50, 100, 250],
+        "kill_sync_every": 100,
+        "restart_after": 20.0,
+        "eval": (4, 32),
+        "final_eval": (32, 32),
+        "eval_every": 200,
+    },
+}
+
+
+def arms(size: dict[str, Any]) -> list[str]:
+    """Every arm of ``size``, in the order they run."""
+    names = ["dp", "single"]
+    names += [f"gm-{e}-H{s}" for e in size["encodings"] for s in size["sync_every"]]
+    names += [f"torchft-fp32-H{s}" for s in size["torchft"]]
+    kill = size["kill_sync_every"]
+    names += [f"gm-fp32-H{kill}-kill", f"torchft-fp32-H{kill}-kill"]
+    return names
+
+
+def model_config(size: dict[str, Any]) -> Any:
+    from gradientmail.demo.model import GPTConfig
+
+    return GPTConfig(vocab_size=256, **size["model"])
+
+
+def run_config(sync_every: int, encoding: str) -> Any:
+    """The gradientmail arms' config: ``bench_convergence``'s (grace 3 s), ``F`` fragments."""
+    return msgspec.structs.replace(
+        bc.run_config(sync_every, encoding), fragments=FRAGMENTS, pattern="contiguous"
+    )
+
+
+def _bits(nats: float) -> float:
+    return nats / math.log(2)
+
+
+# -- one learner's work, in any process -------------------------------------------------
+
+
+def learning(spec: dict[str, Any], index: int) -> bc.Learning:
+    """Learner ``index``'s model, inner optimizer, batches and evaluation (``spec`` as
+    ``_spec`` writes it); a restarted learner (its progress file exists) draws stream 1."""
+    import torch
+
+    from gradientmail.demo.data import evaluate
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    size = SIZES[spec["size"]]
+    corpus = data.stdlib_corpus(shards=K, seed=spec["seed"])
+    length = size["model"]["context"]
+    evaluation = corpus.evaluation(*size["eval"], length=length)
+    final_set = corpus.evaluation(*size["final_eval"], length=length)
+    model = GPT(model_config(size), seed=spec["seed"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    progress_path = Path(spec["scratch"]) / f"progress-{index}"
+    stream = 1 if progress_path.exists() else 0
+    batches = corpus.train(index, batch_size=size["batch"], length=length, stream=stream)
+
+    def run(first: int, after_step: Callable[[], None]) -> list[list[float]]:
+        return bc.train(
+            model,
+            batches,
+            steps=size["steps"],
+            eval_every=size["eval_every"],
+            evaluation=evaluation,
+            after_step=after_step,
+            first=first,
+            lr=LR,
+            optimizer=optimizer,
+        )
+
+    return bc.Learning(
+        model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
+    )
+
+
+def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``dp`` or ``single`` arm, in this process on one thread."""
+    import torch
+
+    from gradientmail.demo.data import evaluate
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    size = SIZES[spec["size"]]
+    corpus = data.stdlib_corpus(shards=K, seed=spec["seed"])
+    length = size["model"]["context"]
+    learners = K if arm == "dp" else 1
+    streams = [corpus.train(k, batch_size=size["batch"], length=length) for k in range(learners)]
+
+    def union() -> Any:
+        while True:
+            yield torch.cat([next(stream) for stream in streams])
+
+    model = GPT(model_config(size), seed=spec["seed"])
+    started = time.perf_counter()
+    curve = bc.train(
+        model,
+        union(),
+        steps=size["steps"],
+        eval_every=size["eval_every"],
+        evaluation=corpus.evaluation(*size["eval"], length=length),
+        lr=LR,
+    )
+    seconds = time.perf_counter() - started
+    final = evaluate(model, corpus.evaluation(*size["final_eval"], length=length))
+    params = model.num_parameters()
+    result: dict[str, Any] = {
+        "final_loss": final,
+        "bits_per_byte": _bits(final),
+        "curve": [*curve, [float(size["steps"]), final]],
+        "wall_seconds": seconds,
+        "train_seconds": seconds,
+        "params": params,
+    }
+    if arm == "dp":
+        result["bytes_per_learner"] = 2 * (K - 1) / K * 4 * params * size["steps"]
+    return result
+
+
+# -- the distributed arms ---------------------------------------------------------------
+
+
+def _spec(size_name: str, seed: int, scratch: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "size": size_name,
+        "seed": seed,
+        "steps": SIZES[size_name]["steps"],
+        "learners": K,
+        "scratch": str(scratch),
+        **extra,
+    }
+
+
+def _kill(size: dict[str, Any], killed: bool) -> bc.Kill | None:
+    if not killed:
+        return None
+    return bc.Kill(KILLED, int(size["steps"] * KILL_AT), size["restart_after"])
+
+
+def run_gradientmail(
+    size_name: str, seed: int, sync_every: int, encoding: str, scratch: Path, killed: bool
+) -> dict[str, Any]:
+    """``K`` learner processes and a syncer on a directory; the arm's figures."""
+    size = SIZES[size_name]
+    config = run_config(sync_every, encoding)
+    spec = _spec(size_name, seed, scratch, system="gm", config=msgspec.structs.asdict(config))
+    launched = bc.launch(Path(__file__).resolve(), spec, kill=_kill(size, killed))
+    learners = [launched["reports"][str(k)] for k in range(K)]
+    syncer = launched["reports"]["syncer"]
+    rounds = syncer["rounds"]
+    return _summary(launched, learners) | {
+        "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners) / K,
+        "syncer_bytes": syncer["bytes_up"] + syncer["bytes_down"],
+        "rounds_committed": len(rounds),
+        "mean_participants": sum(r["participants"] for r in rounds) / max(1, len(rounds)),
+        "rounds_without_all": sum(1 for r in rounds if r["participants"] < K),
+        "rejected": sum(len(r["rejected"]) for r in rounds),
+    }
+
+
+@contextmanager
+def lighthouse(log: Path, timeout: float = 30.0) -> Iterator[str]:
+    """torchft's lighthouse as its DiLoCo example starts it (``torchft_lighthouse
+    --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000``) on a free port of
+    127.0.0.1, its output to ``log``; yields its address and kills it on exit.
+    ``RuntimeError`` when it does not accept connections in time."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    # The console script torchft installs next to this interpreter: the lighthouse parses
+    # the process's own argv, so ``python -c`` cannot start it.
+    program = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
+    if program is None:
+        raise RuntimeError("torchft_lighthouse is missing: install the bench extra")
+    command = [
+        program,
+        *("--bind", f"127.0.0.1:{port}", "--min_replicas", "1"),
+        *("--quorum_tick_ms", "100", "--join_timeout_ms", "10000"),
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+
+            def listening() -> bool:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the lighthouse exited at start; see {log}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                except OSError:
+                    return False
+                return True
+
+            bc.wait_for(listening, timeout, "torchft's lighthouse to listen")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            process.kill()
+            process.wait()
+
+
+def run_torchft(
+    size_name: str, seed: int, sync_every: int, scratch: Path, killed: bool
+) -> dict[str, Any]:
+    """``K`` torchft replica processes and a lighthouse process; the arm's figures."""
+    size = SIZES[size_name]
+    config = run_config(sync_every, "fp32")
+    scratch.mkdir(parents=True)
+    with lighthouse(scratch / "log-lighthouse.txt") as address:
+        spec = _spec(
+            size_name,
+            seed,
+            scratch / "run",
+            system="torchft",
+            lighthouse=address,
+            sync_every=sync_every,
+            fragments=FRAGMENTS,
+            outer_lr=config.outer_lr,
+            outer_momentum=config.outer_momentum,
+        )
+        launched = bc.launch(Path(__file__).resolve(), spec, services=(), kill=_kill(size, killed))
+    learners = [launched["reports"][str(k)] for k in range(K)]
+    return _summary(launched, learners) | {
+        "bytes_per_learner": sum(r["allreduce_bytes"] for r in learners) / K,
+        "syncs": [r["syncs"] for r in learners],
+        "failed_syncs": [r["failed_syncs"] for r in learners],
+    }
+
+
+def _summary(launched: dict[str, Any], learners: list[dict[str, Any]]) -> dict[str, Any]:
+    finals = [r["final_loss"] for r in learners]
+    final = sum(finals) / len(finals)
+    summary: dict[str, Any] = {
+        "final_loss": final,
+        "bits_per_byte": _bits(final),
+        "bits_per_byte_by_learner": [_bits(f) for f in finals],
+        "curve": bc._mean_curve([r["curve"] for r in learners]),
+        "wall_seconds": launched["wall_seconds"],
+        "train_seconds": sum(r["train_seconds"] for r in learners) / len(learners),
+        "learners": learners,
+    }
+    if "killed" in launched["events"]:
+        summary["failure"] = _failure(launched["events"], learners)
+    return summary
+
+
+def _failure(events: dict[str, float], learners: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the kill cost: for each survivor, the longest pause between two steps after the
+    kill and its time beyond its median step for the steps after the kill (both against its
+    own median step time before the kill); for the restarted learner, seconds from its
+    restart to its first step and to its first step on the group's model."""
+    killed, restarted = events["killed"], events["restarted"]
+    survivors = {}
+    for report in learners:
+        if report["index"] == KILLED:
+            continue
+        times = report["step_times"]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        before = [g for a, g in zip(times, gaps, strict=False) if a < killed] or gaps
+        after = [g for a, g in zip(times, gaps, strict=False) if a >= killed]
+        median = sorted(before)[len(before) // 2] if before else 0.0
+        survivors[str(report["index"])] = {
+            "median_step_seconds": median,
+            "longest_pause_after_kill": max(after, default=0.0),
+            "seconds_beyond_median_after_kill": sum(max(0.0, g - median) for g in after),
+            "steps_after_kill": len(after),
+            "failed_syncs": report.get("failed_syncs"),
+        }
+    back = next(r for r in learners if r["index"] == KILLED)
+    first_step = back["step_times"][0] - restarted if back["step_times"] else None
+    # A gradientmail learner loads the committed model before its first step.
+    on_group = back.get("group_model_at", restarted + (first_step or 0.0))
+    return {
+        "killed_at_step": back["first_step"],
+        "restart_after_seconds": restarted - killed,
+        "survivors": survivors,
+        "survivors_longest_pause": max(s["longest_pause_after_kill"] for s in survivors.values()),
+        "survivors_seconds_beyond_median": max(
+            s["seconds_beyond_median_after_kill"] for s in survivors.values()
+        ),
+        "restarted_first_step_seconds": first_step,
+        "restarted_on_group_model_seconds": None if on_group is None else on_group - restarted,
+    }
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def run_arm(arm: str, size_name: str, seed: int, scratch: Path) -> dict[str, Any]:
+    """One arm by name (see ``arms``)."""
+    if arm in ("dp", "single"):
+        return run_local(arm, {"size": size_name, "seed": seed})
+    parts = arm.split("-")
+    system, encoding, sync_every = parts[0], parts[1], int(parts[2].removeprefix("H"))
+    killed = parts[-1] == "kill"
+    where = scratch / arm
+    if system == "gm":
+        return run_gradientmail(size_name, seed, sync_every, encoding, where, killed)
+    return run_torchft(size_name, seed, sync_every, where, killed)
+
+
+def _figures(per_arm: dict[str, dict[str, Any]], size: dict[str, Any]) -> dict[str, Any]:
+    """The table's figures per arm, gradientmail ÷ torchft at each H, the failure side by
+    side and the ordering check, from the arms' results."""
+    dp = per_arm.get("dp")
+    single = per_arm.get("single")
+    table: dict[str, Any] = {}
+    for arm, result in per_arm.items():
+        entry = {
+            "bits_per_byte": result["bits_per_byte"],
+            "wall_seconds": result["wall_seconds"],
+            "train_seconds": result["train_seconds"],
+            "bytes_per_learner": result.get("bytes_per_learner"),
+        }
+        if dp is not None:
+            entry["excess_over_dp"] = result["bits_per_byte"] - dp["bits_per_byte"]
+        if single is not None and arm not in ("dp", "single"):
+            entry["beats_single"] = result["bits_per_byte"] < single["bits_per_byte"]
+        table[arm] = entry
+    versus = {}
+    for sync_every in size["torchft"]:
+        gm, ft = per_arm.get(f"gm-fp32-H{sync_every}"), per_arm.get(f"torchft-fp32-H{sync_every}")
+        if gm is None or ft is None:
+            continue
+        versus[str(sync_every)] = {
+            "bits_per_byte_ratio": gm["bits_per_byte"] / ft["bits_per_byte"],
+            "excess_over_dp": [
+                table[f"gm-fp32-H{sync_every}"].get("excess_over_dp"),
+                table[f"torchft-fp32-H{sync_every}"].get("excess_over_dp"),
+            ],
+            "wall_ratio": h.ratio(gm["wall_seconds"], ft["wall_seconds"]),
+            "train_ratio": h.ratio(gm["train_seconds"], ft["train_seconds"]),
+            "bytes_ratio": h.ratio(gm["bytes_per_learner"], ft["bytes_per_learner"]),
+        }
+    failure = {
+        arm: result["failure"] | {"bits_per_byte": result["bits_per_byte"]}
+        for arm, result in per_arm.items()
+        if "failure" in result
+    }
+    return {"table": table, "versus_torchft": versus, "failure": failure}
+
+
+def run(
+    results: Path, size_name: str, only: list[str] | None, log: Callable[[str], None] = print
+) -> Path:
+    """Every arm of the size (or ``only`` those); writes ``results/text.json`` (full size)
+    or ``results/text-{size}.json``."""
+    size = SIZES[size_name]
+    chosen = [arm for arm in arms(size) if only is None or arm in only]
+    from gradientmail.demo.model import GPT
+
+    corpus = data.stdlib_corpus(shards=K, seed=0)
+    parameters = (
+        {
+            "size": size_name,
+            "learners": K,
+            "fragments": FRAGMENTS,
+            "pattern": "contiguous",
+            "lr": LR,
+            "arms": chosen,
+            "params": GPT(model_config(size)).num_parameters(),
+            "corpus": corpus.description,
+            "kill": {
+                "learner": KILLED,
+                "at_fraction": KILL_AT,
+                "restart_after": size["restart_after"],
+            },
+        }
+        | {key: value for key, value in size.items() if key != "model"}
+        | {"model": size["model"]}
+    )
+    name = NAME if size_name == "full" else f"{NAME}-{size_name}"
+    result = h.header(name, quick=size_name == "quick", parameters=parameters)
+    per_arm: dict[str, dict[str, Any]] = {}
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gm-bench-text-") as scratch:
+        for arm in chosen:
+            per_arm[arm] = run_arm(arm, size_name, 0, Path(scratch))
+            r = per_arm[arm]
+            log(
+                f"  {arm}: {r['bits_per_byte']:.4f} bits/byte, {r['wall_seconds']:.0f} s"
+                + (
+                    f", {r['bytes_per_learner'] / 1e6:.2f} MB/learner"
+                    if r.get("bytes_per_learner")
+                    else ""
+                )
+            )
+    result["figures"] = _figures(per_arm, size) | {
+        "arms": per_arm,
+        "total_seconds": time.perf_counter() - began,
+    }
+    return h.write_result(results, name, result)
+
+
+def _worker(spec_path: Path, role: str) -> None:
+    spec = json.loads(spec_path.read_text())
+    if role == "syncer":
+        result = bc.syncer_worker(spec)
+    elif spec["system"] == "gm":
+        result = bc.learner_worker(spec, int(role), learning(spec, int(role)))
+    else:
+        import bench_text_torchft
+
+        result = bench_text_torchft.worker(spec, int(role))
+    out = Path(spec["scratch"]) / f"result-{role}.json"
+    out.write_text(json.dumps(result), encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=SIZES, default="full", help="steps and model size")
+    parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
+    parser.add_argument("--only", nargs="+", help="run only these arms (see the docstring)")
+    parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(Path(args.worker[0]), args.worker[1])
+        return
+    path = run(args.results, args.size, args.only)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

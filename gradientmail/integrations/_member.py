@@ -1,0 +1,99 @@
+"""What both callbacks share: one blocking node held open across a framework's hooks."""
+
+import atexit
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Literal
+
+import torch
+
+from gradientmail import sync
+from gradientmail._node import NodeOptions
+from gradientmail.events import Sink
+from gradientmail.protocol.records import RunConfig
+from gradientmail.protocol.signing import RunKey
+
+__all__ = ["Member", "missing_extra"]
+
+
+def missing_extra(module: str, extra: str) -> ImportError:
+    """The error raised when an integration's framework is not installed."""
+    return ImportError(
+        f"gradientmail.integrations.{module} needs the {extra} package: "
+        f"pip install 'gradientmail[{extra}]'"
+    )
+
+
+def refuse_processes(world_size: int, framework: str) -> None:
+    """Raise when the trainer runs more than one process (see docs/integrations.md)."""
+    if world_size > 1:
+        raise RuntimeError(
+            f"{framework} runs {world_size} processes (DDP), and each would join the run as "
+            "the same learner with its own copy of the model; gradientmail has no learner "
+            "groups yet: run one single-process trainer per learner, each with its own "
+            "learner id"
+        )
+
+
+class Member:
+    """A ``gradientmail.sync.node`` opened by ``join`` and closed by ``close`` (with flush)
+    or ``abandon`` (without). A member still open when the interpreter exits (a training
+    that raised past the framework's end hook) is abandoned then, which releases its lease.
+    All methods run on the training thread."""
+
+    def __init__(
+        self,
+        mailbox: str,
+        *,
+        learner: str,
+        config: RunConfig | None,
+        options: NodeOptions | None,
+        sinks: Sequence[Sink],
+        run_key: RunKey | str | bytes | None,
+        backend: Literal["asyncio", "trio"],
+        handle_signals: bool,
+    ) -> None:
+        self._arguments = {
+            "mailbox": mailbox,
+            "learner": learner,
+            "config": config,
+            "options": options,
+            "sinks": sinks,
+            "run_key": run_key,
+            "backend": backend,
+            "handle_signals": handle_signals,
+        }
+        self._stack: ExitStack | None = None
+        self.node: sync.Node | None = None
+
+    def join(self, model: torch.nn.Module) -> sync.Node:
+        """Join the run with ``model`` (whose weights become the run's newest)."""
+        if self._stack is not None:
+            raise RuntimeError("this callback's node is already open: one training at a time")
+        stack = ExitStack()
+        self.node = stack.enter_context(sync.node(model, **self._arguments))  # type: ignore[arg-type]
+        self._stack = stack
+        atexit.register(self._at_exit)
+        return self.node
+
+    def step(self, tokens: int) -> None:
+        if self.node is None:
+            raise RuntimeError("the callback's node is not open: training has not begun")
+        self.node.step(tokens=tokens)
+
+    def close(self) -> None:
+        """Close with flush; raises ``NodeFailed`` when the node failed."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            atexit.unregister(self._at_exit)
+            stack.close()
+
+    def abandon(self, error: BaseException) -> None:
+        """Close without flush, as leaving the block by ``error`` does."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            atexit.unregister(self._at_exit)
+            stack.__exit__(type(error), error, error.__traceback__)
+
+    def _at_exit(self) -> None:
+        self.abandon(SystemExit("the interpreter exited with the node open"))

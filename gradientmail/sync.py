@@ -1,0 +1,381 @@
+"""The blocking facade: a node for synchronous training loops.
+
+``with gradientmail.sync.node(model, url, learner=...) as node:`` then ``node.step(tokens=n)``
+after each optimizer step. The node is the same ``gradientmail.node`` (the same tasks, the
+same guarantees): it runs in one event loop in one background thread, started through
+``anyio.from_thread.start_blocking_portal`` (asyncio or trio), and every call of the facade
+crosses into that loop through the portal. No other thread is started.
+
+How it closes, by how the block is left:
+
+- normally: with flush, as ``gradientmail.node`` does (``Closed``, or ``GaveUp`` after
+  ``close_timeout``); ``NodeFailed`` raises from the ``with`` statement when a task of the
+  node failed.
+- by an ``Exception`` from the block: without flush (``StepsDropped``), then the exception
+  propagates unchanged.
+- by ``KeyboardInterrupt``, ``SystemExit`` (``Terminated`` included) or any other
+  ``BaseException``: the node is cancelled, which closes it without flush and deletes its
+  lease (shielded and bounded, as on any cancellation), then the exception propagates. A
+  second interrupt while closing stops the wait, not the lease's release.
+
+``handle_signals=True`` makes SIGTERM raise ``Terminated`` (a ``SystemExit`` with code 143)
+and SIGINT ``KeyboardInterrupt`` in the main thread for the block's duration, so that what
+Slurm and Kubernetes send closes the node as Ctrl-C does, and an uncaught ``Terminated``
+ends the process quietly with 128 + the signal's number. See ``docs/integrations.md``.
+"""
+
+import concurrent.futures
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from types import FrameType, TracebackType
+from typing import Any, Literal, Self
+
+import anyio
+import anyio.from_thread
+import torch
+from anyio.from_thread import BlockingPortal
+
+from gradientmail._node import Node as AsyncNode
+from gradientmail._node import NodeOptions, NodeState
+from gradientmail._node import node as open_node
+from gradientmail.clock import Clock
+from gradientmail.events import Event, Sink
+from gradientmail.mailbox import Mailbox
+from gradientmail.mailbox import open as open_mailbox
+from gradientmail.patterns.shards import Shard, declare
+from gradientmail.protocol.records import Manifest, RunConfig
+from gradientmail.protocol.signing import RunKey
+
+__all__ = ["Backend", "Events", "Node", "Terminated", "node"]
+
+Backend = Literal["asyncio", "trio"]
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread by a SIGTERM when ``handle_signals=True``. Its ``code`` is
+    128 + the signal's number (143), the exit status a shell reports for a process ended by
+    that signal; uncaught, Python exits with it and prints nothing."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+class Events(Iterator[Event]):
+    """A blocking iterator over a node's events, from the moment ``Node.events`` was called
+    until the node has closed (then ``StopIteration``). Iterate it in a thread other than
+    the training thread (the node closes when the training thread leaves its block).
+    ``close()`` (or leaving ``with node.events() as events:``) ends the subscription early."""
+
+    def __init__(
+        self, portal: BlockingPortal, node: AsyncNode, buffer: int, closed: Callable[[], bool]
+    ) -> None:
+        self._portal = portal
+        self._closed = closed
+        self._subscription = portal.wrap_async_context_manager(node.events(buffer))
+        self._events = self._subscription.__enter__()
+        self._open = True
+
+    def __next__(self) -> Event:
+        if not self._open:
+            raise StopIteration
+        try:
+            return self._portal.call(self._events.__anext__)
+        except StopAsyncIteration:
+            self.close()
+            raise StopIteration from None
+        except (RuntimeError, concurrent.futures.CancelledError):
+            # The portal stops when the node has closed: the same end as the stream's.
+            if not self._closed():
+                raise
+            self._open = False
+            raise StopIteration from None
+
+    def close(self) -> None:
+        """End the subscription; idempotent, and a no-op once the node has closed."""
+        if not self._open:
+            return
+        self._open = False
+        try:
+            self._subscription.__exit__(None, None, None)
+        except (RuntimeError, concurrent.futures.CancelledError):
+            # The node closed and its portal stopped (cancelling what was left) meanwhile.
+            if not self._closed():
+                raise
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Node:
+    """What ``gradientmail.sync.node(...)`` yields: the node, seen from synchronous code.
+
+    ``step``, ``state`` and ``events`` may be called from any thread but the node's own
+    event-loop thread; ``step`` from the training loop only (the model must not change
+    while it runs)."""
+
+    def __init__(self, portal: BlockingPortal, options: dict[str, Any]) -> None:
+        self._portal = portal
+        self._options = options
+        self._node: AsyncNode | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._leave: anyio.Event | None = None
+        self._error: Exception | None = None
+        self._aborted = False
+        self._final: NodeState | None = None
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._served: concurrent.futures.Future[None] | None = None
+
+    # -- what users see ---------------------------------------------------------------------
+
+    @property
+    def learner(self) -> str:
+        return self._joined().learner
+
+    @property
+    def config(self) -> RunConfig:
+        """The run's config (the manifest's)."""
+        return self._joined().config
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._joined().manifest
+
+    @property
+    def state(self) -> NodeState:
+        """What this node has done so far (``NodeState``), read on the node's thread; after
+        the block, as the node stood when it closed."""
+        if self._final is not None:
+            return self._final
+        node = self._joined()
+        try:
+            return self._portal.call(lambda: node.state)
+        except RuntimeError:
+            # The node closed between the check and the call.
+            final = self._closed()
+            if final is None:
+                raise
+            return final
+
+    def _closed(self) -> NodeState | None:
+        return self._final
+
+    def step(self, tokens: int = 0) -> None:
+        """``Node.step`` (count one optimizer step of ``tokens`` tokens, apply what is ready,
+        snapshot what is due), run on the node's thread; blocks the caller until done.
+        Raises ``NodeFailed`` once a task of the node has failed, ``ValueError``/
+        ``TypeError`` for bad ``tokens``, ``RuntimeError`` after the block."""
+        if self._final is not None:
+            raise RuntimeError(
+                f"node {self.learner!r} has closed: step() belongs inside its with block"
+            )
+        self._portal.call(self._joined().step, tokens)
+
+    def declare_shard(self, shard: Shard, *, name: str = "data") -> Shard:
+        """``gradientmail.patterns.declare`` for this node's learner on its run's mailbox:
+        record ``shard`` of the data set ``name`` and warn (``ShardOverlap``) when another
+        live learner declared the same one. Returns ``shard``."""
+        return self._portal.call(self._declare, shard, name)
+
+    async def _declare(self, shard: Shard, name: str) -> Shard:
+        mailbox = self._options["mailbox"]
+        learner = self._joined().learner
+        if not isinstance(mailbox, str):
+            return await declare(mailbox, learner, shard, name=name)
+        async with open_mailbox(mailbox) as opened:
+            return await declare(opened, learner, shard, name=name)
+
+    def events(self, buffer: int = 4096) -> Events:
+        """Every event of this node from now on, as a blocking iterator (``Events``); the
+        newest are dropped, with an ``EventsDropped`` notice, when the consumer falls more
+        than ``buffer`` behind."""
+        return Events(self._portal, self._joined(), buffer, lambda: self._final is not None)
+
+    def __repr__(self) -> str:
+        if self._node is None:
+            return "<sync.Node joining>"
+        state = self.state
+        return (
+            f"<sync.Node {state.learner!r} round={state.round} steps={state.steps} "
+            f"committed={state.rounds_committed}{' closed' if self._final else ''}>"
+        )
+
+    # -- the node's own task, on the portal's thread ------------------------------------------
+
+    def _joined(self) -> AsyncNode:
+        if self._node is None:
+            raise RuntimeError("the node has not joined its run")
+        return self._node
+
+    async def _serve(self) -> None:
+        """Join, hold the node open until ``_leave`` or ``_abort``, then close it: with
+        flush, or by raising ``_error`` into the block, or by cancellation."""
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            self._leave = anyio.Event()
+            if self._aborted:
+                scope.cancel()
+            try:
+                async with open_node(**self._options) as node:
+                    self._node = node
+                    self._ready.set_result(None)
+                    await self._leave.wait()
+                    if self._error is not None:
+                        raise self._error
+            except Exception as exc:
+                if exc is not self._error:
+                    raise
+            finally:
+                if self._node is not None:
+                    self._final = self._node.state
+
+    def _request_leave(self, error: Exception | None) -> None:
+        assert self._leave is not None
+        self._error = error
+        self._leave.set()
+
+    def _abort(self) -> None:
+        self._aborted = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    # -- the caller's side ----------------------------------------------------------------------
+
+    def _enter(self) -> None:
+        """Start ``_serve`` and wait until it has joined; raise what joining raised. An
+        interrupt while joining cancels the join (nothing of this node is left running)."""
+        self._served = self._portal.start_task_soon(self._serve)
+        try:
+            concurrent.futures.wait(
+                [self._ready, self._served], return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            if not self._ready.done():
+                self._served.result()
+                raise RuntimeError("the node's task ended before it joined")
+        except BaseException:
+            self._cancel_and_wait()
+            raise
+
+    def _exit(self, error: BaseException | None) -> None:
+        """Close the node as the block was left (see the module docstring)."""
+        assert self._served is not None
+        try:
+            if error is None or isinstance(error, Exception):
+                self._portal.call(self._request_leave, error)
+            else:
+                self._portal.call(self._abort)
+            self._served.result()
+        except (KeyboardInterrupt, SystemExit):
+            # An interrupt while closing (the flush can take close_timeout): close without
+            # flush instead, and let the interrupt propagate.
+            self._cancel_and_wait()
+            raise
+
+    def _cancel_and_wait(self) -> None:
+        assert self._served is not None
+        try:
+            self._portal.call(self._abort)
+        except RuntimeError:
+            return
+        concurrent.futures.wait([self._served])
+
+
+def _check_backend(backend: object) -> Backend:
+    if backend == "asyncio":
+        return "asyncio"
+    if backend == "trio":
+        return "trio"
+    raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM raises ``Terminated``, SIGINT ``KeyboardInterrupt``, in the main thread,
+    until the block is left; the previous handlers are restored then."""
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError(
+            "handle_signals=True needs the main thread (Python runs signal handlers there "
+            "only): enter the node from the main thread, or leave handle_signals off"
+        )
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    previous: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None] = {}
+    try:
+        for number in _SIGNALS:
+            previous[number] = signal.signal(number, handler)
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+@contextmanager
+def node(
+    model: torch.nn.Module | None,
+    mailbox: Mailbox | str,
+    *,
+    learner: str,
+    config: RunConfig | None = None,
+    options: NodeOptions | None = None,
+    sinks: Sequence[Sink] = (),
+    clock: Clock | None = None,
+    run_key: RunKey | str | bytes | None = None,
+    backend: Backend = "asyncio",
+    handle_signals: bool = False,
+) -> Iterator[Node]:
+    """Join (or create) the run in ``mailbox`` as ``learner`` and yield a ``Node`` whose
+    ``step`` a synchronous training loop calls after each optimizer step.
+
+    Arguments are ``gradientmail.node``'s, plus ``backend`` (the event loop the node runs
+    in, in one background thread) and ``handle_signals`` (see the module docstring; off by
+    default, as a library should not take the process's signals unasked). A ``Mailbox``
+    passed in must be usable from that event loop (open it inside it, or pass a URL). Raises
+    what ``gradientmail.node`` raises: ``RunMismatch``, ``ValueError``/``TypeError`` on
+    entry, ``NodeFailed`` from ``step`` and from leaving the block.
+    """
+    chosen = _check_backend(backend)
+    if not isinstance(handle_signals, bool):
+        raise TypeError(f"handle_signals must be a bool, got {handle_signals!r}")
+    arguments: dict[str, Any] = {
+        "model": model,
+        "mailbox": mailbox,
+        "learner": learner,
+        "config": config,
+        "options": options,
+        "sinks": sinks,
+        "clock": clock,
+        "run_key": run_key,
+    }
+    with ExitStack() as stack:
+        if handle_signals:
+            stack.enter_context(_signals_raise())
+        portal = stack.enter_context(anyio.from_thread.start_blocking_portal(chosen))
+        facade = Node(portal, arguments)
+        facade._enter()
+        try:
+            yield facade
+        except BaseException as exc:
+            facade._exit(exc)
+            raise
+        else:
+            facade._exit(None)
+        finally:
+            # Only event subscriptions can be left (their streams have ended): end them.
+            with suppress(RuntimeError):
+                portal.call(portal.stop, True)

@@ -1,0 +1,6 @@
+"""The integrations' tests reuse the node tests' tiny model, trainer and run checks."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
