@@ -283,13 +283,6 @@ async def _check(box: MemoryMailbox, signed: bool) -> list[RoundRecord]:
     return found
 
 
-THETA_FINITE = pytest.mark.xfail(
-    reason="a huge finite delta (3e38) from a well-formed snapshot makes θ inf; the rule that "
-    "keeps θ, U and the momentum finite is issue 14 #5, owned by the syncer helper's branch",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize(
     ("attack", "signed"),
     [
@@ -297,7 +290,7 @@ THETA_FINITE = pytest.mark.xfail(
         ("junk", True),
         ("forgeries", False),
         ("forgeries", True),
-        pytest.param("deltas", False, marks=THETA_FINITE),
+        ("deltas", False),
         ("deltas", True),
     ],
 )
