@@ -319,9 +319,9 @@ class CountingMailbox:
                 self._tally.snapshots[round] = self._tally.snapshots.get(round, 0) + 1
         return created
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         self._tally.count(self._node, "get", key_kind(key))
-        data = await self._inner.get(key)
+        data = await self._inner.get(key, max_bytes=max_bytes)
         if data is not None:
             self._tally.moved(self._node, "down", key_kind(key), len(data))
             if key.startswith("blobs/"):

@@ -7,18 +7,21 @@ from gradientmail.errors import (
     GradientmailError,
     MailboxUnavailable,
     NodeFailed,
+    NoRun,
     RecordError,
     RunMismatch,
 )
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.fragments import preview
 from gradientmail.protocol.records import RunConfig
+from gradientmail.reader import load
 
 __all__ = [
     "Barrier",
     "CorruptBlob",
     "GradientmailError",
     "MailboxUnavailable",
+    "NoRun",
     "Node",
     "NodeFailed",
     "NodeOptions",
@@ -28,6 +31,7 @@ __all__ = [
     "RunMismatch",
     "StepHandle",
     "events",
+    "load",
     "node",
     "preview",
     "shared_queue",

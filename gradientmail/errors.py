@@ -1,21 +1,44 @@
 """The exceptions gradientmail raises, under one root and named by whose fault they are.
 
-- ``MailboxUnavailable``: the store is (for now) out of reach; transient, callers retry.
-- ``CorruptBlob``, ``RecordError``: bytes in the store are not what they claim to be; the
-  store's content (or whoever wrote it) is at fault, never the caller.
-- ``RunMismatch``: this node's model or config contradicts the run in the store; the
-  caller must change its model or config. The store is left untouched.
-- ``NodeFailed``: a task of a node died; raised from the next ``step()`` with the cause chained.
+Transient, nobody's fault (retry):
+    ``MailboxUnavailable``: the store is (for now) out of reach; ``Store`` retries it.
+The store's content (or whoever wrote it), never the caller:
+    ``RecordError``: an object is malformed (not JSON, wrong types, over its size limit,
+    unknown format); its kinds ``CodecError`` (a blob that is not a well-formed encoding of
+    its fragment) and ``SignatureError`` (an object of a signed run that does not verify).
+    ``CorruptBlob``: a blob's bytes do not hash to their name.
+The operator's (fix the store's settings):
+    ``StoreAccessError``: the store refuses this node (no bucket, access denied, wrong region,
+    disk full); retrying does not help.
+The caller's (fix the model, config, key or command):
+    ``RunMismatch``: this node's model, config or run key contradicts the run in the store;
+    the store is left untouched.
+    ``NoRun``: a reader was pointed at a store that holds no run (yet).
+    ``UsageError``: a command's arguments are wrong (a bad URL, a missing directory or
+    file); the command line prints its message without a traceback.
+A node's own task:
+    ``NodeFailed``: a task of a node died; raised from ``step()`` with the cause chained.
 """
 
+from typing import Literal, TypeAlias
+
 __all__ = [
+    "CodecError",
     "CorruptBlob",
     "GradientmailError",
     "MailboxUnavailable",
+    "NoRun",
     "NodeFailed",
+    "Problem",
     "RecordError",
     "RunMismatch",
+    "SignatureError",
+    "StoreAccessError",
+    "UsageError",
 ]
+
+Problem: TypeAlias = Literal["unsigned", "bad-signature"]
+"""Why a signed run ignores an object (the ``RejectReason`` values of the same names)."""
 
 
 class GradientmailError(Exception):
@@ -29,13 +52,49 @@ class MailboxUnavailable(GradientmailError):
     """
 
 
+class StoreAccessError(GradientmailError):
+    """The store refuses this node for a reason its operator must fix (no such bucket or
+    directory, access denied, wrong region, no space left): not retried."""
+
+
 class CorruptBlob(GradientmailError):
     """A blob's bytes do not hash to the sha256 its key and its reference name."""
 
 
 class RecordError(GradientmailError):
     """A record, snapshot, claim or manifest in the store is malformed: not JSON, the wrong
-    types, over the size limit, or of a format version this code does not know."""
+    types, nested too deep, over the size limit, or of a format version this code does not
+    know. Every failure to decode bytes read from the store is one of these."""
+
+
+class CodecError(RecordError):
+    """A blob is not a well-formed encoding of the fragment it is decoded for.
+
+    ``reason`` is ``"shape"`` when the blob is a well-formed fragment blob whose fragment,
+    names, shapes or sizes disagree with the spec (another model or fragment), and
+    ``"corrupt"`` for anything else (not safetensors, unknown format or encoding, wrong
+    dtypes, values out of range). A round rejects the snapshot with that reason.
+    """
+
+    def __init__(self, message: str, *, reason: Literal["corrupt", "shape"] = "corrupt"):
+        super().__init__(message)
+        self.reason: Literal["corrupt", "shape"] = reason
+
+
+class SignatureError(RecordError):
+    """An object of a signed run is unsigned or its signature does not verify.
+
+    ``reason`` is ``"unsigned"`` or ``"bad-signature"``; ``key`` the object's key.
+    """
+
+    def __init__(self, key: str, reason: Problem) -> None:
+        what = "carries no signature" if reason == "unsigned" else "has a signature that fails"
+        super().__init__(
+            f"{key}: {what} under this run's key ({reason}); it was written by someone "
+            "without the run key, or damaged, and is ignored"
+        )
+        self.key = key
+        self.reason: Problem = reason
 
 
 class RunMismatch(GradientmailError):
@@ -44,6 +103,14 @@ class RunMismatch(GradientmailError):
     The message names the first difference (a parameter's name, shape or dtype, or a config
     field) and what to do about it.
     """
+
+
+class NoRun(GradientmailError):
+    """The store holds no run: no manifest (the message says whether one is being created)."""
+
+
+class UsageError(GradientmailError):
+    """A command was given something it cannot use; the message says what and what to do."""
 
 
 class NodeFailed(GradientmailError):

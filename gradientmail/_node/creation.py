@@ -19,7 +19,6 @@ are retried with backoff; cancellation stops it between requests and writes noth
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import anyio.to_thread
 from torch import Tensor
@@ -29,18 +28,17 @@ from gradientmail._node.options import NodeOptions
 from gradientmail.clock import Clock
 from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
-from gradientmail.protocol import keys
-from gradientmail.protocol.codec import decode_fragment, encode_fragment
-from gradientmail.protocol.fragments import mismatch, signature
+from gradientmail.protocol.codec import encode_fragment
+from gradientmail.protocol.fragments import signature
 from gradientmail.protocol.records import (
     BlobRef,
     FragmentSpec,
     InitMarker,
     Manifest,
-    RoundRecord,
     RunConfig,
 )
 from gradientmail.protocol.rounds import MAX_CLAIMS, counted
+from gradientmail.reader import Newest, RunReader, check_model
 from gradientmail.store import Store
 
 __all__ = ["Newest", "check_config", "load_newest", "open_run"]
@@ -62,16 +60,8 @@ def check_config(run: RunConfig, ours: RunConfig | None) -> None:
 
 
 def _check_model(manifest: Manifest, named: NamedParams | None) -> None:
-    if named is None:
-        return
-    config = manifest.config
-    try:
-        ours = signature(named, config.fragments, config.pattern)
-    except ValueError as exc:
-        raise RunMismatch(f"this model cannot be split as the run's is: {exc}") from exc
-    problem = mismatch(manifest.fragments, ours)
-    if problem is not None:
-        raise RunMismatch(problem)
+    if named is not None:
+        check_model(manifest, named)
 
 
 async def open_run(
@@ -168,48 +158,12 @@ def _encode_fp32(tensors: Sequence[Tensor], spec: FragmentSpec) -> bytes:
     return encode_fragment(tensors, spec, "fp32", block_size=1)
 
 
-@dataclass(frozen=True, slots=True)
-class Newest:
-    """The newest committed version of every fragment: its θ (fp32, CPU, in spec order), its
-    version, and the record that made it (None for Θ⁰); ``round`` is the newest committed
-    round (-1 on a fresh run)."""
-
-    round: int
-    versions: tuple[int, ...]
-    thetas: tuple[tuple[Tensor, ...], ...]
-    records: tuple[RoundRecord | None, ...]
-
-
 async def load_newest(store: Store, manifest: Manifest, clock: Clock, poll: float) -> Newest:
-    """Read the newest committed θ of every fragment.
+    """Read the newest committed θ of every fragment through the one read path
+    (``gradientmail.reader``): junk skipped, signatures checked with the store's key.
 
     A θ blob collected between the listing and the read means newer records exist: the
-    listing is taken again. Raises ``RecordError`` / ``CorruptBlob`` for damaged objects.
+    listing is taken again every ``poll`` seconds. Raises ``RecordError`` / ``CorruptBlob``
+    for damaged objects.
     """
-    config = manifest.config
-    while True:
-        rounds = await store.record_rounds()
-        newest: list[RoundRecord | None] = [None] * config.fragments
-        for round in rounds[-config.fragments :]:
-            record = await store.record(round)
-            if record is None:
-                break
-            newest[keys.fragment_of(round, config.fragments)] = record
-        else:
-            thetas = []
-            for fragment, record in enumerate(newest):
-                ref = manifest.theta0[fragment] if record is None else record.theta
-                data = await store.get_blob(ref)
-                if data is None:
-                    break
-                spec = manifest.fragments[fragment]
-                decoded = await anyio.to_thread.run_sync(decode_fragment, data, spec)
-                thetas.append(tuple(decoded))
-            else:
-                return Newest(
-                    round=rounds[-1] if rounds else -1,
-                    versions=tuple(0 if r is None else r.version for r in newest),
-                    thetas=tuple(thetas),
-                    records=tuple(newest),
-                )
-        await clock.sleep(poll)
+    return await RunReader(store).newest(manifest, clock=clock, poll=poll, tries=None)

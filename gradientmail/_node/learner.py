@@ -65,7 +65,7 @@ from gradientmail.protocol.learner import (
 )
 from gradientmail.protocol.merge import merge_into
 from gradientmail.protocol.outer import apply_update
-from gradientmail.protocol.records import FragmentSpec, RoundRecord, RunConfig
+from gradientmail.protocol.records import DropReason, FragmentSpec, RoundRecord, RunConfig
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
 
 __all__ = ["LearnerDriver"]
@@ -126,9 +126,9 @@ class LearnerDriver:
         for job in jobs:
             self._jobs.send_nowait(_Job(job, None))
 
-    def drop_all(self, reason: str) -> None:
+    def drop_all(self, reason: DropReason, detail: str) -> None:
         """Report every fragment's unpublished steps dropped, for ``reason``."""
-        self._feed(*self._state.dropped_all(reason))
+        self._feed(*self._state.dropped_all(reason, detail))
 
     def close_jobs(self) -> None:
         """No more snapshots: the publisher ends once it has drained its jobs."""
@@ -152,15 +152,14 @@ class LearnerDriver:
                 self._jobs.send_nowait(_Job(publish, ready))
             case Recorded(record=record):
                 rt.emit(RoundRecorded(rt.learner, record))
-            case Resolved(resolution=r) if r.outcome == "rejected":
-                reason = r.reason or "rejected"
+            case Resolved(resolution=r) if r.outcome == "rejected" and r.reason is not None:
                 rt.emit(
-                    SnapshotRejected(rt.learner, r.round, r.fragment, reason, r.steps, r.tokens)
+                    SnapshotRejected(rt.learner, r.round, r.fragment, r.reason, r.steps, r.tokens)
                 )
             case Resolved():
                 pass
-            case Dropped(fragment, steps, tokens, reason):
-                rt.emit(StepsDropped(rt.learner, fragment, steps, tokens, reason))
+            case Dropped(fragment, steps, tokens, reason, detail):
+                rt.emit(StepsDropped(rt.learner, fragment, steps, tokens, reason, detail))
             case Unavailable(detail=detail):
                 rt.emit(PollFailed(rt.learner, RecordError(detail)))
             case Publish() | Download():

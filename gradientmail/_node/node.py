@@ -67,7 +67,7 @@ from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.learner import Learner
-from gradientmail.protocol.records import Manifest, RunConfig
+from gradientmail.protocol.records import DropReason, Manifest, RunConfig
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
@@ -214,9 +214,9 @@ class Node:
         self._wake()
         return self._node_failed()
 
-    def _drop_unpublished(self, reason: str) -> None:
+    def _drop_unpublished(self, reason: DropReason, detail: str) -> None:
         if self._driver is not None:
-            self._driver.drop_all(reason)
+            self._driver.drop_all(reason, detail)
 
     async def _start(self, tg: TaskGroup) -> None:
         """Start the node's tasks in ``tg``: the lease first (its first beat lands before
@@ -301,7 +301,7 @@ class Node:
         self._rt.emit(GaveUp(self.learner, target, waited, state.aligned_round))
         if state.publishing:
             self._rt.emit(PublishCancelled(self.learner, waited))
-        self._drop_unpublished("gave up closing")
+        self._drop_unpublished("gave-up", "close() stopped waiting for the rounds")
 
 
 class StepHandle:
@@ -454,12 +454,12 @@ async def _supervise(node_: Node, tg: TaskGroup) -> AsyncIterator[Node]:
     except BaseException as exc:
         node_._rt.emit(Closing(node_.learner, flushing=False))
         if node_._failure is not None:
-            reason = "the node failed"
+            detail = "the node failed"
         elif isinstance(exc, Exception):
-            reason = "closed by an exception"
+            detail = "closed by an exception"
         else:
-            reason = "cancelled"
-        node_._drop_unpublished(reason)
+            detail = "cancelled"
+        node_._drop_unpublished("closed-without-flush", detail)
         raise
     else:
         await node_._flush()

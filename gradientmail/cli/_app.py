@@ -2,7 +2,7 @@
 
 Exit status: 0 success; 1 the run or the store is not usable (the message says why and what
 to do); 2 a usage error (argparse's own); 130 interrupted by Ctrl-C where that is not the
-normal way to stop. Expected failures (``CliError``, gradientmail's own errors, filesystem
+normal way to stop. Expected failures (``UsageError``, gradientmail's own errors, filesystem
 errors, an S3 error such as a missing bucket) print one line, no traceback, unless
 ``--debug`` is given; anything else is a bug and shows its traceback.
 """
@@ -13,8 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gradientmail.cli._errors import CliError
-from gradientmail.errors import GradientmailError, MailboxUnavailable, RunMismatch
+from gradientmail.errors import GradientmailError, MailboxUnavailable, RunMismatch, UsageError
 
 __all__ = ["main", "parser"]
 
@@ -235,14 +234,14 @@ def _leaves(error: BaseException) -> list[BaseException]:
 
 
 def _expected(error: BaseException) -> bool:
-    if isinstance(error, CliError | GradientmailError | OSError):
+    if isinstance(error, UsageError | GradientmailError | OSError):
         return True
     botocore = sys.modules.get("botocore.exceptions")
     return botocore is not None and isinstance(error, botocore.ClientError | botocore.BotoCoreError)
 
 
 def _describe(error: BaseException) -> str:
-    if isinstance(error, CliError):
+    if isinstance(error, UsageError):
         return str(error)
     if isinstance(error, MailboxUnavailable):
         return f"the store is out of reach: {error}"

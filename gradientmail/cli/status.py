@@ -1,9 +1,16 @@
 """``gradientmail status URL``: what a run holds, as a table or as one JSON document.
 
-Three parts: ``RunReader`` reads the run's objects from a mailbox (the only I/O, keeping the
-immutable round records it has read so a watch re-reads only new ones); ``document`` turns
-one ``Observation`` into the JSON-ready status (pure); ``render`` draws that document as
-rich tables (pure), so the table and ``--json`` always show the same thing.
+Three parts: ``gradientmail.reader.RunReader`` reads the run (the only I/O, through the one
+read path: objects checked, junk skipped and listed as problems, signatures verified under
+``GRADIENTMAIL_RUN_KEY``; a signed run read without its key is shown, marked unverified);
+``document`` turns one ``Observation`` into the JSON-ready status (pure); ``render`` draws
+that document as rich tables (pure), so the table and ``--json`` always show the same thing.
+Tables use the whole width of a terminal; piped or redirected, their cells wrap at
+``$COLUMNS`` (default 160) instead of being cut.
+
+A run is flagged ``desynchronized`` when most of its newest rounds (up to two per fragment)
+closed with fewer participants than the learners running (live, under ``--watch``; else
+holding a learner lease) or empty: learners that drifted apart no longer meet in a round.
 
 Liveness needs time: one reading shows each lease's newest beat and how many beats are in
 the store, and ``live`` is null. ``--watch`` reads again every ``--interval`` seconds and
@@ -14,9 +21,9 @@ judges a lease live while its newest beat changed within ``--lease-timeout`` sec
 import contextlib
 import json
 import math
+import os
 import signal
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -26,164 +33,18 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gradientmail.cli._common import open_store
-from gradientmail.cli._errors import CliError
 from gradientmail.clock import MonotonicClock
-from gradientmail.errors import RecordError
+from gradientmail.errors import NoRun, UsageError
 from gradientmail.lease import Liveness
-from gradientmail.mailbox import Mailbox, retrying
 from gradientmail.protocol import keys
-from gradientmail.protocol.records import CreateClaim, Manifest, RoundClaim, RoundRecord, decode
+from gradientmail.protocol.records import RoundRecord
+from gradientmail.protocol.signing import RunKey
+from gradientmail.reader import Observation, RunReader, open_mailbox
 
-__all__ = ["Observation", "RunReader", "document", "render", "status"]
+__all__ = ["console_for", "desync", "document", "render", "status"]
 
-_CONCURRENT_READS = 16
-_READ_ATTEMPTS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """One reading of a run.
-
-    ``records`` holds every round record read so far by round; ``leases`` maps a learner to
-    ``(newest beat, beats in the store)``; ``pending`` is the first round without a record,
-    the learners with a snapshot in it and its claimants in claim order; ``problems`` are
-    objects that could not be decoded (shown, never fatal).
-    """
-
-    url: str
-    manifest: Manifest
-    records: Mapping[int, RoundRecord]
-    leases: Mapping[str, tuple[int, int]]
-    pending: int
-    snapshots: tuple[str, ...]
-    claims: tuple[str, ...]
-    problems: tuple[str, ...] = ()
-
-
-class RunReader:
-    """Reads the run at ``url`` from ``mailbox``; reuse one reader to re-read cheaply
-    (round records never change, so each is read once).
-
-    Each operation retries a transient store failure a few times (``retrying``) and then
-    lets ``MailboxUnavailable`` propagate. Runs in the caller's task, one call at a time;
-    cancellation stops the reads in flight and leaves the reader usable.
-    """
-
-    def __init__(self, mailbox: Mailbox, url: str) -> None:
-        self.mailbox = mailbox
-        self.url = url
-        self._records: dict[int, RoundRecord] = {}
-        self._broken: dict[int, str] = {}
-        self._manifest: Manifest | None = None
-
-    def __repr__(self) -> str:
-        return f"RunReader({self.url!r}, records={len(self._records)})"
-
-    async def _get(self, key: str) -> bytes | None:
-        return await retrying(lambda: self.mailbox.get(key), attempts=_READ_ATTEMPTS)
-
-    async def _list(self, prefix: str, after: str = "") -> Sequence[str]:
-        return await retrying(
-            lambda: self.mailbox.list(prefix, after=after), attempts=_READ_ATTEMPTS
-        )
-
-    async def manifest(self) -> Manifest:
-        """The run's manifest; ``CliError`` when there is no run (or an unreadable one)."""
-        if self._manifest is not None:
-            return self._manifest
-        data = await self._get(keys.MANIFEST)
-        if data is None:
-            claims = await self._list(keys.CREATE)
-            if claims:
-                creator = await self._get(claims[-1])
-                who = "someone" if creator is None else _creator(creator)
-                raise CliError(
-                    f"{self.url}: no run yet: {who} is creating one (no manifest written); "
-                    "try again in a moment"
-                )
-            raise CliError(
-                f"{self.url}: no run here (no manifest); a run is created by the first node "
-                "that joins it, e.g. `gradientmail demo --store URL`"
-            )
-        try:
-            self._manifest = decode(data, Manifest)
-        except RecordError as exc:
-            raise CliError(f"{self.url}: the run's manifest is unreadable: {exc}") from exc
-        return self._manifest
-
-    async def _read_records(self, rounds: Sequence[int]) -> None:
-        limiter = anyio.CapacityLimiter(_CONCURRENT_READS)
-
-        async def one(round: int) -> None:
-            async with limiter:
-                data = await self._get(keys.record(round))
-            if data is None:
-                self._broken[round] = "listed but gone"
-                return
-            try:
-                self._records[round] = decode(data, RoundRecord)
-            except RecordError as exc:
-                self._broken[round] = str(exc)
-
-        async with anyio.create_task_group() as group:
-            for round in rounds:
-                group.start_soon(one, round)
-
-    async def observe(self) -> Observation:
-        """Read the manifest (once), new round records, leases and the pending round."""
-        manifest = await self.manifest()
-        known = max([*self._records, *self._broken], default=-1)
-        after = keys.record(known) if known >= 0 else ""
-        fresh = [
-            round
-            for key in await self._list(keys.RECORDS, after)
-            if (round := keys.parse_record(key)) is not None
-        ]
-        await self._read_records(fresh)
-        leases: dict[str, tuple[int, int]] = {}
-        for key in await self._list(keys.LEASES):
-            parsed = keys.parse_lease(key)
-            if parsed is not None:
-                learner, beat, _ = parsed
-                newest, count = leases.get(learner, (-1, 0))
-                leases[learner] = (max(newest, beat), count + 1)
-        pending = max([*self._records, *self._broken], default=-1) + 1
-        snapshots = tuple(
-            snapshot[1]
-            for key in await self._list(keys.snapshots_prefix(pending))
-            if (snapshot := keys.parse_snapshot(key)) is not None
-        )
-        claims = []
-        for key in await self._list(keys.claims_prefix(pending)):
-            data = None if keys.parse_claim(key) is None else await self._get(key)
-            if data is not None:
-                claims.append(_claimant(data))
-        problems = tuple(f"record {r}: {why}" for r, why in sorted(self._broken.items()))
-        return Observation(
-            url=self.url,
-            manifest=manifest,
-            records=dict(self._records),
-            leases=leases,
-            pending=pending,
-            snapshots=snapshots,
-            claims=tuple(claims),
-            problems=problems,
-        )
-
-
-def _creator(data: bytes) -> str:
-    try:
-        return decode(data, CreateClaim).learner
-    except RecordError:
-        return "someone"
-
-
-def _claimant(data: bytes) -> str:
-    try:
-        return decode(data, RoundClaim).learner
-    except RecordError:
-        return "?"
+_PIPED_WIDTH = 160
+"""Columns of a table written to a pipe or file when ``$COLUMNS`` does not say."""
 
 
 def _finite(value: float | None) -> float | None:
@@ -264,9 +125,10 @@ def document(
                 "learner": learner,
                 "beat": beat,
                 "beats": beats,
+                "role": role,
                 "live": None if live is None else learner in live,
             }
-            for learner, (beat, beats) in sorted(observation.leases.items())
+            for learner, (beat, beats, role) in sorted(observation.leases.items())
         ],
         "totals": {
             "rounds": len(observation.records),
@@ -277,8 +139,45 @@ def document(
             "rejected_tokens": sum(r.tokens for r in rejected) / count,
             "tokens_by_fragment": tokens_by_fragment,
         },
+        "desync": desync(observation, live),
+        "verified": observation.verified,
         "problems": list(observation.problems),
     }
+
+
+def desync(observation: Observation, live: frozenset[str] | None = None) -> dict[str, Any]:
+    """Whether the run's learners have drifted apart (pure): of the newest rounds (two per
+    fragment), those that closed empty or with fewer participants than the learners running
+    (``live`` when judged, else the nodes whose newest beat says learner), and ``flagged``
+    when they are most of them."""
+    learners = {
+        learner for learner, (_, _, role) in observation.leases.items() if role == "learner"
+    }
+    if live is not None:
+        learners &= live
+    window = 2 * len(observation.manifest.fragments)
+    newest = [observation.records[r] for r in sorted(observation.records)[-window:]]
+    short = [
+        record.round
+        for record in newest
+        if not record.participants or len(record.participants) < len(learners)
+    ]
+    return {
+        "flagged": bool(newest) and len(short) * 2 > len(newest),
+        "learners": len(learners),
+        "rounds": len(newest),
+        "short": short,
+    }
+
+
+def console_for() -> Console:
+    """A console on stdout: a terminal's own width, else ``$COLUMNS`` or ``_PIPED_WIDTH``
+    (rich would otherwise render a pipe at 80 columns and cut cells)."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() else _PIPED_WIDTH)
 
 
 def _seconds(value: float | None) -> str:
@@ -301,7 +200,9 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
     )
     fragments = Table(title="fragments", title_justify="left")
     for column in ("fragment", "tensors", "parameters", "version", "from round", "theta"):
-        fragments.add_column(column, justify="left" if column == "theta" else "right")
+        fragments.add_column(
+            column, justify="left" if column == "theta" else "right", overflow="fold"
+        )
     for f in doc["fragments"]:
         fragments.add_row(
             str(f["index"]),
@@ -316,12 +217,13 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         title=f"rounds (newest {len(doc['rounds'])} of {totals['rounds']})", title_justify="left"
     )
     for column in ("round", "frag", "ver"):
-        rounds.add_column(column, justify="right")
-    rounds.add_column("committed by", no_wrap=True)
-    rounds.add_column("participants (weight)", ratio=3)
-    rounds.add_column("rejected", ratio=1)
+        rounds.add_column(column, justify="right", overflow="fold")
+    # Cells wrap (fold) rather than being cut with an ellipsis, in a narrow terminal too.
+    rounds.add_column("committed by", overflow="fold")
+    rounds.add_column("participants (weight)", ratio=3, overflow="fold")
+    rounds.add_column("rejected", ratio=1, overflow="fold")
     for column in ("quorum s", "grace s", "cosine"):
-        rounds.add_column(column, justify="right")
+        rounds.add_column(column, justify="right", overflow="fold")
     for r in doc["rounds"]:
         rounds.add_row(
             str(r["round"]),
@@ -343,7 +245,9 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
     )
     leases = Table(title="leases", title_justify="left")
     for column in ("learner", "newest beat", "beats", "live"):
-        leases.add_column(column, justify="left" if column == "learner" else "right")
+        leases.add_column(
+            column, justify="left" if column == "learner" else "right", overflow="fold"
+        )
     for lease in doc["leases"]:
         live = lease["live"]
         leases.add_row(
@@ -367,6 +271,25 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         leases if doc["leases"] else no_leases,
         summary,
     ]
+    flag = doc["desync"]
+    if flag["flagged"]:
+        parts.append(
+            Text(
+                f"desynchronized: {len(flag['short'])} of the newest {flag['rounds']} rounds "
+                f"closed empty or with fewer participants than the {flag['learners']} learners "
+                f"running (rounds {', '.join(map(str, flag['short']))})",
+                style="bold yellow",
+            )
+        )
+    if not doc["verified"]:
+        parts.insert(
+            0,
+            Text(
+                "UNVERIFIED: this run is signed and was read without its key "
+                "(GRADIENTMAIL_RUN_KEY); anyone could have written what is shown",
+                style="bold red",
+            ),
+        )
     parts.extend(Text(f"problem: {p}", style="yellow") for p in doc["problems"])
     return Group(*parts)
 
@@ -386,14 +309,18 @@ async def status(
     --watch`` prints one JSON document per line). With ``watch`` it must run in the main
     thread (it installs signal handlers for its duration).
 
-    Raises ``CliError`` when there is no store or no run, ``MailboxUnavailable`` when the
+    Raises ``UsageError`` when there is no store or no run, ``MailboxUnavailable`` when the
     store stays out of reach over a few retries.
     """
-    out = console if console is not None else Console()
-    async with open_store(url, must_exist=True) as mailbox:
-        reader = RunReader(mailbox, url)
+    out = console if console is not None else console_for()
+    async with open_mailbox(url, must_exist=True) as mailbox:
+        reader = RunReader.of(mailbox, RunKey.from_env(), unverified=True)
+        try:
+            await reader.manifest()
+        except NoRun as exc:
+            raise UsageError(f"{url}: {exc}") from exc
         if not watch:
-            doc = document(await reader.observe(), last=last)
+            doc = document(await reader.observe(url), last=last)
             if as_json:
                 print(json.dumps(doc, indent=2))
             else:
@@ -418,9 +345,9 @@ async def status(
 
                 group.start_soon(until_signal)
                 while True:
-                    observation = await reader.observe()
+                    observation = await reader.observe(url)
                     now = clock.now()
-                    beats = {learner: beat for learner, (beat, _) in observation.leases.items()}
+                    beats = {learner: lease[0] for learner, lease in observation.leases.items()}
                     liveness = liveness.observed(beats, now)
                     doc = document(observation, last=last, live=liveness.live(now))
                     if view is None:

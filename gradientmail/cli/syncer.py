@@ -16,7 +16,7 @@ import sys
 import anyio
 
 from gradientmail._node import NodeOptions, node
-from gradientmail.cli._errors import CliError
+from gradientmail.errors import UsageError
 from gradientmail.events import SyncerStopped, json_logs
 from gradientmail.protocol.keys import check_learner
 
@@ -32,7 +32,7 @@ def default_learner() -> str:
 async def serve(url: str, learner: str, options: NodeOptions | None = None) -> None:
     """Run a syncer-only node on ``url`` until SIGINT or SIGTERM, then close it.
 
-    Raises ``CliError`` when the node's syncer task died, and whatever joining the run
+    Raises ``UsageError`` when the node's syncer task died, and whatever joining the run
     raises (``RunMismatch``, ``MailboxUnavailable``, ``ValueError`` for a bad URL).
     Must run in the main thread (it installs signal handlers for its duration).
     """
@@ -61,7 +61,7 @@ async def serve(url: str, learner: str, options: NodeOptions | None = None) -> N
             group.start_soon(until_signal)
             group.start_soon(until_failure)
     if stopped is not None:
-        raise CliError(
+        raise UsageError(
             f"the syncer of {learner} stopped: {type(stopped.error).__name__}: {stopped.error}"
         )
 
@@ -72,6 +72,6 @@ def syncer(url: str, *, learner: str | None, backend: str) -> int:
     try:
         check_learner(name)
     except ValueError as exc:
-        raise CliError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     anyio.run(serve, url, name, backend=backend)
     return 0

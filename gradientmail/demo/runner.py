@@ -41,10 +41,6 @@ import torch
 from rich.console import Console
 from rich.live import Live
 
-from gradientmail.cli._common import open_store
-from gradientmail.cli._errors import CliError
-from gradientmail.cli.export import Exported, newest_model
-from gradientmail.cli.status import Observation, RunReader
 from gradientmail.demo.data import evaluate
 from gradientmail.demo.model import GPT
 from gradientmail.demo.settings import (
@@ -61,12 +57,12 @@ from gradientmail.demo.settings import (
     session_path,
 )
 from gradientmail.demo.view import Board, EvalPoint, line, plot, render, summary
-from gradientmail.errors import RecordError
-from gradientmail.mailbox import Mailbox, retrying
+from gradientmail.errors import NoRun, UsageError
+from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
-from gradientmail.protocol import keys
 from gradientmail.protocol.fragments import mismatch, signature
-from gradientmail.protocol.records import Manifest, decode
+from gradientmail.protocol.signing import RunKey
+from gradientmail.reader import Observation, RunReader, Source, open_mailbox
 
 __all__ = ["run_demo", "settings_from", "workdir_for"]
 
@@ -82,17 +78,17 @@ def workdir_for(store: str) -> Path:
     try:
         mailbox = open_url(store)
     except ValueError as exc:
-        raise CliError(str(exc)) from exc
+        raise UsageError(str(exc)) from exc
     if isinstance(mailbox, LocalMailbox):
         return Path(mailbox.directory)
     return Path("gradientmail-demo")
 
 
 def settings_from(args: argparse.Namespace) -> DemoSettings:
-    """The session's settings from the ``demo`` command's arguments (``CliError`` for a
+    """The session's settings from the ``demo`` command's arguments (``UsageError`` for a
     combination the run cannot take, a missing data file, or a bad store URL)."""
     if args.data is not None and not args.data.is_file():
-        raise CliError(f"--data {args.data}: no such file")
+        raise UsageError(f"--data {args.data}: no such file")
     workdir = workdir_for(args.store)
     previous = _previous_session(workdir)
     settings = DemoSettings(
@@ -117,7 +113,7 @@ def settings_from(args: argparse.Namespace) -> DemoSettings:
     try:
         run_config(settings)
     except ValueError as exc:
-        raise CliError(f"these settings cannot make a run: {exc}") from exc
+        raise UsageError(f"these settings cannot make a run: {exc}") from exc
     return settings
 
 
@@ -142,7 +138,7 @@ def _history(workdir: Path) -> list[EvalPoint]:
     return points
 
 
-def _tokens_in(observation: Observation, sources: Sequence[Exported]) -> int:
+def _tokens_in(observation: Observation, sources: Sequence[Source]) -> int:
     """The tokens of training a model assembled from ``sources`` holds: every local step
     reaches each fragment once, so the mean over fragments of the tokens of the rounds that
     built the fragment's version."""
@@ -175,7 +171,7 @@ class _Session:
             for index in range(settings.learners):
                 next(data.train(index, batch_size=1, length=settings.context))
         except ValueError as exc:
-            raise CliError(f"--data {settings.data}: {exc}") from exc
+            raise UsageError(f"--data {settings.data}: {exc}") from exc
         self.model = GPT(model_config(settings, data.vocab_size), seed=settings.seed)
         self.board = Board(
             settings=settings,
@@ -236,23 +232,25 @@ class _Session:
         self.model.load_state_dict(named, strict=False)
         return evaluate(self.model, self.evaluation)
 
-    async def evaluate_now(self, mailbox: Mailbox, reader: RunReader) -> None:
+    async def evaluate_now(self, reader: RunReader) -> None:
         """Evaluate the newest committed model if a round committed since the last time
-        (and Θ⁰ first, for a run without a history). ``CliError`` while there is no run."""
+        (and Θ⁰ first, for a run without a history). ``NoRun`` while there is no run."""
         url = self.settings.store
-        observation = await reader.observe()
+        observation = await reader.observe(url)
         self.rounds = len(observation.records)
+        manifest = observation.manifest
         if not self.board.history:
-            named, _ = await newest_model(mailbox, url, initial=True)
-            loss = await anyio.to_thread.run_sync(self._evaluate, named)
+            initial = await reader.newest(manifest, initial=True)
+            loss = await anyio.to_thread.run_sync(self._evaluate, initial.state_dict(manifest))
             self._add_point(EvalPoint(tokens=0, round=-1, loss=loss, seconds=self._elapsed()))
             self.evaluated_round = -1
         if max(observation.records, default=-1) in (-1, self.evaluated_round):
             return
-        named, sources = await newest_model(mailbox, url)
-        loss = await anyio.to_thread.run_sync(self._evaluate, named)
+        newest = await reader.newest(manifest)
+        sources = newest.sources(manifest)
+        loss = await anyio.to_thread.run_sync(self._evaluate, newest.state_dict(manifest))
         # The model may hold rounds newer than the observation: read those records too.
-        observation = await reader.observe()
+        observation = await reader.observe(url)
         self.rounds = len(observation.records)
         round = max(s.round for s in sources if s.round is not None)
         self._add_point(
@@ -270,10 +268,10 @@ class _Session:
             file.write(json.dumps(dataclasses.asdict(point)) + "\n")
         self.board = dataclasses.replace(self.board, history=(*self.board.history, point))
 
-    async def evaluate_loop(self, mailbox: Mailbox, reader: RunReader) -> None:
+    async def evaluate_loop(self, reader: RunReader) -> None:
         while True:
-            with contextlib.suppress(CliError):
-                await self.evaluate_now(mailbox, reader)
+            with contextlib.suppress(NoRun):
+                await self.evaluate_now(reader)
             await anyio.sleep(self.settings.eval_every)
 
     # -- the view ---------------------------------------------------------------------------
@@ -328,29 +326,25 @@ class _Session:
 
 
 async def _check_run(session: "_Session", mailbox: Mailbox) -> None:
-    """``CliError`` when the store already holds a run these settings cannot join (another
+    """``UsageError`` when the store already holds a run these settings cannot join (another
     config or model), before any learner starts; nothing when it holds none."""
     settings = session.settings
-    data = await retrying(lambda: mailbox.get(keys.MANIFEST), attempts=4)
-    if data is None:
+    manifest = await RunReader.of(mailbox, RunKey.from_env()).store.manifest()
+    if manifest is None:
         return
-    try:
-        manifest = decode(data, Manifest)
-    except RecordError as exc:
-        raise CliError(f"{settings.store}: the run's manifest is unreadable: {exc}") from exc
     advice = "resume it with the flags it was started with, or give another --store"
     ours = run_config(settings)
     for name in ours.__struct_fields__:
         theirs, mine = getattr(manifest.config, name), getattr(ours, name)
         if theirs != mine:
-            raise CliError(
+            raise UsageError(
                 f"{settings.store} holds a run with {name}={theirs!r} but these settings give "
                 f"{mine!r}; {advice}"
             )
     named = list(session.model.named_parameters())
     problem = mismatch(manifest.fragments, signature(named, ours.fragments, ours.pattern))
     if problem is not None:
-        raise CliError(
+        raise UsageError(
             f"{settings.store} holds a run of another model (--model, --context or --data "
             f"differ): {problem}; {advice}"
         )
@@ -371,14 +365,14 @@ async def _run(settings: DemoSettings, console: Console) -> int:
     logs: list[IO[bytes]] = []
     use_live = settings.live and console.is_terminal
     try:
-        async with open_store(settings.store, must_exist=False) as mailbox:
+        async with open_mailbox(settings.store, must_exist=False) as mailbox:
             with (
                 anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
                 Live(console=console, auto_refresh=False)
                 if use_live
                 else contextlib.nullcontext() as live,
             ):
-                reader = RunReader(mailbox, settings.store)
+                reader = RunReader.of(mailbox, RunKey.from_env())
                 await _check_run(session, mailbox)
                 await anyio.to_thread.run_sync(_prepare, settings)
                 console.print(
@@ -393,13 +387,13 @@ async def _run(settings: DemoSettings, console: Console) -> int:
                 async with anyio.create_task_group() as group:
                     group.start_soon(session.stop_on_signal, signals)
                     group.start_soon(session.wait_learners, group)
-                    group.start_soon(session.evaluate_loop, mailbox, reader)
+                    group.start_soon(session.evaluate_loop, reader)
                     group.start_soon(session.refresh_loop, live)
                 await anyio.to_thread.run_sync(session.read_news)
                 if not session.interrupted and all(
                     process.returncode == 0 for process in session.processes
                 ):
-                    await session.evaluate_now(mailbox, reader)
+                    await session.evaluate_now(reader)
                 if live is not None:
                     live.update(render(session.board), refresh=True)
     finally:
@@ -470,7 +464,7 @@ async def _finish(session: _Session, console: Console) -> int:
 
 def run_demo(settings: DemoSettings) -> int:
     """Run one session of the demo; the exit status (0, 1 when a learner failed, 130 when
-    interrupted). ``CliError`` when the store cannot be opened."""
+    interrupted). ``UsageError`` when the store cannot be opened."""
     torch.set_num_threads(1)
     console = Console()
     return anyio.run(_run, settings, console, backend=settings.backend)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from gradientmail.protocol.records import RoundRecord, RoundRecordDraft
+from gradientmail.protocol.records import DropReason, RejectReason, RoundRecord, RoundRecordDraft
 
 __all__ = [
     "KINDS",
@@ -25,6 +25,7 @@ __all__ = [
     "Closed",
     "Closing",
     "CreatingRun",
+    "DropReason",
     "Event",
     "EventsDropped",
     "FollowingRound",
@@ -159,7 +160,7 @@ class SnapshotRejected:
     learner: str
     round: int
     fragment: int
-    reason: str
+    reason: RejectReason
     steps: int
     tokens: int
 
@@ -167,14 +168,19 @@ class SnapshotRejected:
 @dataclass(frozen=True, slots=True)
 class StepsDropped:
     """``steps`` local steps and ``tokens`` tokens of ``fragment`` will never reach a round,
-    for ``reason``: ``"closed-without-flush"`` when ``close()`` did not publish them,
-    ``"gave-up"`` when ``close()`` stopped waiting for the round that carried them."""
+    for ``reason``: ``"rejected"`` when the round that carried them rejected the snapshot,
+    ``"reset"`` when that rejection reset the fragment to the global θ and so wiped the
+    steps taken since, ``"closed-without-flush"`` when the node closed without publishing
+    them (an exception, a cancellation, a failure of the node), ``"gave-up"`` when
+    ``close()`` stopped waiting for the round that carried them. ``detail`` says more in
+    words (which round, which rejection)."""
 
     learner: str
     fragment: int
     steps: int
     tokens: int
-    reason: str
+    reason: DropReason
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,7 @@ import hashlib
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, get_args
 
 import msgspec
 import safetensors
@@ -56,8 +56,13 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from gradientmail.errors import CorruptBlob, RecordError
-from gradientmail.protocol.records import Encoding, FragmentSpec
+from gradientmail.errors import CodecError, CorruptBlob
+from gradientmail.protocol.records import (
+    DECODE_FAILURES,
+    Encoding,
+    FragmentSpec,
+    decode_failure,
+)
 
 __all__ = [
     "ENCODINGS",
@@ -82,20 +87,6 @@ _VALUES: Final = "values"
 _SCALES: Final = "scales"
 _LEVELS: Final = {"int8": 127, "int4": 7}
 _STORED_DTYPE: Final = {"fp32": "F32", "bf16": "BF16", "int8": "I8", "int4": "U8"}
-
-
-class CodecError(RecordError):
-    """A blob is not a well-formed encoding of the fragment it is decoded for.
-
-    ``reason`` is ``"shape"`` when the blob is a well-formed fragment blob whose fragment,
-    names, shapes or sizes disagree with the spec (another model or fragment), and
-    ``"corrupt"`` for anything else (not safetensors, unknown format or encoding, wrong
-    dtypes, values out of range). A round rejects the snapshot with that reason.
-    """
-
-    def __init__(self, message: str, *, reason: Literal["corrupt", "shape"] = "corrupt"):
-        super().__init__(message)
-        self.reason: Literal["corrupt", "shape"] = reason
 
 
 def digest(data: bytes) -> str:
@@ -246,8 +237,10 @@ def _header(data: bytes) -> dict[str, Any]:
         )
     try:
         header = msgspec.json.decode(bytes(data[8 : 8 + size]), type=dict[str, Any])
-    except msgspec.DecodeError as exc:
-        raise CodecError(f"the safetensors header is not a JSON object: {exc}") from None
+    except DECODE_FAILURES as exc:
+        raise CodecError(
+            f"the safetensors header is not a JSON object: {decode_failure(exc)}"
+        ) from None
     return header
 
 
@@ -257,8 +250,8 @@ def _meta(header: dict[str, Any], spec: FragmentSpec) -> _Meta:
         raise CodecError(f"not a gradientmail fragment blob: no {_METADATA_KEY!r} metadata")
     try:
         meta = msgspec.json.decode(raw[_METADATA_KEY].encode(), type=_Meta, strict=True)
-    except msgspec.DecodeError as exc:
-        raise CodecError(f"malformed fragment metadata: {exc}") from None
+    except DECODE_FAILURES as exc:
+        raise CodecError(f"malformed fragment metadata: {decode_failure(exc)}") from None
     if meta.format != FRAGMENT_FORMAT:
         raise CodecError(
             f"blob format {meta.format!r} is not one this gradientmail reads "

@@ -16,6 +16,14 @@ key                                             what                         wri
 ``blobs/{sha256}``                              content-addressed payloads   anyone, first
 ==============================================  ===========================  ================
 
+Squatting: the manifest, a round's record and a learner's snapshot each have numbered
+successor keys (``manifest.{n:04d}``, ``records/{round:010d}.{n:04d}``,
+``…/snapshots/{learner}~{n:04d}``, n from 1 to ``SLOTS - 1``). When the
+object at one does not decode or (signed run) verify, every honest node moves on to the next,
+so one junk object cannot block a create-once key for good (``Store``). Claims
+(``create/``, ``rounds/…/claims/``) are numbered already: only the run of numbers from 0
+counts, so a claim planted far ahead is foreign.
+
 Round ``r`` of a run with ``F`` fragments produces version ``r // F + 1`` of fragment
 ``r % F``; version 0 of every fragment is Θ⁰. A round and its (fragment, version) determine
 each other. Zero-padded numbers make byte order equal numeric order in listings. A lease
@@ -37,6 +45,7 @@ __all__ = [
     "MANIFEST",
     "RECORDS",
     "ROUNDS",
+    "SLOTS",
     "Role",
     "blob",
     "check_learner",
@@ -47,18 +56,23 @@ __all__ = [
     "init_prefix",
     "lease",
     "lease_prefix",
+    "manifest_slot",
     "parse_blob",
     "parse_claim",
     "parse_create_claim",
     "parse_init_marker",
     "parse_lease",
     "parse_record",
+    "parse_record_slot",
     "parse_snapshot",
+    "parse_snapshot_slot",
     "record",
+    "record_slot",
     "round_claim",
     "round_of",
     "round_prefix",
     "snapshot",
+    "snapshot_slot",
     "snapshots_prefix",
     "version_of",
 ]
@@ -71,6 +85,9 @@ ROUNDS = "rounds/"
 RECORDS = "records/"
 BLOBS = "blobs/"
 CLAIMS = "claims/"
+SLOTS = 10_000
+"""How many keys (the first and its successors) a manifest or a round's record may take, and
+how many claims a round or the run's creation may take."""
 
 Role: TypeAlias = Literal["learner", "syncer"]
 """What a lease says of its holder: ``learner`` trains (and counts toward a round's quorum
@@ -170,15 +187,33 @@ def snapshot(round: int, learner: str) -> str:
     return f"{snapshots_prefix(round)}{check_learner(learner)}"
 
 
-def parse_snapshot(key: str) -> tuple[int, str] | None:
-    """``(round, learner)`` of a snapshot key, or None for a key outside the layout."""
+def snapshot_slot(round: int, learner: str, slot: int) -> str:
+    """The ``slot``-th key ``learner``'s snapshot of ``round`` may take: ``snapshot(round,
+    learner)``, then ``…/{learner}~{slot:04d}`` (``~`` is in no learner id)."""
+    first = snapshot(round, learner)
+    return first if slot == 0 else f"{first}~{_digits(slot, 4, 'snapshot slot')}"
+
+
+def parse_snapshot_slot(key: str) -> tuple[int, str, int] | None:
+    """``(round, learner, slot)`` of a snapshot key, or None for a key outside the layout."""
     parts = key.split("/")
     if len(parts) != 4 or parts[0] != ROUNDS.rstrip("/") or parts[2] != "snapshots":
         return None
     round = _number(parts[1], 10)
-    if round is None or _LEARNER.fullmatch(parts[3]) is None:
+    learner, tilde, successor = parts[3].partition("~")
+    slot = _number(successor, 4) if tilde else 0
+    if round is None or slot is None or (tilde and slot == 0):
         return None
-    return round, parts[3]
+    if _LEARNER.fullmatch(learner) is None:
+        return None
+    return round, learner, slot
+
+
+def parse_snapshot(key: str) -> tuple[int, str] | None:
+    """``(round, learner)`` of a snapshot key (of any slot), or None for a key outside the
+    layout."""
+    parsed = parse_snapshot_slot(key)
+    return None if parsed is None else parsed[:2]
 
 
 def claims_prefix(round: int) -> str:
@@ -199,14 +234,39 @@ def parse_claim(key: str) -> tuple[int, int] | None:
     return None if round is None or k is None else (round, k)
 
 
+def manifest_slot(slot: int) -> str:
+    """The ``slot``-th key the manifest may take: ``manifest``, then its successors."""
+    return MANIFEST if slot == 0 else f"{MANIFEST}.{_digits(slot, 4, 'manifest slot')}"
+
+
 def record(round: int) -> str:
     return f"{RECORDS}{_digits(round, 10, 'round')}"
 
 
-def parse_record(key: str) -> int | None:
-    """The round of a ``records/`` key, or None for a key outside the layout."""
+def record_slot(round: int, slot: int) -> str:
+    """The ``slot``-th key the record of ``round`` may take: ``record(round)``, then its
+    successors (which sort after it and before the next round's)."""
+    first = record(round)
+    return first if slot == 0 else f"{first}.{_digits(slot, 4, 'record slot')}"
+
+
+def parse_record_slot(key: str) -> tuple[int, int] | None:
+    """``(round, slot)`` of a ``records/`` key, or None for a key outside the layout."""
     rest = key.removeprefix(RECORDS)
-    return None if rest == key else _number(rest, 10)
+    if rest == key:
+        return None
+    number, dot, successor = rest.partition(".")
+    round = _number(number, 10)
+    slot = _number(successor, 4) if dot else 0
+    if round is None or slot is None or (dot and slot == 0):
+        return None
+    return round, slot
+
+
+def parse_record(key: str) -> int | None:
+    """The round of a ``records/`` key (of any slot), or None for a key outside the layout."""
+    parsed = parse_record_slot(key)
+    return None if parsed is None else parsed[0]
 
 
 def blob(sha256: str) -> str:

@@ -35,7 +35,7 @@ local weights started from), the snapshot it published, and the version being pr
     that is corrupt answers ``Unavailable`` once (retried at every poll, silently); a θ that
     is gone waits for the newer record that replaced it. One fragment never holds up
     another.
-``flush()`` / ``settled`` / ``dropped_all(reason)``
+``flush()`` / ``settled`` / ``dropped_all(reason, detail)``
     Closing: every fragment with steps is snapshotted as soon as it can be; settled once no
     fragment has steps or a pending version; what is given up is ``Dropped``.
 ``began_closing(models)`` / ``finalize()`` / ``finished``
@@ -86,7 +86,7 @@ from gradientmail.protocol.learner_values import (
     Unavailable,
 )
 from gradientmail.protocol.merge import Ledger, Outcome
-from gradientmail.protocol.records import RoundRecord, RunConfig
+from gradientmail.protocol.records import DropReason, RoundRecord, RunConfig
 
 __all__ = [
     "Action",
@@ -334,7 +334,7 @@ class Learner:
         )
         return self._with(fragment, replace(slot, reported=True)), [report]
 
-    def dropped_all(self, reason: str) -> tuple["Learner", list[Action]]:
+    def dropped_all(self, reason: DropReason, detail: str) -> tuple["Learner", list[Action]]:
         """Give up every fragment's local steps (closing without a flush, or giving up).
 
         A snapshot still in flight is forgotten with its steps: its ``publish_done`` or
@@ -343,7 +343,7 @@ class Learner:
         ledger = self.ledger
         actions: list[Action] = []
         for fragment, slot in enumerate(self.slots):
-            ledger, gone = ledger.dropped(fragment, reason)
+            ledger, gone = ledger.dropped(fragment, reason, detail)
             if gone.steps or gone.tokens:
                 actions.append(gone)
             if slot.published is not None and slot.published.outcome is None:
@@ -409,8 +409,8 @@ class Learner:
             if outcome == "rejected":
                 # The ledger dropped the steps up to the record when it was folded; the reset
                 # to the round's θ just now also wiped the steps taken since.
-                reason = f"reset by round {ready.round}, which rejected a snapshot"
-                ledger, gone = state.ledger.dropped(fragment, reason)
+                detail = f"round {ready.round} rejected a snapshot"
+                ledger, gone = state.ledger.dropped(fragment, "reset", detail)
                 state = replace(state, ledger=ledger)
                 if gone.steps or gone.tokens:
                     actions.append(gone)
@@ -453,8 +453,10 @@ class Learner:
         if resolution is not None:
             actions.append(Resolved(resolution))
             if resolution.outcome == "rejected":
-                reason = f"rejected by round {resolution.round}: {resolution.reason or 'rejected'}"
-                actions.append(Dropped(fragment, resolution.steps, resolution.tokens, reason))
+                detail = f"rejected by round {resolution.round}: {resolution.reason}"
+                actions.append(
+                    Dropped(fragment, resolution.steps, resolution.tokens, "rejected", detail)
+                )
             if published is not None and published.round == resolution.round:
                 published = replace(published, outcome=resolution.outcome)
         if record.version > slot.version:

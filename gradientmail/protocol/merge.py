@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.records import MergeRule, RejectReason, RoundRecord
+from gradientmail.protocol.records import DropReason, MergeRule, RejectReason, RoundRecord
 
 __all__ = [
     "Dropped",
@@ -215,7 +215,8 @@ class Dropped:
     fragment: int
     steps: int
     tokens: int
-    reason: str
+    reason: DropReason
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,10 +334,12 @@ class Ledger:
         )
         return self._with(entry), resolution
 
-    def dropped(self, fragment: int, reason: str) -> tuple["Ledger", Dropped]:
+    def dropped(
+        self, fragment: int, reason: DropReason, detail: str = ""
+    ) -> tuple["Ledger", Dropped]:
         """Give up the local steps of ``fragment`` (at close): ``since_base`` moves to
         ``dropped`` and an in-flight snapshot is forgotten."""
         entry = self[fragment]
         moved = entry.since_base
         entry = replace(entry, dropped=entry.dropped + moved, since_base=Tally(), in_flight=None)
-        return self._with(entry), Dropped(fragment, moved.steps, moved.tokens, reason)
+        return self._with(entry), Dropped(fragment, moved.steps, moved.tokens, reason, detail)

@@ -20,12 +20,14 @@ import msgspec
 from gradientmail.errors import RecordError
 
 __all__ = [
+    "DECODE_FAILURES",
     "FORMAT_VERSION",
     "MAX_MANIFEST_BYTES",
     "MAX_RECORD_BYTES",
     "BlobRef",
     "Count",
     "CreateClaim",
+    "DropReason",
     "Encoding",
     "FragmentSpec",
     "InitMarker",
@@ -45,6 +47,7 @@ __all__ = [
     "Snapshot",
     "Weighting",
     "decode",
+    "decode_failure",
     "encode",
 ]
 
@@ -66,6 +69,8 @@ RejectReason = Literal[
     "corrupt", "shape", "non-finite", "stale", "outlier", "tokens", "unsigned", "bad-signature"
 ]
 """Why a round rejected a snapshot; each is explained in ``docs/protocol.md``."""
+DropReason = Literal["rejected", "reset", "closed-without-flush", "gave-up"]
+"""Why a learner's local steps will never reach a round (``events.StepsDropped``)."""
 
 
 Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
@@ -204,8 +209,8 @@ class FragmentSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 class Manifest(_Object, frozen=True, kw_only=True):
     """The run's identity, create-once at ``manifest``: who created it, with what config,
-    the model's signature (one ``FragmentSpec`` per fragment), each fragment's Θ⁰, and in a
-    signed run the id of its key."""
+    the model's signature (one ``FragmentSpec`` per fragment), each fragment's Θ⁰, its
+    random ``run_id``, and in a signed run the id of its key."""
 
     created_by: str
     config: RunConfig
@@ -214,6 +219,10 @@ class Manifest(_Object, frozen=True, kw_only=True):
     key_id: str | msgspec.UnsetType = msgspec.UNSET
     """In a signed run, the id of its run key (``protocol.signing.RunKey.key_id``), which
     reveals nothing of the key; absent in an unsigned run."""
+    run_id: str | msgspec.UnsetType = msgspec.UNSET
+    """32 random hex digits drawn when the run is created (``Store.create_manifest``): every
+    signature of a signed run covers it, so nothing replays across runs; absent in runs
+    created before it existed."""
 
 
 class CreateClaim(_Object, frozen=True, kw_only=True):
@@ -329,21 +338,34 @@ class _Header(msgspec.Struct, forbid_unknown_fields=False):
     format: Any = None
 
 
+DECODE_FAILURES = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
+"""What msgspec raises for hostile bytes: malformed JSON or types (``DecodeError``), a
+``__post_init__`` refusal (``ValueError``), and JSON nested deeper than the interpreter's
+recursion limit (``RecursionError``, from ~2 KB of brackets)."""
+
+
+def decode_failure(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deep to decode"
+    return str(exc)
+
+
 def encode(obj: _Object | RunConfig) -> bytes:
     """Canonical JSON bytes of ``obj``: keys in a fixed order, no whitespace."""
     return _encoder.encode(obj)
 
 
 def decode(data: bytes, kind: type[T]) -> T:
-    """Decode ``data`` as a ``kind``, strictly; raises ``RecordError`` saying what is wrong."""
+    """Decode ``data`` as a ``kind``, strictly; raises ``RecordError`` saying what is wrong,
+    and nothing else, whatever the bytes."""
     limit = MAX_MANIFEST_BYTES if kind is Manifest else MAX_RECORD_BYTES
     name = kind.__name__
     if len(data) > limit:
         raise RecordError(f"{name}: {len(data)} bytes is over the {limit}-byte limit")
     try:
         header = msgspec.json.decode(data, type=_Header)
-    except msgspec.DecodeError as exc:
-        raise RecordError(f"{name}: not a JSON object: {exc}") from exc
+    except DECODE_FAILURES as exc:
+        raise RecordError(f"{name}: not a JSON object: {decode_failure(exc)}") from exc
     if header.format != FORMAT_VERSION:
         raise RecordError(
             f"{name}: format {header.format!r} is not one this gradientmail knows "
@@ -351,5 +373,5 @@ def decode(data: bytes, kind: type[T]) -> T:
         )
     try:
         return msgspec.json.decode(data, type=kind, strict=True)
-    except (msgspec.DecodeError, ValueError) as exc:
-        raise RecordError(f"{name}: {exc}") from exc
+    except DECODE_FAILURES as exc:
+        raise RecordError(f"{name}: {decode_failure(exc)}") from exc

@@ -7,11 +7,16 @@ by ``repr``. The manifest records only that the run is signed, as ``key_id``: an
 fixed label under the key, which tells keys apart and reveals nothing of them.
 
 What is signed
-    The MAC covers a domain label, the object's key in the run (so an object cannot be
-    replayed under another key: a claim on round 5 is not a claim on round 6, a creation
-    claim is not a round claim) and the canonical JSON of the object without its
-    ``signature``: keys sorted, no whitespace, every field present in the stored bytes,
-    including fields this version of gradientmail does not know. Blobs are not signed
+    The MAC covers a domain label, the run's id (``Manifest.run_id``, random, fixed when the
+    run is created), the object's key in the run (so an object cannot be replayed under
+    another key: a claim on round 5 is not a claim on round 6, a creation claim is not a
+    round claim) and the canonical JSON of the object without its ``signature``: keys
+    sorted, no whitespace, every field present in the stored bytes, including fields this
+    version of gradientmail does not know. Binding the run id means nothing signed for one
+    run verifies in another run that shares the key, under any prefix. What precedes the
+    run id (creation claims and Θ⁰ markers) and the manifest itself (whose body holds the
+    id) are signed with an empty run id; so are every object of a run created before run ids
+    existed (its manifest has none), which keeps such runs readable. Blobs are not signed
     themselves: they are named by their sha256, and the signed objects carry those hashes,
     so a blob is covered by the object that references it.
 
@@ -28,12 +33,19 @@ import hashlib
 import hmac
 import os
 from collections.abc import Mapping
-from typing import Final, Literal, TypeAlias, TypeVar
+from typing import Final, TypeVar
 
 import msgspec
 
-from gradientmail.errors import RecordError, RunMismatch
-from gradientmail.protocol.records import MAX_MANIFEST_BYTES, Manifest, _Object, encode
+from gradientmail.errors import Problem, RecordError, RunMismatch, SignatureError
+from gradientmail.protocol.records import (
+    DECODE_FAILURES,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    _Object,
+    decode_failure,
+    encode,
+)
 
 __all__ = [
     "ENV_VAR",
@@ -50,10 +62,8 @@ ENV_VAR: Final = "GRADIENTMAIL_RUN_KEY"
 MIN_KEY_BYTES: Final = 16
 """The shortest secret accepted: shorter ones are guessable offline from any signed object."""
 
-Problem: TypeAlias = Literal["unsigned", "bad-signature"]
-"""Why a signed run ignores an object (the ``RejectReason`` values of the same names)."""
-
 _LABEL: Final = b"gradientmail-signed-v1\x00"
+_RUN_LABEL: Final = b"gradientmail-signed-v2\x00"
 _ID_LABEL: Final = b"gradientmail-key-id"
 _MAC_LABEL: Final = b"gradientmail-mac"
 
@@ -62,34 +72,19 @@ StoredT = TypeVar("StoredT", bound=_Object)
 _canonical_encoder = msgspec.json.Encoder(order="sorted")
 
 
-class SignatureError(RecordError):
-    """An object of a signed run is unsigned or its signature does not verify.
-
-    ``reason`` is ``"unsigned"`` or ``"bad-signature"``; ``key`` the object's key.
-    """
-
-    def __init__(self, key: str, reason: Problem) -> None:
-        what = "carries no signature" if reason == "unsigned" else "has a signature that fails"
-        super().__init__(
-            f"{key}: {what} under this run's key ({reason}); it was written by someone "
-            "without the run key, or damaged, and is ignored"
-        )
-        self.key = key
-        self.reason: Problem = reason
-
-
 def _without_signature(value: object) -> object:
     if isinstance(value, dict):
         return {name: item for name, item in value.items() if name != "signature"}
     return value
 
 
-def canonical(key: str, value: object) -> bytes:
-    """The bytes a signature covers: the domain label, ``key`` and the canonical JSON of
-    ``value`` (decoded JSON: dicts, lists, str, numbers, None) without a top-level
-    ``signature``."""
+def canonical(key: str, value: object, run: str = "") -> bytes:
+    """The bytes a signature covers: the domain label, the run id ``run`` (when not empty),
+    ``key`` and the canonical JSON of ``value`` (decoded JSON: dicts, lists, str, numbers,
+    None) without a top-level ``signature``."""
     body = _canonical_encoder.encode(_without_signature(value))
-    return _LABEL + key.encode() + b"\x00" + body
+    head = _RUN_LABEL + run.encode() + b"\x00" if run else _LABEL
+    return head + key.encode() + b"\x00" + body
 
 
 class RunKey:
@@ -148,42 +143,42 @@ class RunKey:
     def __reduce__(self) -> str:
         raise TypeError("a RunKey is not pickled: pass the secret to each process yourself")
 
-    def _mac(self, key: str, value: object) -> str:
-        return hmac.new(self._mac_key, canonical(key, value), hashlib.sha256).hexdigest()
+    def _mac(self, key: str, value: object, run: str) -> str:
+        return hmac.new(self._mac_key, canonical(key, value, run), hashlib.sha256).hexdigest()
 
-    def sign(self, key: str, obj: StoredT) -> StoredT:
-        """``obj``, to be stored under ``key``, with its ``signature`` (and, for a
-        ``Manifest``, ``key_id``) set."""
+    def sign(self, key: str, obj: StoredT, run: str = "") -> StoredT:
+        """``obj``, to be stored under ``key`` in the run ``run`` (its id; empty before the
+        run exists), with its ``signature`` (and, for a ``Manifest``, ``key_id``) set."""
         if isinstance(obj, Manifest):
             obj = msgspec.structs.replace(obj, key_id=self.key_id)
         unsigned = msgspec.structs.replace(obj, signature=msgspec.UNSET)
         value = msgspec.json.decode(encode(unsigned))
-        return msgspec.structs.replace(obj, signature=self._mac(key, value))
+        return msgspec.structs.replace(obj, signature=self._mac(key, value, run))
 
-    def check(self, key: str, data: bytes) -> Problem | None:
-        """None when ``data``, read from ``key``, carries this key's signature over its
-        content; else why not. Raises ``RecordError`` when ``data`` is not a JSON object
-        within the manifest's size limit."""
+    def check(self, key: str, data: bytes, run: str = "") -> Problem | None:
+        """None when ``data``, read from ``key`` of the run ``run``, carries this key's
+        signature over its content; else why not. Raises ``RecordError`` (only) when
+        ``data`` is not a JSON object within the manifest's size limit."""
         if len(data) > MAX_MANIFEST_BYTES:
             raise RecordError(f"{key}: {len(data)} bytes is over the {MAX_MANIFEST_BYTES} limit")
         try:
             value = msgspec.json.decode(data)
-        except msgspec.DecodeError as exc:
-            raise RecordError(f"{key}: not JSON: {exc}") from exc
+        except DECODE_FAILURES as exc:
+            raise RecordError(f"{key}: not JSON: {decode_failure(exc)}") from exc
         if not isinstance(value, dict):
             raise RecordError(f"{key}: not a JSON object")
         signature = value.get("signature")
         if signature is None:
             return "unsigned"
         if not isinstance(signature, str) or not hmac.compare_digest(
-            signature.encode("utf-8", "replace"), self._mac(key, value).encode()
+            signature.encode("utf-8", "replace"), self._mac(key, value, run).encode()
         ):
             return "bad-signature"
         return None
 
-    def verify(self, key: str, data: bytes) -> None:
+    def verify(self, key: str, data: bytes, run: str = "") -> None:
         """``check``, raising ``SignatureError`` instead of returning a problem."""
-        problem = self.check(key, data)
+        problem = self.check(key, data, run)
         if problem is not None:
             raise SignatureError(key, problem)
 

@@ -43,9 +43,15 @@ class WrittenRun:
     """Every parameter's newest committed value by name."""
 
 
-def cli(*args: str, timeout: float = 60, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m gradientmail ARGS`` and capture its output."""
-    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+def cli(
+    *args: str,
+    timeout: float = 60,
+    env_extra: dict[str, str] | None = None,
+    **kwargs: object,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m gradientmail ARGS`` (with ``env_extra`` in its environment) and
+    capture its output."""
+    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     return subprocess.run(
         [sys.executable, "-m", "gradientmail", *args],
         capture_output=True,

@@ -1,23 +1,34 @@
 """``status`` and ``export`` as subprocesses against a run of known content, and their errors."""
 
+import io
 import json
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import anyio
+import msgspec
+import pytest
 import safetensors
 import safetensors.torch
 import torch
 from cli_helpers import FRAGMENTS, WrittenRun, cli
+from rich.console import Console
 
+import gradientmail
+from gradientmail.cli.status import console_for, document, render
 from gradientmail.demo.model import GPT, GPTConfig
+from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.records import Manifest, decode, encode
 from gradientmail.protocol.signing import RunKey
+from gradientmail.reader import Observation
+from gradientmail.store import Store
 
 
 def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
@@ -58,8 +69,8 @@ def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
     assert doc["rounds"][0]["cosine"] is None
     assert doc["pending"] == {"round": 5, "fragment": 2, "snapshots": ["beta"], "claims": ["alpha"]}
     assert doc["leases"] == [
-        {"learner": "alpha", "beat": 4, "beats": 2, "live": None},
-        {"learner": "beta", "beat": 7, "beats": 1, "live": None},
+        {"learner": "alpha", "beat": 4, "beats": 2, "role": "learner", "live": None},
+        {"learner": "beta", "beat": 7, "beats": 1, "role": "learner", "live": None},
     ]
     assert doc["totals"] == {
         "rounds": 5,
@@ -71,6 +82,9 @@ def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
         "tokens_by_fragment": [800, 800, 400],
     }
     assert doc["problems"] == []
+    assert doc["verified"] is True
+    # Every round had both learners holding a lease.
+    assert doc["desync"] == {"flagged": False, "learners": 2, "rounds": 5, "short": []}
     assert len(manifest.fragments) == FRAGMENTS
 
 
@@ -206,3 +220,142 @@ def test_status_shows_that_a_run_is_signed_and_by_which_key_id(
     assert table.returncode == 0, table.stderr
     assert f"signed (key id {run_key.key_id})" in table.stdout
     assert "a secret of at least sixteen bytes" not in table.stdout + result.stdout
+
+
+SECRET = "the run key of the signed copy, long enough"
+
+
+def _signed_copy(written_run: WrittenRun, target: Path) -> str:
+    """A signed run with the content of ``written_run`` (its manifest and records signed by
+    a ``Store`` holding the key, so bound to a fresh run id), then a keyless forgery of
+    round 5's record with a θ of zeros at the record key. Returns the forged θ's sha256."""
+    run_key = RunKey(SECRET)
+
+    async def copy() -> str:
+        async with LocalMailbox(written_run.directory) as source, LocalMailbox(target) as box:
+            store = Store(box, run_key=run_key)
+            await store.create_manifest(written_run.manifest)
+            for key in await source.list(keys.BLOBS):
+                data = await source.get(key)
+                assert data is not None
+                await box.put_if_absent(key, data)
+            for record in written_run.records.values():
+                await store.put_record(record)
+            zeros = {n: torch.zeros_like(t) for n, t in written_run.newest.items()}
+            spec = written_run.manifest.fragments[2]
+            data = encode_fragment([zeros[p.name] for p in spec.params], spec, "fp32", block_size=1)
+            ref = await store.put_blob(data, "fp32")
+            forged = msgspec.structs.replace(
+                written_run.records[2], round=5, version=2, theta=ref, committed_by="mallory"
+            )
+            await box.put_if_absent(keys.record(5), encode(forged))
+            return ref.sha256
+
+    return anyio.run(copy)
+
+
+def test_status_and_export_of_a_signed_run_verify_under_the_key(
+    written_run: WrittenRun, tmp_path: Path
+) -> None:
+    """Issue 13: status and export decoded raw bytes and trusted forged objects. Now they
+    read through the one read path: with the key, the keyless record is skipped (and
+    shown as a problem); without it, status says the run is unverified and export refuses."""
+    signed = tmp_path / "signed"
+    forged = _signed_copy(written_run, signed)
+    keyed = {"GRADIENTMAIL_RUN_KEY": SECRET}
+
+    doc = json.loads(cli("status", str(signed), "--json", env_extra=keyed).stdout)
+    assert doc["verified"] is True
+    assert doc["totals"]["rounds"] == 5
+    assert [f["round"] for f in doc["fragments"]] == [3, 4, 2]
+    assert any(keys.record(5) in problem for problem in doc["problems"])
+
+    bare = cli("status", str(signed), "--json")
+    assert bare.returncode == 0, bare.stderr
+    assert json.loads(bare.stdout)["verified"] is False
+    table = cli("status", str(signed))
+    assert "UNVERIFIED" in table.stdout
+
+    out = tmp_path / "m.safetensors"
+    refused = cli("export", str(signed), "--out", str(out))
+    assert refused.returncode == 1
+    assert "signed" in refused.stderr
+    assert "GRADIENTMAIL_RUN_KEY" in refused.stderr
+    assert not out.exists()
+    done = cli("export", str(signed), "--out", str(out), env_extra=keyed)
+    assert done.returncode == 0, done.stderr
+    tensors = safetensors.torch.load_file(str(out))
+    for name, value in written_run.newest.items():
+        assert torch.equal(tensors[name], value), name
+    assert forged not in done.stdout
+
+
+def test_export_is_written_with_the_users_umask(written_run: WrittenRun, tmp_path: Path) -> None:
+    out = tmp_path / "model.safetensors"
+    result = cli("export", str(written_run.directory), "--out", str(out), umask=0o027)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+
+
+def test_load_puts_the_newest_weights_into_a_module(written_run: WrittenRun) -> None:
+    model = GPT(GPTConfig.tiny(), seed=99)
+    sources = anyio.run(gradientmail.load, str(written_run.directory), model)
+    assert [(s.fragment, s.version, s.round) for s in sources] == [(0, 2, 3), (1, 2, 4), (2, 1, 2)]
+    for name, param in model.named_parameters():
+        assert torch.equal(param.detach(), written_run.newest[name]), name
+    other = GPT(GPTConfig(vocab_size=7, context=8, d_model=8, n_layers=1, n_heads=1), seed=0)
+    before = {n: p.detach().clone() for n, p in other.named_parameters()}
+    with pytest.raises(RunMismatch):
+        anyio.run(gradientmail.load, str(written_run.directory), other)
+    for name, param in other.named_parameters():
+        assert torch.equal(param.detach(), before[name])
+
+
+def test_status_piped_wraps_cells_instead_of_cutting_them(
+    written_run: WrittenRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18: piped, status rendered at 80 columns and cut its cells (``parti…``)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert console_for().width == 160
+    doc = json.loads(cli("status", str(written_run.directory), "--json").stdout)
+    for width in (60, 120):
+        out = io.StringIO()
+        Console(file=out, width=width).print(render(doc))
+        text = out.getvalue()
+        assert "…" not in text, width
+    assert "participants" in text
+    assert "alpha 0.75" in text
+
+
+def _observation(written_run: WrittenRun, participants: dict[int, int]) -> Observation:
+    records = {
+        round: msgspec.structs.replace(
+            record, participants=record.participants[: participants.get(round, 2)]
+        )
+        for round, record in written_run.records.items()
+    }
+    return Observation(
+        url="x",
+        manifest=written_run.manifest,
+        records=records,
+        leases={"alpha": (4, 2, "learner"), "beta": (7, 1, "learner"), "s": (1, 1, "syncer")},
+        pending=5,
+        snapshots=(),
+        claims=(),
+    )
+
+
+def test_status_flags_a_desynchronized_run(written_run: WrittenRun) -> None:
+    """Issue 17: rounds alternating one learner at a time (or empty) are flagged."""
+    steady = document(_observation(written_run, {}), last=5)
+    assert steady["desync"]["flagged"] is False
+    drifted = document(_observation(written_run, {1: 1, 2: 0, 3: 1, 4: 1}), last=5)
+    assert drifted["desync"] == {"flagged": True, "learners": 2, "rounds": 5, "short": [1, 2, 3, 4]}
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(drifted))
+    assert "desynchronized: 4 of the newest 5 rounds" in out.getvalue()
+    # Judged live: only alpha is running, so one participant per round is everyone.
+    alone = document(
+        _observation(written_run, {1: 1, 3: 1, 4: 1}), last=5, live=frozenset({"alpha"})
+    )
+    assert alone["desync"]["flagged"] is False

@@ -7,10 +7,10 @@ import anyio
 import pytest
 from rich.console import Console
 
-from gradientmail.cli._errors import CliError
 from gradientmail.demo.runner import _prepare, _Session
 from gradientmail.demo.settings import DemoSettings, corpus, read_progress
 from gradientmail.demo.worker import train
+from gradientmail.errors import UsageError
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import Manifest, decode
@@ -56,5 +56,5 @@ def test_a_text_file_too_short_for_its_shards_is_refused_by_the_runner(tmp_path:
     text = tmp_path / "short.txt"
     text.write_text("tiny" * 20)
     settings = DemoSettings(store="x", workdir="x", learners=3, context=16, data=str(text))
-    with pytest.raises(CliError, match=r"--data .*short.txt: .*fewer than one sequence"):
+    with pytest.raises(UsageError, match=r"--data .*short.txt: .*fewer than one sequence"):
         _Session(settings, Console())

@@ -43,8 +43,8 @@ class Damaging(FaultyMailbox):
         self.damaged: set[str] = set()
         self.flipped = 0
 
-    async def get(self, key: str) -> bytes | None:
-        data = await super().get(key)
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        data = await super().get(key, max_bytes=max_bytes)
         if data is None:
             return None
         if keys.parse_record(key) is not None:
@@ -109,9 +109,10 @@ async def test_a_fragment_that_cannot_be_prepared_holds_up_no_other_and_is_repor
     assert len(reports) == len(stuck), "each unusable record is reported once"
 
 
-async def test_a_record_that_fails_forever_is_reported_once_not_at_every_poll() -> None:
-    """A record object that does not decode sits at the next round's key: the learner keeps
-    retrying at every poll (50 a second here) and training goes on, but it says so once."""
+async def test_a_junk_record_is_skipped_not_reported_at_every_poll() -> None:
+    """A record object that does not decode sits at the next round's key. Since the store
+    skips junk at a create-once key for its successor (issue 14, squatting), it is no failure
+    at all: the learner polls on (50 a second here) and trains, reporting nothing."""
     box = MemoryMailbox()
     model = tiny_model(1)
     trainer = Trainer(model, 1)
@@ -127,7 +128,4 @@ async def test_a_record_that_fails_forever_is_reported_once_not_at_every_poll() 
                     await node.step(16)
                     await anyio.sleep(FAST.poll_interval)
             leave.cancel()
-    reports = sink.of(PollFailed)
-    assert len(reports) == 1
-    assert isinstance(reports[0].error, RecordError)  # type: ignore[attr-defined]
-    assert "records/0000000000" in str(reports[0].error)  # type: ignore[attr-defined]
+    assert sink.of(PollFailed) == []

@@ -321,7 +321,7 @@ class LearnerMachine(RuleBasedStateMachine):
     @rule()
     def close_without_flush(self) -> None:
         """Leaving by an exception: every local step is dropped, a publish may still return."""
-        self.learner, actions = self.learner.dropped_all("closed")
+        self.learner, actions = self.learner.dropped_all("closed-without-flush", "closed")
         self._carry(actions)
 
     @precondition(lambda self: not self.jobs)

@@ -163,7 +163,8 @@ async def test_a_task_failing_while_the_body_waits_raises_node_failed_from_the_b
     assert not evaluated
     assert took < EVALUATION / 3, f"the block ended {took:.1f} s after entering"
     assert [e.flushing for e in sink.of(Closing)] == [False]
-    assert all(e.reason == "the node failed" for e in sink.of(StepsDropped))
+    assert all(e.detail == "the node failed" for e in sink.of(StepsDropped))
+    assert all(e.reason == "closed-without-flush" for e in sink.of(StepsDropped))
 
 
 async def test_a_thread_training_in_run_in_thread_is_stopped_when_the_node_fails() -> None:

@@ -120,8 +120,8 @@ class NoRecords:
             await anyio.sleep_forever()
         return await self.inner.put_if_absent(key, data)
 
-    async def get(self, key: str) -> bytes | None:
-        return await self.inner.get(key)
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        return await self.inner.get(key, max_bytes=max_bytes)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         return await self.inner.list(prefix, after=after)

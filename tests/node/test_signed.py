@@ -75,11 +75,13 @@ async def test_a_signed_run_signs_everything_and_rejects_forgeries() -> None:
         tg.start_soon(forge)
 
     history = await records(box)
+    run_id = decode(await box.get(keys.MANIFEST) or b"", Manifest).run_id
+    assert isinstance(run_id, str)
     for record in history:
         assert "mallory" not in {p.learner for p in record.participants}
         data = await box.get(keys.record(record.round))
         assert data is not None
-        assert key.check(keys.record(record.round), data) is None
+        assert key.check(keys.record(record.round), data, run=run_id) is None
     rejected = {r.round for r in history for x in r.rejected if x.learner == "mallory"}
     assert rejected
     assert all(
@@ -93,7 +95,7 @@ async def test_a_signed_run_signs_everything_and_rejects_forgeries() -> None:
         for round in range(len(history)):
             snapshot = await box.get(keys.snapshot(round, name))
             if snapshot is not None:
-                assert key.check(keys.snapshot(round, name), snapshot) is None
+                assert key.check(keys.snapshot(round, name), snapshot, run=run_id) is None
 
     with pytest.raises(RunMismatch, match="signed"):
         async with open_node(tiny_model(), box, learner="c", options=FAST):

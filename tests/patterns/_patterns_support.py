@@ -57,9 +57,9 @@ class FaultyMailbox:
         self._check("put_if_absent", key)
         return await self.inner.put_if_absent(key, data)
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         self._check("get", key)
-        return await self.inner.get(key)
+        return await self.inner.get(key, max_bytes=max_bytes)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         self._check("list", prefix)

@@ -74,8 +74,8 @@ class KillingMailbox:
                 die()
         return created
 
-    async def get(self, key: str) -> bytes | None:
-        return await self._inner.get(key)
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        return await self._inner.get(key, max_bytes=max_bytes)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         return await self._inner.list(prefix, after=after)

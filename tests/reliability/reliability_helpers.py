@@ -12,7 +12,8 @@ from gradientmail._node import NodeOptions
 from gradientmail.mailbox import Mailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import decode_fragment
-from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, decode
+from gradientmail.protocol.records import RoundRecord, RunConfig
+from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
 torch.set_num_threads(1)
@@ -56,11 +57,13 @@ class Trainer:
                     param.sub_(param.grad, alpha=0.05)
 
 
-async def history(mailbox: Mailbox) -> list[RoundRecord]:
-    """Every committed round record, in order; asserts they are contiguous from round 0 and
-    that each names the fragment and version its round produces."""
-    store = Store(mailbox)
-    manifest = decode(await _get(mailbox, keys.MANIFEST), Manifest)
+async def history(mailbox: Mailbox, run_key: RunKey | None = None) -> list[RoundRecord]:
+    """Every committed round record, in order (read as a node with ``run_key`` reads them,
+    junk skipped); asserts they are contiguous from round 0 and that each names the fragment
+    and version its round produces."""
+    store = Store(mailbox, run_key=run_key, unverified=True)
+    manifest = await store.manifest()
+    assert manifest is not None
     rounds = await store.record_rounds()
     assert rounds == list(range(len(rounds))), f"records are not contiguous: {rounds}"
     found = []
@@ -73,17 +76,12 @@ async def history(mailbox: Mailbox) -> list[RoundRecord]:
     return found
 
 
-async def _get(mailbox: Mailbox, key: str) -> bytes:
-    data = await mailbox.get(key)
-    assert data is not None, f"{key} is missing"
-    return data
-
-
-async def newest_theta(mailbox: Mailbox) -> dict[str, torch.Tensor]:
+async def newest_theta(mailbox: Mailbox, run_key: RunKey | None = None) -> dict[str, torch.Tensor]:
     """The newest committed θ of every parameter, by name."""
-    manifest = decode(await _get(mailbox, keys.MANIFEST), Manifest)
-    records = await history(mailbox)
-    store = Store(mailbox)
+    store = Store(mailbox, run_key=run_key, unverified=True)
+    manifest = await store.manifest()
+    assert manifest is not None
+    records = await history(mailbox, run_key)
     weights: dict[str, torch.Tensor] = {}
     for fragment, spec in enumerate(manifest.fragments):
         ref = manifest.theta0[fragment]

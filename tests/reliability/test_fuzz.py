@@ -1,9 +1,13 @@
-"""Every decoder of bytes from the store, fed random and mutated bytes, either decodes or
-raises its own error (``RecordError`` and its ``CodecError``); key parsers return None."""
+"""Every decoder of bytes from the store, fed random, mutated and hostile bytes (JSON nested
+deeper than the interpreter's recursion limit, huge and non-finite numbers), either decodes
+or raises its own error (``RecordError`` and its ``CodecError``) and nothing else, not even
+``RecursionError``; key parsers return None for anything outside the layout, out-of-range
+numbers included."""
 
 import contextlib
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -121,6 +125,26 @@ def mutated(draw: st.DrawFn, valid: bytes) -> bytes:
     return bytes(data)
 
 
+@st.composite
+def hostile(draw: st.DrawFn, valid: bytes) -> bytes:
+    """``valid`` with a deeply nested JSON value (up to 5,000 levels, ~10 KB) or an absurd
+    number put in place of one of its values, or such a value alone."""
+    depth = draw(st.integers(100, 5000))
+    opener, closer = draw(st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")]))
+    nest = opener * depth + b"1" + closer * depth
+    number = draw(st.sampled_from([b"1e999", b"-1e999", b"9" * 400, b"-0", b"NaN", b"1e-999"]))
+    value = draw(st.sampled_from([nest, number]))
+    if draw(st.booleans()):
+        return value
+    colon = valid.find(b":", draw(st.integers(0, max(len(valid) - 1, 0))))
+    if colon < 0:
+        return value
+    end = colon + 1
+    while end < len(valid) and valid[end : end + 1] not in (b",", b"}"):
+        end += 1
+    return valid[: colon + 1] + value + valid[end:]
+
+
 def _decode_record(data: bytes, kind: type[Any]) -> None:
     with contextlib.suppress(RecordError):
         records.decode(data, kind)
@@ -147,6 +171,37 @@ def test_records_decode_random_bytes(kind: type[Any], data: bytes) -> None:
 @given(st.sampled_from(KINDS), st.data())
 def test_records_decode_mutated_encodings(kind: type[Any], data: st.DataObject) -> None:
     _decode_record(data.draw(mutated(VALID[kind])), kind)
+
+
+@FUZZ
+@given(st.sampled_from(KINDS), st.data())
+def test_records_decode_hostile_values(kind: type[Any], data: st.DataObject) -> None:
+    _decode_record(data.draw(hostile(VALID[kind])), kind)
+
+
+def test_records_decode_json_nested_beyond_the_recursion_limit() -> None:
+    """Issue 14 #1: ~2 KB of brackets made msgspec raise RecursionError out of the decoder.
+    Whether 1,000 levels reach the limit depends on the stack in use (hypothesis raises the
+    limit), so 100,000 levels (200 KB) are fed too, which reach it under any limit."""
+    for depth in (1000, 100_000):
+        deep = b"[" * depth + b"]" * depth
+        for nest in (deep, b'{"format":1,"learner":' + deep + b"}"):
+            for kind in KINDS:
+                with pytest.raises(RecordError):
+                    records.decode(nest, kind)
+            with pytest.raises(RecordError):
+                RUN_KEY.check(keys.record(1), nest)
+    with pytest.raises(RecordError, match="nested too deep"):
+        RUN_KEY.check(keys.record(1), b"[" * 100_000 + b"]" * 100_000)
+
+
+@FUZZ
+@given(st.sampled_from(sorted(BLOBS)), st.data())
+def test_codec_decodes_blobs_with_a_hostile_header(encoding: str, data: st.DataObject) -> None:
+    blob = BLOBS[encoding]
+    size = int.from_bytes(blob[:8], "little")
+    header = data.draw(hostile(blob[8 : 8 + size]))[: 1 << 16]
+    _decode_blob(len(header).to_bytes(8, "little") + header + blob[8 + size :])
 
 
 @FUZZ
