@@ -7,9 +7,10 @@ The store's content (or whoever wrote it), never the caller:
     unknown format); its kinds ``CodecError`` (a blob that is not a well-formed encoding of
     its fragment) and ``SignatureError`` (an object of a signed run that does not verify).
     ``CorruptBlob``: a blob's bytes do not hash to their name.
-The operator's (fix the store's settings):
-    ``StoreAccessError``: the store refuses this node (no bucket, access denied, wrong region,
-    disk full); retrying does not help.
+The operator's (fix the store's settings), raised by the mailboxes, not retried and
+deliberately not ``GradientmailError``s, so that no node task's retry loop swallows them:
+    ``mailbox.S3AccessError`` (a botocore ``ClientError``: no bucket, access denied, wrong
+    region) and ``mailbox.LocalAccessError`` (an ``OSError``: disk full, read-only, denied).
 The caller's (fix the model, config, key or command):
     ``RunMismatch``: this node's model, config or run key contradicts the run in the store;
     the store is left untouched.
@@ -33,7 +34,6 @@ __all__ = [
     "RecordError",
     "RunMismatch",
     "SignatureError",
-    "StoreAccessError",
     "UsageError",
 ]
 
@@ -42,7 +42,7 @@ Problem: TypeAlias = Literal["unsigned", "bad-signature"]
 
 
 class GradientmailError(Exception):
-    """Root of every exception gradientmail defines."""
+    """Root of every exception gradientmail defines, but the mailboxes' access errors."""
 
 
 class MailboxUnavailable(GradientmailError):
@@ -50,11 +50,6 @@ class MailboxUnavailable(GradientmailError):
 
     Only this is retried by ``retrying``; every other store error propagates at once.
     """
-
-
-class StoreAccessError(GradientmailError):
-    """The store refuses this node for a reason its operator must fix (no such bucket or
-    directory, access denied, wrong region, no space left): not retried."""
 
 
 class CorruptBlob(GradientmailError):
