@@ -35,7 +35,6 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import Any, TypeVar
 
 import anyio
-import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import torch
@@ -43,6 +42,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from torch import Tensor
 
 from gradientmail._node.creation import load_newest, open_run
+from gradientmail._node.handle import StepHandle
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.lease import run_lease
 from gradientmail._node.options import NodeOptions
@@ -71,7 +71,7 @@ from gradientmail.protocol.records import DropReason, Manifest, RunConfig
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
-__all__ = ["Node", "StepHandle", "node"]
+__all__ = ["Node", "node"]
 
 T = TypeVar("T")
 
@@ -302,31 +302,6 @@ class Node:
         if state.publishing:
             self._rt.emit(PublishCancelled(self.learner, waited))
         self._drop_unpublished("gave-up", "close() stopped waiting for the rounds")
-
-
-class StepHandle:
-    """What ``Node.run_in_thread`` hands to the training function."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    @property
-    def node(self) -> Node:
-        return self._node
-
-    def step(self, tokens: int = 0) -> None:
-        """``Node.step`` from the worker thread: blocks it until the step is done. Raises
-        ``NodeFailed`` once a task of the node has failed, and the event loop's cancellation
-        exception once the task that called ``run_in_thread`` is cancelled otherwise; either
-        ends the training loop (let it propagate)."""
-        self._node._raise_failure()
-        try:
-            anyio.from_thread.check_cancelled()
-            anyio.from_thread.run(self._node.step, tokens)
-        except BaseException:
-            # A node's failure cancels the block's body: say so rather than "cancelled".
-            self._node._raise_failure()
-            raise
 
 
 async def _dispatch(bus: EventBus, *, task_status: TaskStatus[None]) -> None:

@@ -46,16 +46,7 @@ local weights started from), the snapshot it published, and the version being pr
     of its final round (or a newer one). The final round's θ is applied as ``late``:
     ``θ_new + (θ − B)``, and θ = B after a settled flush, so the learner ends on θ_new.
 
-**Resynchronization.** A learner whose snapshot missed a round that others made (late or
-absent while it had steps for that fragment), or made it only in the late half of the
-grace, moves its schedule: its phase (a number of steps added to its step count for
-``due``) is advanced by its measured lag behind the round's quorum (estimated as the time
-it saw the record minus the record's ``grace_seconds``) plus half the grace, converted to
-steps at its mean step time. Its next snapshots then land in the others' rounds a little
-early instead of one grace too late, round after round; one that misjudged (its step time
-changed) corrects again at the next round. Nothing moves when a period (``sync_every``
-steps) is shorter than the grace (every phase is in time) or the lag is a period or more
-(not a matter of phase).
+**Resynchronization** (``phase``): the rule is docs/protocol.md, "A learner that falls behind".
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
