@@ -149,7 +149,9 @@ def test_an_exception_or_ctrl_c_in_the_block_closes_without_flush(
             _one_step(node, trainer)
         raise error
     assert sink.of(Closing) == [Closing("solo", flushing=False)]
-    assert any(e.reason == reason for e in sink.of(StepsDropped))  # type: ignore[attr-defined]
+    dropped = sink.of(StepsDropped)
+    assert any(e.detail == reason for e in dropped)  # type: ignore[attr-defined]
+    assert all(e.reason == "closed-without-flush" for e in dropped)  # type: ignore[attr-defined]
     assert leases(tmp_path) == {}
 
 
