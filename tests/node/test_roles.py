@@ -10,6 +10,7 @@ import pytest
 from node_helpers import (
     CONFIG,
     FAST,
+    LEARNER_ONLY,
     Recorder,
     Trainer,
     assert_holds_committed,
@@ -21,7 +22,6 @@ from node_helpers import (
     wait_until,
 )
 
-from gradientmail._node import NodeOptions
 from gradientmail._node import node as open_node
 from gradientmail.events import (
     AwaitingCreator,
@@ -36,14 +36,6 @@ from gradientmail.mailbox import MemoryMailbox
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
-
-LEARNER_ONLY = NodeOptions(
-    poll_interval=FAST.poll_interval,
-    lease_every=FAST.lease_every,
-    lease_timeout=FAST.lease_timeout,
-    close_timeout=FAST.close_timeout,
-    syncer=False,
-)
 
 
 async def test_a_cancelled_claimant_is_taken_over_and_the_round_commits_once() -> None:
