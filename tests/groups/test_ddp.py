@@ -2,6 +2,7 @@
 2-rank groups and one single-process learner train one model; a rank that raises or hangs
 makes every rank of its group raise."""
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -85,3 +86,37 @@ def test_a_rank_that_hangs_fails_its_group_within_the_timeout(ranks: Ranks) -> N
     assert "did not complete" in leader["message"]
     stepping = float((ranks.out / "g1.stepping").read_text())
     assert 2.0 <= leader["at"] - stepping < 20.0
+
+
+def test_a_killed_rank_fails_its_group_which_restarts_and_rejoins(ranks: Ranks) -> None:
+    ranks.start("g1", 2, "async-asyncio", scenario="kill")
+    deadline = time.monotonic() + DEADLINE
+    ranks.wait_for_file(ranks.out / "g1.stepping", deadline)
+    killed_at = time.time()
+    ranks.processes["g1.1"].send_signal(signal.SIGKILL)
+    ranks.processes["g1.1"].wait()
+    leader = ranks.wait("g1.0", deadline)
+    assert leader["raised"] == "GroupFailed", leader["message"]
+    # A dead peer closes its connections: the leader fails at once, not after the timeout.
+    assert leader["at"] - killed_at < 20.0
+    first_life = anyio.run(records, LocalMailbox(ranks.run))
+
+    ranks.start("g1", 2, "thread-trio", until=len(first_life) + 4)
+    deadline = time.monotonic() + DEADLINE
+    again = [ranks.wait(f"g1.{rank}", deadline) for rank in range(2)]
+    assert [r["raised"] for r in again] == [None, None]
+    assert again[0]["versions"] == again[1]["versions"]
+    assert again[0]["mismatches"] == again[1]["mismatches"] == 0
+
+    async def rejoined() -> None:
+        box = LocalMailbox(ranks.run)
+        history = await records(box)
+        later = history[len(first_life) :]
+        assert any(p.learner == "g1" for r in later for p in r.participants)
+        for rank in range(2):
+            model = tiny_model()
+            weights = safetensors.torch.load_file(str(ranks.out / f"g1.{rank}.safetensors"))
+            model.load_state_dict(weights)
+            await assert_holds_committed(box, model, again[rank]["versions"])
+
+    anyio.run(rejoined)
