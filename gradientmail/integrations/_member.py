@@ -29,9 +29,10 @@ def refuse_processes(world_size: int, framework: str) -> None:
     if world_size > 1:
         raise RuntimeError(
             f"{framework} runs {world_size} processes (DDP), and each would join the run as "
-            "the same learner with its own copy of the model; gradientmail has no learner "
-            "groups yet: run one single-process trainer per learner, each with its own "
-            "learner id"
+            "the same learner with its own copy of the model; the callbacks do not form "
+            "learner groups yet: run one single-process trainer per learner, each with its "
+            "own learner id, or write the loop with gradientmail.sync.node(..., group=) "
+            "(docs/node.md, 'Learner groups')"
         )
 
 
