@@ -39,7 +39,7 @@ def spirals(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main(directory: str, learner: str, steps: int) -> None:
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))  # "nccl" for DDP on GPUs
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     control = dist.new_group(backend="gloo")  # gradientmail's group: CPU, gloo
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -58,7 +58,7 @@ def main(directory: str, learner: str, steps: int) -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            node.step(tokens=BATCH)  # every rank, every step: summed over the group
+            node.step(tokens=BATCH * world)  # every rank, every step: the learner's tokens
     state = node.state  # the same round, versions and steps on every rank
     print(
         f"{learner} rank {rank}/{state.world}: done: {state.steps} steps, round {state.round}, "

@@ -4,10 +4,11 @@ learner together (data-parallel, replicated parameters; ``docs/node.md``, "Learn
 Rank 0 of the group (the *leader*) is the node the run sees: it joins the run, beats the
 lease, receives, publishes, and syncs when it is a syncer. The other ranks (*followers*)
 never touch the store. Every rank enters ``gradientmail.node(..., group=pg)`` and calls
-``step()`` as often as the others; each ``step()`` is two control exchanges
-(``protocol.group``: the ranks' tokens, then the leader's decision) and, when the decision
-changed a fragment's version, a broadcast of that fragment's parameters from the leader, so
-every rank holds the same bits after every ``step()``.
+``step()`` as often as the others, with the same tokens; each ``step()`` is the leader's
+learner step, one control exchange (``protocol.group``: the leader's decision, every rank's
+place and tokens) and, when the decision changed a fragment's version, a broadcast of that
+fragment's parameters from the leader, so every rank holds the same bits after every
+``step()``.
 
 Threads: ``GroupLink``'s methods block on collectives and run in ``anyio.to_thread``
 worker threads only; the leader's learner step hops back onto the event loop from there
@@ -182,27 +183,28 @@ class GroupMember:
         decide: Callable[[int], Coroutine[Any, Any, Decision]],
         current: Callable[[], Decision],
     ) -> None:
-        """The leader's learner: ``decide`` runs its step on the event loop with the group's
-        tokens and answers the decision; ``current`` answers the decision as it stands."""
+        """The leader's learner: ``decide`` runs its step on the event loop with the
+        learner's tokens and answers the decision; ``current`` answers the decision as it
+        stands."""
         self._decide = decide
         self._current = current
 
     def step_in_thread(self, tokens: int) -> None:
-        """One ``step()`` of the group, from a worker thread: exchange tokens, let the
-        leader step and decide, adopt its decision. Raises ``GroupFailed`` (every rank), or
-        on the leader what its learner step raised (then its abort reaches the others)."""
+        """One ``step()`` of the group, from a worker thread: the leader runs the learner's
+        step with ``tokens`` (the learner's, the same on every rank), then one exchange
+        brings its decision to every rank, which adopts it. Raises ``GroupFailed`` (every
+        rank), or on the leader what its learner step raised (then its abort reaches the
+        others)."""
         link = self.link
-        summed = link.control(Message("step", link.rank, tokens), "step", self._fragments)
         decision: Decision | None = None
         if self._decide is not None:
-            decision = anyio.from_thread.run(self._decide, summed.tokens)
-        decided = link.control(
-            Message("decide", link.rank, decision=decision), "decide", self._fragments
-        )
+            decision = anyio.from_thread.run(self._decide, tokens)
+        message = Message("step", link.rank, tokens, decision)
+        decided = link.control(message, "step", self._fragments)
         assert decided.decision is not None  # the verdict requires it
         self._adopt(decided.decision)
         self.steps += 1
-        self.tokens += summed.tokens
+        self.tokens += tokens
 
     async def step(self, tokens: int) -> None:
         """``step_in_thread`` in a worker thread."""

@@ -198,16 +198,16 @@ class Node:
         self._wakeup.set()
 
     async def _decided(self, tokens: int) -> Decision:
-        """A group leader's learner step, with the group's ``tokens``; its decision."""
+        """A group leader's learner step of ``tokens``; its decision."""
         self._raise_failure()
         assert self._driver is not None
         self._driver.step(tokens)
-        return self._decision()
+        return self._decision(tokens)
 
-    def _decision(self) -> Decision:
+    def _decision(self, tokens: int = 0) -> Decision:
         assert self._driver is not None
         learner = self._driver.state
-        return Decision(learner.versions, learner.newest_round, learner.aligned_round)
+        return Decision(learner.versions, learner.newest_round, learner.aligned_round, tokens)
 
     def _node_failed(self) -> NodeFailed:
         failure = self._failure

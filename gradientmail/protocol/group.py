@@ -4,14 +4,16 @@ is still in step.
 
 A learner group is a ``torch.distributed`` process group whose ranks form one learner.
 Every control exchange is one all-reduce (sum) of a fixed-shape int64 vector: each rank adds
-one message, and the leader (rank 0) adds its decision. Because every exchange has the same
-shape, whatever a rank sends (its step, its close, or the abort of a rank leaving by an
-exception) matches whatever exchange the other ranks are waiting in, so an abort reaches
-them wherever they are, and the sum says who was where.
+one message, and the leader (rank 0) adds its decision. A ``step`` is one exchange: the
+leader has already run the learner's step with the tokens every rank passes (the learner's,
+the same on every rank: the sum checks it) and sends what it decided. Because every
+exchange has the same shape, whatever a rank sends (its step, its close, or the abort of a
+rank leaving by an exception) matches whatever exchange the other ranks are waiting in, so
+an abort reaches them wherever they are, and the sum says who was where.
 
 Layout (``width(fragments)`` ints): one count per message kind (``KINDS``), the sum of the
 aborting ranks, the tokens, then the leader's decision: present, ok, newest round + 1,
-aligned round + 1, one version per fragment.
+aligned round + 1, the leader's tokens, one version per fragment.
 """
 
 from collections.abc import Sequence
@@ -30,24 +32,25 @@ __all__ = [
     "width",
 ]
 
-Kind: TypeAlias = Literal["enter", "step", "decide", "close", "result", "abort"]
-KINDS: tuple[Kind, ...] = ("enter", "step", "decide", "close", "result", "abort")
+Kind: TypeAlias = Literal["enter", "step", "close", "result", "abort"]
+KINDS: tuple[Kind, ...] = ("enter", "step", "close", "result", "abort")
 _ABORT_RANKS = len(KINDS)
 _TOKENS = _ABORT_RANKS + 1
 _DECISION = _TOKENS + 1
-_HEAD = _DECISION + 4
+_HEAD = _DECISION + 5
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What the leader decided, the same on every rank once exchanged: the version of each
     fragment the learner holds (a fragment whose version changed is re-sent from the leader),
-    the newest round seen, the newest round among the versions, and whether the leader's
-    part succeeded (its close, for a ``result``)."""
+    the newest round seen, the newest round among the versions, the tokens the leader's step
+    counted, and whether the leader's part succeeded (its close, for a ``result``)."""
 
     versions: tuple[int, ...]
     round: int
     aligned: int
+    tokens: int = 0
     ok: bool = True
 
     def changed(self, previous: "Decision") -> tuple[int, ...]:
@@ -89,8 +92,8 @@ def width(fragments: int) -> int:
 def contribution(message: Message, fragments: int) -> list[int]:
     """The ints ``message`` adds to the exchange. Raises ``ValueError`` for negative tokens
     or a decision of another fragment count."""
-    if message.tokens < 0:
-        raise ValueError(f"tokens must be non-negative, got {message.tokens}")
+    if message.tokens < 0 or (message.decision is not None and message.decision.tokens < 0):
+        raise ValueError(f"tokens must be non-negative, got {message}")
     values = [0] * width(fragments)
     values[KINDS.index(message.kind)] = 1
     if message.kind == "abort":
@@ -105,6 +108,7 @@ def contribution(message: Message, fragments: int) -> list[int]:
             int(decision.ok),
             decision.round + 1,
             decision.aligned + 1,
+            decision.tokens,
             *decision.versions,
         ]
     return values
@@ -125,6 +129,7 @@ def read(values: Sequence[int], fragments: int) -> Summed:
             versions=tuple(int(v) for v in values[_HEAD : _HEAD + fragments]),
             round=int(values[_DECISION + 2]) - 1,
             aligned=int(values[_DECISION + 3]) - 1,
+            tokens=int(values[_DECISION + 4]),
             ok=bool(values[_DECISION + 1]),
         )
     return Summed(counts, int(values[_ABORT_RANKS]), int(values[_TOKENS]), decision)
@@ -144,6 +149,13 @@ def verdict(summed: Summed, expected: Kind, world: int) -> str | None:
             f"the ranks are out of step: expected {world} {expected}, got {seen}; every rank "
             "must call step() as often as the others and leave the block with them"
         )
-    if expected in ("decide", "result") and summed.decision is None:
+    decision = summed.decision
+    if expected in ("step", "result") and decision is None:
         return f"the leader (rank 0) sent no decision with its {expected}"
+    if expected == "step" and decision is not None and summed.tokens != world * decision.tokens:
+        return (
+            f"the ranks passed different tokens to step(): {summed.tokens} in all, the leader "
+            f"{decision.tokens}; every rank passes the learner's tokens (the whole group's "
+            "batch), the same number"
+        )
     return None

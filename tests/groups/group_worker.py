@@ -153,14 +153,14 @@ async def run_async(rank: Rank, group: Any) -> Any:
             def loop(handle: gradientmail.StepHandle) -> None:
                 while not rank.done(handle.node.state.round):
                     rank.before_step()
-                    handle.step(tokens=16)
+                    handle.step(tokens=16 * rank.world)
                     rank.after_step()
 
             await node.run_in_thread(loop)
         else:
             while not rank.done(node.state.round):
                 await anyio.to_thread.run_sync(rank.before_step)
-                await node.step(tokens=16)
+                await node.step(tokens=16 * rank.world)
                 await anyio.to_thread.run_sync(rank.after_step)
     return node.state
 
@@ -185,7 +185,7 @@ def run_sync(rank: Rank, group: Any) -> Any:
         anyio.run(meet_here)
         while not rank.done(node.state.round):
             rank.before_step()
-            node.step(tokens=16)
+            node.step(tokens=16 * rank.world)
             rank.after_step()
     return node.state
 

@@ -23,25 +23,34 @@ def summed(messages: list[Message], fragments: int) -> list[int]:
 
 
 @given(
-    tokens=st.lists(st.integers(0, 10**9), min_size=1, max_size=8),
+    world=st.integers(1, 8),
+    tokens=st.integers(0, 10**9),
     versions=st.lists(st.integers(0, 10**6), min_size=1, max_size=6),
     round=st.integers(-1, 10**6),
     aligned=st.integers(-1, 10**6),
     ok=st.booleans(),
 )
-def test_a_step_sums_tokens_and_carries_the_leaders_decision(
-    tokens: list[int], versions: list[int], round: int, aligned: int, ok: bool
+def test_a_step_carries_the_leaders_decision_to_every_rank(
+    world: int, tokens: int, versions: list[int], round: int, aligned: int, ok: bool
 ) -> None:
     fragments = len(versions)
-    decision = Decision(tuple(versions), round, aligned, ok)
+    decision = Decision(tuple(versions), round, aligned, tokens, ok)
     messages = [
-        Message("decide", rank, tokens=t, decision=decision if rank == 0 else None)
-        for rank, t in enumerate(tokens)
+        Message("step", rank, tokens=tokens, decision=decision if rank == 0 else None)
+        for rank in range(world)
     ]
     result = read(summed(messages, fragments), fragments)
-    assert result.tokens == sum(tokens)
+    assert result.tokens == world * tokens
     assert result.decision == decision
-    assert verdict(result, "decide", len(tokens)) is None
+    assert verdict(result, "step", world) is None
+
+
+def test_ranks_that_pass_different_tokens_fail_the_step() -> None:
+    decision = Decision((1, 2), 3, 3, tokens=32)
+    messages = [Message("step", 0, 32, decision), Message("step", 1, 16)]
+    problem = verdict(read(summed(messages, 2), 2), "step", 2)
+    assert problem is not None
+    assert "different tokens to step(): 48 in all, the leader 32" in problem
 
 
 def test_an_abort_completes_any_exchange_and_names_the_rank() -> None:
@@ -59,19 +68,19 @@ def test_ranks_out_of_step_are_named() -> None:
     assert "expected 2 step, got 1 step, 1 close" in problem
 
 
-def test_a_decide_or_result_without_the_leaders_decision_fails() -> None:
-    result = read(summed([Message("decide", 0), Message("decide", 1)], 1), 1)
-    assert verdict(result, "decide", 2) == "the leader (rank 0) sent no decision with its decide"
+def test_a_step_or_result_without_the_leaders_decision_fails() -> None:
+    result = read(summed([Message("step", 0), Message("step", 1)], 1), 1)
+    assert verdict(result, "step", 2) == "the leader (rank 0) sent no decision with its step"
 
 
 def test_bad_contributions_are_refused() -> None:
     with pytest.raises(ValueError, match="non-negative"):
         contribution(Message("step", 0, tokens=-1), 2)
     with pytest.raises(ValueError, match="needs 2 versions"):
-        contribution(Message("decide", 0, decision=Decision((1,), 0, 0)), 2)
+        contribution(Message("step", 0, decision=Decision((1,), 0, 0)), 2)
     with pytest.raises(ValueError, match="of 1 fragments has 13 ints"):
         read([0] * 3, 1)
-    two = Message("decide", 0, decision=Decision((1,), 0, 0))
+    two = Message("step", 0, decision=Decision((1,), 0, 0))
     with pytest.raises(ValueError, match="only the leader"):
         read(summed([two, two], 1), 1)
 
