@@ -242,7 +242,7 @@ def main() -> None:
         _rank_main(json.loads(args.rank))
         return
     steps = QUICK_STEPS if args.quick else STEPS
-    repetitions = 1 if args.quick else 2
+    repetitions = 1 if args.quick else 3
     result = h.header(
         "groups",
         quick=args.quick,
