@@ -261,15 +261,17 @@ class GroupMember:
 
     def state(self, base: NodeState) -> NodeState:
         """``base`` as the group sees it: the decided versions and rounds (the same on every
-        rank), the group's steps and tokens, this rank and its collectives' bytes."""
+        rank), this rank and its collectives' bytes; the steps and tokens the leader's
+        learner counted (``base``'s) on the leader, the decided ones on a follower."""
         view = self.view
+        leader = self._decide is not None
         return replace(
             base,
             round=view.round,
             versions=view.versions,
             aligned_round=view.aligned,
-            steps=self.steps,
-            tokens=self.tokens,
+            steps=base.steps if leader else self.steps,
+            tokens=base.tokens if leader else self.tokens,
             rank=self.link.rank,
             world=self.link.world,
             group_bytes_sent=self.link.sent,

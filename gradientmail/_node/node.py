@@ -55,7 +55,7 @@ from gradientmail._node.state import NodeState
 from gradientmail._node.supervision import block_error
 from gradientmail._node.syncer import run_syncer
 from gradientmail.clock import Clock, MonotonicClock
-from gradientmail.errors import NodeFailed
+from gradientmail.errors import GroupFailed, NodeFailed
 from gradientmail.events import (
     Closed,
     Closing,
@@ -458,6 +458,11 @@ async def _supervise(node_: Node, tg: TaskGroup) -> AsyncIterator[Node]:
         if node_._group is None:
             await node_._flush()
         else:
-            await node_._group.close(node_._flush)
+            try:
+                await node_._group.close(node_._flush)
+            except GroupFailed:
+                # Another rank left by an exception, or died, while this one was closing.
+                node_._drop_unpublished("closed-without-flush", "the learner group failed")
+                raise
     finally:
         node_._stop(tg)

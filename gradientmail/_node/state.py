@@ -30,8 +30,9 @@ class NodeState:
         This process's rank in its learner group and the group's size (0 and 1 without a
         group). In a group, ``round``, ``versions``, ``aligned_round``, ``steps`` and
         ``tokens`` are the learner's as decided at the last ``step()``, the same on every
-        rank (``tokens`` summed over the ranks); the store's bytes and requests are this
-        rank's own.
+        rank (on the leader, ``steps`` and ``tokens`` are what its learner counted: after
+        a failed ``step()`` one more than the followers'); the store's bytes and requests
+        are this rank's own.
     group_bytes_sent, group_bytes_received
         Payload bytes this rank sent to and received from its group's collectives (control
         exchanges, and the fragments the leader broadcast); 0 without a group.

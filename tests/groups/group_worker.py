@@ -46,6 +46,7 @@ OPTIONS = NodeOptions(
     close_timeout=FAST.close_timeout,
     max_retry_delay=FAST.max_retry_delay,
     group_timeout=GROUP_TIMEOUT,
+    syncer=os.environ.get("GM_SYNCER", "1") == "1",
 )
 STEP_LIMIT = 2000
 
@@ -64,6 +65,7 @@ class Rank:
         self.mismatches = 0
         self.steps = 0
         self.sink = Recorder()
+        self.node: Any = None
 
     def before_step(self) -> None:
         """Train one step; play the scenario's part for rank 1 (after the step's backward,
@@ -91,8 +93,9 @@ class Rank:
         return round >= self.args["until"] or self.steps >= STEP_LIMIT
 
 
-def report(rank: Rank, state: Any, raised: BaseException | None) -> None:
+def report(rank: Rank, raised: BaseException | None) -> None:
     args = rank.args
+    state = rank.node.state if rank.node is not None else None
     name = f"{args['learner']}.{rank.rank}"
     drops = [
         {"fragment": e.fragment, "steps": e.steps, "tokens": e.tokens}
@@ -133,7 +136,7 @@ async def meet(rank: Rank, mailbox: LocalMailbox) -> None:
         await anyio.to_thread.run_sync(dist.barrier)
 
 
-async def run_async(rank: Rank, group: Any) -> Any:
+async def run_async(rank: Rank, group: Any) -> None:
     args = rank.args
     async with (
         LocalMailbox(args["run"]) as mailbox,
@@ -147,6 +150,7 @@ async def run_async(rank: Rank, group: Any) -> Any:
             group=group,
         ) as node,
     ):
+        rank.node = node
         await meet(rank, mailbox)
         if args["how"].startswith("thread"):
 
@@ -162,10 +166,9 @@ async def run_async(rank: Rank, group: Any) -> Any:
                 await anyio.to_thread.run_sync(rank.before_step)
                 await node.step(tokens=16 * rank.world)
                 await anyio.to_thread.run_sync(rank.after_step)
-    return node.state
 
 
-def run_sync(rank: Rank, group: Any) -> Any:
+def run_sync(rank: Rank, group: Any) -> None:
     args = rank.args
     with gradientmail.sync.node(
         rank.trained,
@@ -177,6 +180,7 @@ def run_sync(rank: Rank, group: Any) -> Any:
         group=group,
         backend="asyncio",
     ) as node:
+        rank.node = node
 
         async def meet_here() -> None:
             async with LocalMailbox(args["run"]) as mailbox:
@@ -187,7 +191,6 @@ def run_sync(rank: Rank, group: Any) -> Any:
             rank.before_step()
             node.step(tokens=16 * rank.world)
             rank.after_step()
-    return node.state
 
 
 def main() -> None:
@@ -212,15 +215,15 @@ def main() -> None:
         )
         group = dist.new_group(backend="gloo")
     rank = Rank(args)
-    state, raised = None, None
+    raised = None
     try:
         if how.startswith("sync"):
-            state = run_sync(rank, group)
+            run_sync(rank, group)
         else:
-            state = anyio.run(run_async, rank, group, backend=how.split("-")[1])
+            anyio.run(run_async, rank, group, backend=how.split("-")[1])
     except Exception as exc:
         raised = exc
-    report(rank, state, raised)
+    report(rank, raised)
     # A failed group's collective may still wait on a peer that will never answer, and
     # Python's exit would wait for it (torch.distributed's behaviour): leave at once.
     sys.stderr.flush()

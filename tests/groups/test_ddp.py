@@ -66,7 +66,10 @@ async def check(run: Path, out: Path, reports: dict[str, dict[str, Any]]) -> Non
 
 
 def test_a_rank_that_raises_fails_every_rank(ranks: Ranks) -> None:
-    ranks.start("g1", 2, "thread-trio", scenario="raise", env={"GM_GROUP_TIMEOUT": "60"})
+    # No syncer: no round commits, so every step of the leader's learner is reported dropped
+    # (a snapshot still in flight when a node fails could otherwise be both).
+    env = {"GM_GROUP_TIMEOUT": "60", "GM_SYNCER": "0"}
+    ranks.start("g1", 2, "thread-trio", scenario="raise", env=env)
     deadline = time.monotonic() + DEADLINE
     leader, follower = ranks.wait("g1.0", deadline), ranks.wait("g1.1", deadline)
     assert follower["raised"] == "RuntimeError"
@@ -76,6 +79,13 @@ def test_a_rank_that_raises_fails_every_rank(ranks: Ranks) -> None:
     # The abort reaches the leader at once, far inside the 60 s group_timeout.
     assert leader["at"] - raised_at < 20.0
     assert leader["local_steps"] == 5
+    # The leader's learner counted its sixth step before the exchange failed, and reports
+    # every one of its steps dropped.
+    assert leader["steps"] == 6
+    drops = [
+        StepsDropped("g1", d["fragment"], d["steps"], d["tokens"], "") for d in leader["drops"]
+    ]
+    assert_steps_accounted("g1", leader["steps"], leader["tokens"], drops, [])
 
 
 def test_a_rank_that_hangs_fails_its_group_within_the_timeout(ranks: Ranks) -> None:
