@@ -841,7 +841,7 @@ def _group_rows(f: dict[str, Any]) -> list[list[str]]:
 
 def groups(page: Page, result: dict[str, Any] | None) -> None:
     """Learner groups: a 2-rank DDP learner against a 1-process learner of the same batch."""
-    page.add("## Learner groups", "")
+    page.add("## 8. Learner groups", "")
     if result is None:
         page.add(
             "_Not measured: `benchmarks/results/groups.json` is missing "

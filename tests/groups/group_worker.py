@@ -13,6 +13,7 @@ killed). A group's ranks train a DDP model (gloo, CPU) on different batches; aft
 ``OUT/LEARNER.RANK.safetensors`` (its final weights).
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -31,22 +32,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gradientmail
 import gradientmail.sync
-from gradientmail import NodeOptions
 from gradientmail.events import StepsDropped
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.patterns import Barrier
 
 GROUP_TIMEOUT = float(os.environ.get("GM_GROUP_TIMEOUT", "60"))
-OPTIONS = NodeOptions(
-    poll_interval=FAST.poll_interval,
-    lease_every=FAST.lease_every,
-    lease_timeout=FAST.lease_timeout,
-    claim_timeout=FAST.claim_timeout,
-    creation_timeout=FAST.creation_timeout,
-    close_timeout=FAST.close_timeout,
-    max_retry_delay=FAST.max_retry_delay,
-    group_timeout=GROUP_TIMEOUT,
-    syncer=os.environ.get("GM_SYNCER", "1") == "1",
+OPTIONS = dataclasses.replace(
+    FAST, group_timeout=GROUP_TIMEOUT, syncer=os.environ.get("GM_SYNCER", "1") == "1"
 )
 STEP_LIMIT = 2000
 
