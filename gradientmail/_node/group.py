@@ -48,12 +48,14 @@ _log = logging.getLogger("gradientmail.group")
 Params = tuple[tuple[Tensor, ...], ...]
 
 
-def link_of(group: object, timeout: float) -> "GroupLink | None":
+def link_of(group: object, timeout: float, *, model: bool) -> "GroupLink | None":
     """The link of this rank to ``group`` (None for no group, or a group of one rank).
     Raises ``TypeError``/``ValueError`` naming what to fix for anything that is not an
-    initialized gloo process group."""
+    initialized gloo process group, or for a rank without a ``model``."""
     if group is None:
         return None
+    if not model:
+        raise ValueError("every rank of a learner group (group=) passes its model")
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError(
             "group= needs torch.distributed initialized (dist.init_process_group) on every rank"

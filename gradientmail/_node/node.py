@@ -381,9 +381,7 @@ async def node(
     named = named_parameters(model)
     if named is None and not options.syncer:
         raise ValueError("a node without a model must be a syncer (options.syncer=True)")
-    link = link_of(group, options.group_timeout)
-    if link is not None and named is None:
-        raise ValueError("every rank of a learner group (group=) passes its model")
+    link = link_of(group, options.group_timeout, model=named is not None)
     clock = clock if clock is not None else MonotonicClock()
     if run_key is None:
         key = RunKey.from_env()
