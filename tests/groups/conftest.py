@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "node"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integrations"))
 
 from group_helpers import Ranks
 
