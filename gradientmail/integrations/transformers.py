@@ -75,8 +75,8 @@ class GradientmailCallback(TrainerCallback):  # type: ignore[misc]
         return self._member.node
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        counting = args.include_num_input_tokens_seen not in (False, "no", None)
         group = learner_group(args.world_size, "the Trainer")
+        counting = args.include_num_input_tokens_seen not in (False, "no", None)
         node = self._member.join(kwargs["model"], group)
         if node.config.weighting == "tokens" and not counting and self._tokens_per_step is None:
             self._member.abandon(ValueError("no token count"))
