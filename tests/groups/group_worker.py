@@ -7,10 +7,11 @@ trio), ``sync-asyncio`` (``gradientmail.sync``) or ``async-asyncio`` / ``async-t
 ``SCENARIO``: ``train`` (train until the node has seen round ``UNTIL``, close with flush),
 ``raise`` (rank 1 raises before its 6th step), ``hang`` (rank 1 stops stepping after 5
 steps), ``kill`` (rank 1 writes ``OUT/LEARNER.stepping`` after 5 steps and waits to be
-killed). A group's ranks train a DDP model (gloo, CPU) on different batches; after every
-``step()`` every rank compares its parameters with rank 0's. Writes
-``OUT/LEARNER.RANK.json`` (state, drops, mismatches, what was raised and when) and
-``OUT/LEARNER.RANK.safetensors`` (its final weights).
+killed), ``fsdp`` (the model is sharded with FSDP2's ``fully_shard``). A group's ranks
+train a DDP model (gloo, CPU) on different batches; after every ``step()`` every rank
+compares its parameters with rank 0's. Writes ``OUT/LEARNER.RANK.json`` (state, drops,
+mismatches, what was raised and when) and, unless it raised, ``OUT/LEARNER.RANK.safetensors``
+(its final weights).
 """
 
 import dataclasses
@@ -51,7 +52,11 @@ class Rank:
         self.rank, self.world = args["rank"], args["world"]
         self.model = tiny_model(args["seed"])
         self.trained = self.model
-        if self.world > 1:
+        if args["scenario"] == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            self.trained = fully_shard(self.model)
+        elif self.world > 1:
             self.trained = DistributedDataParallel(self.model)
         self.trainer = Trainer(self.trained, args["seed"] * 10 + self.rank)
         self.mismatches = 0
@@ -112,6 +117,8 @@ def report(rank: Rank, raised: BaseException | None) -> None:
         "at": time.time(),
     }
     (args["out"] / f"{name}.json").write_text(json.dumps(body))
+    if raised is not None:
+        return
     weights = {n: p.detach().contiguous() for n, p in rank.model.named_parameters()}
     safetensors.torch.save_file(weights, str(args["out"] / f"{name}.safetensors"))
 
