@@ -11,6 +11,7 @@ from gradientmail.errors import (
     NoRun,
     RecordError,
     RunMismatch,
+    StoreAccessError,
 )
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.fragments import preview
@@ -32,6 +33,7 @@ __all__ = [
     "RunConfig",
     "RunMismatch",
     "StepHandle",
+    "StoreAccessError",
     "events",
     "load",
     "node",
