@@ -21,6 +21,23 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def torchrun(script: Path, *arguments: str, env: dict[str, str] | None = None) -> Any:
+    """Run ``script`` under ``torchrun`` with two processes on this machine (the completed
+    process, its output captured)."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        str(script),
+        *arguments,
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=240, check=False, env=env
+    )
+
+
 @dataclass
 class Ranks:
     """The worker processes of one test, by ``learner.rank``."""

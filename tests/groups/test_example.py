@@ -2,12 +2,10 @@
 committed, and both ranks end on the same state."""
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
-from group_helpers import free_port
+from group_helpers import torchrun
 from node_helpers import records
 
 from gradientmail.mailbox import LocalMailbox
@@ -17,20 +15,7 @@ EXAMPLE = Path(__file__).parents[2] / "docs" / "examples" / "torchrun_ddp.py"
 
 def test_the_torchrun_example_runs(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-        str(EXAMPLE),
-        str(run),
-        "site-1",
-        "72",
-    ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=240, check=False, env=None
-    )
+    result = torchrun(EXAMPLE, str(run), "site-1", "72")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     done = sorted(re.findall(r"site-1 rank (\d)/2: done: (.*) store", result.stdout))
     assert [rank for rank, _ in done] == ["0", "1"], result.stdout

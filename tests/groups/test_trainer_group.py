@@ -3,14 +3,12 @@ ranks end on the same committed weights, the follower never touches the store.""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import pytest
 import safetensors.torch
-from group_helpers import TESTS, free_port
+from group_helpers import TESTS, torchrun
 from node_helpers import assert_holds_committed, records
 
 from gradientmail.mailbox import LocalMailbox
@@ -32,20 +30,7 @@ def test_a_ddp_trainer_is_one_learner(tmp_path: Path) -> None:
         ),
         "OMP_NUM_THREADS": "1",
     }
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={free_port()}",
-        str(WORKER),
-        str(run),
-        "hf",
-        str(out),
-    ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=240, check=False, env=env
-    )
+    result = torchrun(WORKER, str(run), "hf", str(out), env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
     leader, follower = (json.loads((out / f"hf.{r}.json").read_text()) for r in range(2))
     assert leader["world"] == follower["world"] == 2
