@@ -11,7 +11,8 @@ lease (``_node.lease``), the receive loop (``_node.receive``) and the publisher
 task fails, the body is cancelled at its next checkpoint and the block raises
 ``NodeFailed`` (the task's exception chained), unless the body raised an exception of its
 own, which propagates as itself. ``Node.step`` is the one place the training meets the
-node.
+node. With ``group=`` the ranks of a process group are one learner (``_node.group``):
+rank 0 is the node above, the others follow its decisions and run no task.
 
 Leaving the block normally closes with flush (``Closing``): every fragment with steps since
 its last included snapshot is published, and the node waits until those rounds are
