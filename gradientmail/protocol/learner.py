@@ -42,9 +42,9 @@ local weights started from), the snapshot it published, and the version being pr
     The close that never hurts (docs/protocol.md, "The last round of a run"): ``models`` is
     the live model when closing began; once settled, ``finalize`` answers one final
     ``Publish`` per fragment (that model minus the newest θ held, 0 steps, for the next
-    round of the fragment), and the close is finished once every fragment holds the version
-    of its final round (or a newer one). The final round's θ is applied as ``late``:
-    ``θ_new + (θ − B)``, and θ = B after a settled flush, so the learner ends on θ_new.
+    round of the fragment; once more, for the next, when a round left it out), and the close
+    is finished once every fragment holds the version of its final round (or a newer one).
+    The final round's θ is applied as ``late``: ``θ_new + (θ − B)``, and θ = B after a settled flush, so the learner ends on θ_new.
 
 **Resynchronization** (``phase``): the rule is docs/protocol.md, "A learner that falls behind".
 Times are the driver's clock readings, passed in; the learner never reads a clock.
@@ -62,6 +62,7 @@ from gradientmail.protocol.fragments import due
 from gradientmail.protocol.learner_values import (
     Action,
     Apply,
+    Closing,
     Download,
     Dropped,
     Failure,
@@ -120,9 +121,7 @@ class Learner:
     phase: int = 0
     last_step_at: float | None = None
     step_time: float | None = None
-    closing_from: tuple[Tensors, ...] | None = None
-    closing_round: int = -1
-    finals: tuple[int, ...] = ()
+    closing: Closing | None = None
 
     @classmethod
     def start(
@@ -174,11 +173,7 @@ class Learner:
     @property
     def finished(self) -> bool:
         """Closing is done: settled, and every final round (if any) applied."""
-        fragments = self.config.fragments
-        return self.settled and all(
-            slot.version >= keys.version_of(round, fragments)
-            for slot, round in zip(self.slots, self.finals, strict=False)
-        )
+        return self.settled and (self.closing is None or self.closing.done(self.slots))
 
     @property
     def publishing(self) -> bool:
@@ -232,30 +227,22 @@ class Learner:
             raise ValueError(f"a run of {self.config.fragments} fragments needs one model each")
         fragments = self.config.fragments
         nxt = max(keys.round_of(f, s.version + 1, fragments) for f, s in enumerate(self.slots))
-        return replace(
-            self,
-            closing_from=tuple(tuple(m) for m in models),
-            closing_round=max(nxt, self.seen_round),
-        )
+        closing = Closing(tuple(tuple(m) for m in models), max(nxt, self.seen_round))
+        return replace(self, closing=closing)
 
     def finalize(self) -> tuple["Learner", list[Publish]]:
-        """The final snapshots, once settled (none before, none twice, none without
-        ``began_closing``): per fragment the model closing began with minus the newest θ
-        held, for round ``round_of(f, version + 1)``. None from a learner that never
-        stepped (its model is θ), nor from one that saw more than ``F`` rounds committed
-        past the rounds it was in when closing began (others went on: its model is behind
-        theirs). They carry no steps, so the ledger is untouched whatever the rounds do."""
-        if self.closing_from is None or self.finals or not self.settled or not self.step:
+        """The final snapshots, once settled (none before, none without ``began_closing``):
+        per fragment the model closing began with minus the newest θ held, for round
+        ``round_of(f, version + 1)``. None from a learner that never stepped (its model is
+        θ), nor from one that saw more than ``F`` rounds committed past the rounds it was in
+        when closing began (others went on: its model is behind theirs). A fragment whose
+        final round committed without it publishes it once more, for its next round, once
+        that round's θ is applied (``Closing``). They carry no steps, so the ledger is
+        untouched whatever the rounds do."""
+        if self.closing is None or not self.settled or not self.step:
             return self, []
-        if self.newest_round > self.closing_round + self.config.fragments:
-            # Others went on for a whole cycle of rounds while this flush settled: the model
-            # closing began with is behind theirs, and must not pull the run back.
-            return self, []
-        jobs = []
-        for fragment, (slot, model) in enumerate(zip(self.slots, self.closing_from, strict=True)):
-            round = keys.round_of(fragment, slot.version + 1, self.config.fragments)
-            jobs.append(Publish(fragment, round, slot.version, slot.base, model, 0, 0, final=True))
-        return replace(self, finals=tuple(job.round for job in jobs)), jobs
+        closing, jobs = self.closing.jobs(self.slots, self.newest_round)
+        return replace(self, closing=closing), jobs
 
     def took(self, fragment: int, snapshot: Tensors) -> tuple["Learner", Publish]:
         """The copy for the ``Snapshot`` of ``fragment`` just answered."""
@@ -453,7 +440,10 @@ class Learner:
         if record.version > slot.version:
             slot = replace(slot, wanted=record, update_failed=False, reported=False)
         committed = self.committed + (record.committed_by == self.name)
-        state = replace(self, ledger=ledger, newest_round=record.round, committed=committed)
+        closing = self.closing.folded(record, self.name) if self.closing else None
+        state = replace(
+            self, ledger=ledger, newest_round=record.round, committed=committed, closing=closing
+        )
         state = state._with(fragment, replace(slot, published=published))
         missed = (
             had_steps

@@ -1,17 +1,19 @@
 """The values the pure learner (``protocol.learner``) is made of and answers with: its
 actions, and the state of one fragment. Pure: no I/O."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
 from torch import Tensor
 
+from gradientmail.protocol import keys
 from gradientmail.protocol.merge import Dropped, Outcome, Resolution
 from gradientmail.protocol.records import MergeRule, RoundRecord
 
 __all__ = [
     "Action",
     "Apply",
+    "Closing",
     "Download",
     "Dropped",
     "Failure",
@@ -164,3 +166,64 @@ class Slot:
             or self.ready is not None
             or self.wanted is not None
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """A close with flush (``Learner.began_closing``, docs/protocol.md "The last round of a
+    run"): ``models`` the live model when it began (one tuple per fragment), ``round`` the
+    newest round it was in then, ``finals`` the round each fragment's final snapshot went
+    to (empty until published), ``missed`` the fragments whose final round committed
+    without their final snapshot, ``again`` those whose final snapshot was published a
+    second time (at most once each: a learner whose final was left out because another
+    learner was still flushing meets that learner's final in the next round of the
+    fragment; one left out twice ends on the others' θ)."""
+
+    models: tuple[Tensors, ...]
+    round: int
+    finals: tuple[int, ...] = ()
+    missed: frozenset[int] = frozenset()
+    again: frozenset[int] = frozenset()
+
+    def folded(self, record: RoundRecord, name: str) -> "Closing":
+        """``record`` was folded: note a final round of this learner's that left it out."""
+        fragment = record.fragment
+        if not self.finals or record.round != self.finals[fragment]:
+            return self
+        if any(p.learner == name for p in record.participants):
+            return self
+        return replace(self, missed=self.missed | {fragment})
+
+    def done(self, slots: tuple[Slot, ...]) -> bool:
+        """Every final round applied, and no left-out final waiting to go out again."""
+        fragments = len(slots)
+        return not self.missed - self.again and all(
+            slot.version >= keys.version_of(round, fragments)
+            for slot, round in zip(slots, self.finals, strict=False)
+        )
+
+    def jobs(self, slots: tuple[Slot, ...], newest_round: int) -> tuple["Closing", list[Publish]]:
+        """The final snapshots to publish now (see ``Learner.finalize``)."""
+        fragments = len(slots)
+        if not self.finals:
+            if newest_round > self.round + fragments:
+                # Others went on for a whole cycle of rounds while this flush settled: the
+                # model closing began with is behind theirs, and must not pull the run back.
+                return self, []
+            wanted = list(range(fragments))
+        else:
+            wanted = [
+                f
+                for f in sorted(self.missed - self.again)
+                if slots[f].version >= keys.version_of(self.finals[f], fragments)
+            ]
+        jobs = []
+        finals = list(self.finals or [-1] * fragments)
+        for fragment in wanted:
+            slot = slots[fragment]
+            round = keys.round_of(fragment, slot.version + 1, fragments)
+            model = self.models[fragment]
+            jobs.append(Publish(fragment, round, slot.version, slot.base, model, 0, 0, final=True))
+            finals[fragment] = round
+        again = self.again | {job.fragment for job in jobs} if self.finals else self.again
+        return replace(self, finals=tuple(finals), again=again), jobs

@@ -19,6 +19,7 @@ from reliability_helpers import FAST
 from torch import nn
 
 import gradientmail
+from gradientmail.events import SnapshotPublished
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol.records import RunConfig
 from gradientmail.store import Store
@@ -139,3 +140,49 @@ async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_ro
     shown = [(r.round, [(p.learner, p.steps) for p in r.participants]) for r in rounds]
     assert [r.round for r in finals] == [r.round for r in rounds[-2:]], shown
     assert all(p.learner == "b" and p.steps == 0 for r in finals for p in r.participants), shown
+
+
+async def test_two_learners_closing_a_few_steps_apart_end_on_the_same_model() -> None:
+    """ "a" leaves after 40 steps; "b" takes its last 2 steps only once a published a final
+    snapshot, so
+    b's flush snapshots land in the rounds of a's final snapshots and leave them out. a
+    publishes them once more, for the next round of each fragment, where b's final
+    snapshots are: both end on the one final θ (before this rule, a ended on the round
+    that left it out, b on its own final round)."""
+    box = MemoryMailbox()
+    config = RunConfig(fragments=2, sync_every=4)
+    async with gradientmail.node(mlp(), box, learner="creator", config=config, options=OPTIONS):
+        pass
+    a_final = anyio.Event()
+    models: dict[str, list[torch.Tensor]] = {}
+
+    def sink(event: object) -> None:
+        if isinstance(event, SnapshotPublished) and event.learner == "a" and not event.steps:
+            a_final.set()
+
+    async def learner(name: str) -> None:
+        model = mlp()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        async with gradientmail.node(
+            model, box, learner=name, options=OPTIONS, sinks=[sink]
+        ) as node:
+            for step in range(40):
+                if name == "b" and step == 38:
+                    await a_final.wait()
+                x, y = batch(1000 * len(name) + step)
+                optimizer.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                await node.step(tokens=32)
+                await anyio.sleep(0.002)
+        models[name] = [p.detach().clone() for p in model.parameters()]
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner, "a")
+            tg.start_soon(learner, "b")
+    store = Store(box)
+    history = [await store.record(r) for r in await store.record_rounds(after=-1)]
+    shown = [(r.round, [(p.learner, p.steps) for p in r.participants]) for r in history if r]
+    apart = [float((x - y).abs().max()) for x, y in zip(models["a"], models["b"], strict=True)]
+    assert max(apart) == 0.0, (apart, shown)
