@@ -44,7 +44,8 @@ local weights started from), the snapshot it published, and the version being pr
     ``Publish`` per fragment (that model minus the newest θ held, 0 steps, for the next
     round of the fragment; once more, for the next, when a round left it out), and the close
     is finished once every fragment holds the version of its final round (or a newer one).
-    The final round's θ is applied as ``late``: ``θ_new + (θ − B)``, and θ = B after a settled flush, so the learner ends on θ_new.
+    The final round's θ is applied as ``late``: ``θ_new + (θ − B)``, and θ = B after a
+    settled flush, so the learner ends on θ_new.
 
 **Resynchronization** (``phase``): the rule is docs/protocol.md, "A learner that falls behind".
 Times are the driver's clock readings, passed in; the learner never reads a clock.
