@@ -168,6 +168,38 @@ def test_a_closing_learner_publishes_its_model_at_the_close_as_final_once_settle
     assert learner.ledger == ledger
 
 
+def test_a_final_snapshot_a_round_left_out_goes_out_once_more_for_the_next_round() -> None:
+    """Rounds 2 and 3 commit without this learner's finals (another learner's flush filled
+    them): it publishes them again for rounds 4 and 5 once it holds 2's and 3's θ, and is
+    not finished before. Left out again, it publishes no third time and ends on the
+    others' θ."""
+    learner, _ = fresh().stepped(5, now=0.0)
+    model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
+    learner = learner.began_closing(model)
+    learner, actions = learner.flush(now=1.0)
+    learner, jobs = take(learner, actions)
+    for fragment, job in enumerate(jobs):
+        learner, _ = learner.publish_done(fragment, job.round)
+        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
+        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
+    learner, _ = learner.flush(now=3.0)
+    learner, finals = learner.finalize()
+    assert [j.round for j in finals] == [2, 3]
+    for cycle, expected in ((1, [4, 5]), (2, [])):
+        for job in finals:
+            learner, _ = learner.publish_done(job.fragment, job.round)
+            learner, _ = learner.record_seen(record(job.round, included=("other",)), now=4.0)
+            assert not learner.finished  # the left-out round's θ is not applied yet
+            theta = (torch.full((2,), float(cycle + 1)),)
+            learner = learner.version_ready(job.fragment, job.round, theta)
+        learner, _ = learner.flush(now=5.0)
+        learner, finals = learner.finalize()
+        assert [j.round for j in finals] == expected
+        assert all(j.final and j.snapshot is model[j.fragment] for j in finals)
+        assert all(j.base_version == cycle + 1 for j in finals)
+        assert learner.finished == (cycle == 2)
+
+
 def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final() -> None:
     learner, _ = fresh().stepped(5, now=0.0)
     learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
