@@ -13,17 +13,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) -> None:
-    results, docs = tmp_path / "results", tmp_path / "docs"
-    command = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "bench_text.py"),
-        *("--size", "quick", "--mode", "repeat", "--seeds", "0", "--results", str(results)),
-    ]
+def _benchmark(script: str, *args: str) -> None:
+    """Run ``benchmarks/{script}`` with ``args``; its output's end on failure."""
     completed = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-6000:]
+
+
+def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) -> None:
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    _benchmark(
+        "bench_text.py",
+        *("--size", "quick", "--mode", "repeat", "--seeds", "0", "--results", str(results)),
+    )
     result = json.loads((results / "text-repeat-quick.json").read_text(encoding="utf-8"))
     assert result["parameters"]["learners"] == 2
     assert result["parameters"]["inner"] == "sgd"
@@ -38,15 +46,7 @@ def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) ->
     assert config == defaults
     assert result["figures"]["over_seeds"]["gm-defaults"]["runs"] == 1
 
-    report = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "report.py"),
-        *("--results", str(results), "--docs", str(docs)),
-    ]
-    completed = subprocess.run(
-        report, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-6000:]
+    _benchmark("report.py", "--results", str(results), "--docs", str(docs))
     page = (docs / "benchmarks.md").read_text(encoding="utf-8")
     section = page.split("## 8. Real text over seeds")[1]
     assert "Repeatability" in section
