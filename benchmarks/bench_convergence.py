@@ -727,8 +727,15 @@ GRID: dict[str, list[Any]] = {
     "outer_momentum": [0.0, 0.6, 0.9],
     "sync_every": [25, 50, 100],
     "quorum": ["0.5:3", "1.0:3"],
+    "pattern": ["contiguous"],
 }
 """The grid's default axes; ``quorum`` values are ``quorum_fraction:grace``."""
+_POINT_KEY = ("outer_lr", "outer_momentum", "sync_every", "quorum_fraction", "grace", "pattern")
+
+
+def _grid_axes(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The values each setting takes over ``points``, sorted."""
+    return {key: sorted({point[key] for point in points}) for key in _POINT_KEY}
 
 
 def grid(
@@ -736,27 +743,37 @@ def grid(
     quick: bool,
     axes: dict[str, list[Any]],
     encoding: str,
+    merge: bool = False,
     log: Callable[[str], None] = print,
 ) -> Path:
     """Every point of ``axes`` (``GRID``'s keys) as one gradientmail run on seed 0, against
     data-parallel and a single learner of the same seed; writes
-    ``results/convergence-grid.json`` (points ordered by excess ÷ data-parallel's)."""
+    ``results/convergence-grid.json`` (points ordered by excess ÷ data-parallel's) after
+    every point, so that an interrupted grid keeps what it measured. With ``merge``, the
+    points already in that file stay, except those measured again (same settings)."""
     settings = plan(quick)
-    points: list[dict[str, Any]] = []
+    path = results / f"{NAME}-grid.json"
+    kept = json.loads(path.read_text())["figures"]["points"] if merge and path.exists() else []
+    points = {tuple(point[key] for key in _POINT_KEY): point for point in kept}
     references = {arm: run_local(arm, 0, settings) for arm in ("dp", "single")}
     dp = references["dp"]
     log(f"  dp: excess {dp['excess']:.4f}; single: {references['single']['excess']:.4f}")
+    combos = itertools.product(
+        axes["outer_lr"],
+        axes["outer_momentum"],
+        axes["sync_every"],
+        axes["quorum"],
+        axes["pattern"],
+    )
     with tempfile.TemporaryDirectory(prefix="gm-bench-grid-") as scratch:
-        combos = itertools.product(
-            axes["outer_lr"], axes["outer_momentum"], axes["sync_every"], axes["quorum"]
-        )
-        for n, (lr, momentum, sync_every, quorum) in enumerate(combos):
+        for n, (lr, momentum, sync_every, quorum, pattern) in enumerate(combos):
             fraction, grace = (float(x) for x in str(quorum).split(":"))
             overrides = {
                 "outer_lr": float(lr),
                 "outer_momentum": float(momentum),
                 "quorum_fraction": fraction,
                 "grace": grace,
+                "pattern": str(pattern),
             }
             report = run_gradientmail(
                 0, int(sync_every), encoding, settings, Path(scratch) / str(n), overrides
@@ -766,26 +783,37 @@ def grid(
                 "final_loss": report["final_loss"],
                 "excess": report["excess"],
                 "excess_ratio_vs_dp": report["excess"] / dp["excess"],
+                "excess_ratio_vs_single": report["excess"] / references["single"]["excess"],
                 "rounds_committed": report["rounds_committed"],
                 "mean_participants": report["mean_participants"],
                 "wall_seconds": report["wall_seconds"],
             }
-            points.append(point)
+            points[tuple(point[key] for key in _POINT_KEY)] = point
             log(
                 "  "
                 + " ".join(f"{k}={v}" for k, v in overrides.items())
                 + f" H={sync_every}: excess ÷ dp {point['excess_ratio_vs_dp']:.3f}"
+                + f" ({report['wall_seconds']:.0f} s)"
             )
-    parameters = {"steps": settings["steps"], "seed": 0, "encoding": encoding, "axes": axes}
-    result = h.header(f"{NAME}-grid", quick=quick, parameters=parameters)
-    result["figures"] = {
-        "references": {
-            arm: {"final_loss": r["final_loss"], "excess": r["excess"]}
-            for arm, r in references.items()
-        },
-        "points": sorted(points, key=lambda point: point["excess_ratio_vs_dp"]),
-    }
-    return h.write_result(results, f"{NAME}-grid", result)
+            ordered = sorted(points.values(), key=lambda point: point["excess_ratio_vs_dp"])
+            parameters = {
+                "steps": settings["steps"],
+                "seed": 0,
+                "encoding": encoding,
+                "learners": K,
+                "fragments": FRAGMENTS,
+                "axes": _grid_axes(ordered),
+            }
+            result = h.header(f"{NAME}-grid", quick=quick, parameters=parameters)
+            result["figures"] = {
+                "references": {
+                    arm: {"final_loss": r["final_loss"], "excess": r["excess"]}
+                    for arm, r in references.items()
+                },
+                "points": ordered,
+            }
+            h.write_result(results, f"{NAME}-grid", result)
+    return path
 
 
 def main() -> None:
@@ -800,7 +828,11 @@ def main() -> None:
     parser.add_argument("--outer-momentum", nargs="+", type=float, default=GRID["outer_momentum"])
     parser.add_argument("--sync-every", nargs="+", type=int, default=GRID["sync_every"])
     parser.add_argument("--quorum", nargs="+", default=GRID["quorum"], help="FRACTION:GRACE pairs")
+    parser.add_argument("--pattern", nargs="+", default=GRID["pattern"], help="fragment patterns")
     parser.add_argument("--encoding", default="fp32", help="the grid's delta/update encoding")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the grid file's other points (see grid)"
+    )
     args = parser.parse_args()
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
@@ -811,8 +843,9 @@ def main() -> None:
             "outer_momentum": args.outer_momentum,
             "sync_every": args.sync_every,
             "quorum": args.quorum,
+            "pattern": args.pattern,
         }
-        print(f"wrote {grid(args.results, args.quick, axes, args.encoding)}")
+        print(f"wrote {grid(args.results, args.quick, axes, args.encoding, args.merge)}")
         return
     path = run(args.results, args.quick)
     summaries = json.loads(path.read_text())["figures"]["arms"]

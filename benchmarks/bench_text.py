@@ -32,7 +32,9 @@ new stream of its shard.
 Validation loss is in bits per byte on a fixed set of windows of the validation files; the
 final figure is the mean over learners of their models at the end (after gradientmail's
 closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
-[--size quick|small|medium|full] [--results DIR] [--only ARM ...]``; ``nox -s bench-text``
+[--size quick|small|medium|full] [--results DIR] [--only ARM ...]
+[--mode arms|defaults|repeat] [--seeds N ...]`` (``bench_text_seeds`` has the two modes
+over seeds: the defaults confirmed, and repeatability with plain SGD); ``nox -s bench-text``
 runs the full size (1,000 steps, a 1M-parameter GPT); ``medium`` is 1,000 steps of the
 119k-parameter GPT of ``small`` (200 steps). The worker
 processes run this file with ``--worker``.
@@ -154,9 +156,39 @@ def _bits(nats: float) -> float:
 # -- one learner's work, in any process -------------------------------------------------
 
 
+SGD_LR = 3.0
+SGD_CLIP = 0.25
+"""The plain-SGD inner optimizer (``inner="sgd"``): peak learning rate and the gradient-norm
+clip, as pytorch/examples' word language model trains (SGD, clipping 0.25). The rate is
+this transformer's: the best of 0.3, 1, 3 and 10 for the single arm at size ``medium``
+(3.70, 3.49, 3.37 and 3.92 bits per byte after 1,000 steps, seed 0; AdamW: 3.15)."""
+
+
+def inner_optimizer(name: str, model: Any) -> tuple[Any, float]:
+    """The inner optimizer ``name`` (``adamw`` or ``sgd``) over ``model``'s parameters and its
+    peak learning rate (``bench_convergence.train`` schedules it)."""
+    import torch
+
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0), LR
+    if name != "sgd":
+        raise ValueError(f"unknown inner optimizer {name!r}: adamw or sgd")
+    params = list(model.parameters())
+
+    class ClippedSGD(torch.optim.SGD):
+        """SGD that clips the gradients' global norm to ``SGD_CLIP`` before each step."""
+
+        def step(self, closure: Any = None) -> Any:
+            torch.nn.utils.clip_grad_norm_(params, SGD_CLIP)
+            return super().step(closure)
+
+    return ClippedSGD(params, lr=SGD_LR), SGD_LR
+
+
 def learning(spec: dict[str, Any], index: int) -> bc.Learning:
-    """Learner ``index``'s model, inner optimizer, batches and evaluation (``spec`` as
-    ``_spec`` writes it); a restarted learner (its progress file exists) draws stream 1."""
+    """Learner ``index``'s model, inner optimizer (``spec["inner"]``, AdamW when absent),
+    batches (shard ``index`` of ``spec["learners"]``) and evaluation (``spec`` as ``_spec``
+    writes it); a restarted learner (its progress file exists) draws stream 1."""
     import torch
 
     from gradientmail.demo.data import evaluate
@@ -164,12 +196,12 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
 
     torch.set_num_threads(1)
     size = SIZES[spec["size"]]
-    corpus = data.stdlib_corpus(shards=K, seed=spec["seed"])
+    corpus = data.stdlib_corpus(shards=spec["learners"], seed=spec["seed"])
     length = size["model"]["context"]
     evaluation = corpus.evaluation(*size["eval"], length=length)
     final_set = corpus.evaluation(*size["final_eval"], length=length)
     model = GPT(model_config(size), seed=spec["seed"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    optimizer, lr = inner_optimizer(spec.get("inner", "adamw"), model)
     progress_path = Path(spec["scratch"]) / f"progress-{index}"
     stream = 1 if progress_path.exists() else 0
     batches = corpus.train(index, batch_size=size["batch"], length=length, stream=stream)
@@ -183,7 +215,7 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
             evaluation=evaluation,
             after_step=after_step,
             first=first,
-            lr=LR,
+            lr=lr,
             optimizer=optimizer,
         )
 
@@ -193,7 +225,8 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
 
 
 def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """The ``dp`` or ``single`` arm, in this process on one thread."""
+    """The ``dp`` or ``single`` arm, in this process on one thread: ``spec["learners"]``
+    (``K`` when absent) shards, trained with ``spec["inner"]`` (AdamW when absent)."""
     import torch
 
     from gradientmail.demo.data import evaluate
@@ -201,9 +234,10 @@ def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     size = SIZES[spec["size"]]
-    corpus = data.stdlib_corpus(shards=K, seed=spec["seed"])
+    shards = spec.get("learners", K)
+    corpus = data.stdlib_corpus(shards=shards, seed=spec["seed"])
     length = size["model"]["context"]
-    learners = K if arm == "dp" else 1
+    learners = shards if arm == "dp" else 1
     streams = [corpus.train(k, batch_size=size["batch"], length=length) for k in range(learners)]
 
     def union() -> Any:
@@ -211,6 +245,7 @@ def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
             yield torch.cat([next(stream) for stream in streams])
 
     model = GPT(model_config(size), seed=spec["seed"])
+    optimizer, lr = inner_optimizer(spec.get("inner", "adamw"), model)
     started = time.perf_counter()
     curve = bc.train(
         model,
@@ -218,7 +253,8 @@ def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
         steps=size["steps"],
         eval_every=size["eval_every"],
         evaluation=corpus.evaluation(*size["eval"], length=length),
-        lr=LR,
+        lr=lr,
+        optimizer=optimizer,
     )
     seconds = time.perf_counter() - started
     final = evaluate(model, corpus.evaluation(*size["final_eval"], length=length))
@@ -232,7 +268,7 @@ def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
         "params": params,
     }
     if arm == "dp":
-        result["bytes_per_learner"] = 2 * (K - 1) / K * 4 * params * size["steps"]
+        result["bytes_per_learner"] = 2 * (shards - 1) / shards * 4 * params * size["steps"]
     return result
 
 
@@ -246,8 +282,7 @@ def _spec(size_name: str, seed: int, scratch: Path, **extra: Any) -> dict[str, A
         "steps": SIZES[size_name]["steps"],
         "learners": K,
         "scratch": str(scratch),
-        **extra,
-    }
+    } | extra
 
 
 def _kill(size: dict[str, Any], killed: bool) -> bc.Kill | None:
@@ -257,23 +292,42 @@ def _kill(size: dict[str, Any], killed: bool) -> bc.Kill | None:
 
 
 def run_gradientmail(
-    size_name: str, seed: int, sync_every: int, encoding: str, scratch: Path, killed: bool
+    size_name: str,
+    seed: int,
+    sync_every: int,
+    encoding: str,
+    scratch: Path,
+    killed: bool,
+    **setup: Any,
 ) -> dict[str, Any]:
-    """``K`` learner processes and a syncer on a directory; the arm's figures."""
+    """``K`` learner processes and a syncer on a directory; the arm's figures. ``setup``
+    may name ``config`` (a whole ``RunConfig``, instead of ``run_config(sync_every,
+    encoding)``), ``learners`` (instead of ``K``) and ``inner`` (the inner optimizer)."""
     size = SIZES[size_name]
-    config = run_config(sync_every, encoding)
-    spec = _spec(size_name, seed, scratch, system="gm", config=msgspec.structs.asdict(config))
+    config = setup.get("config") or run_config(sync_every, encoding)
+    learners_count = setup.get("learners", K)
+    spec = _spec(
+        size_name,
+        seed,
+        scratch,
+        system="gm",
+        config=msgspec.structs.asdict(config),
+        learners=learners_count,
+        inner=setup.get("inner", "adamw"),
+    )
     launched = bc.launch(Path(__file__).resolve(), spec, kill=_kill(size, killed))
-    learners = [launched["reports"][str(k)] for k in range(K)]
+    learners = [launched["reports"][str(k)] for k in range(learners_count)]
     syncer = launched["reports"]["syncer"]
     rounds = syncer["rounds"]
     return _summary(launched, learners) | {
-        "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners) / K,
+        "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners)
+        / learners_count,
         "syncer_bytes": syncer["bytes_up"] + syncer["bytes_down"],
         "rounds_committed": len(rounds),
         "mean_participants": sum(r["participants"] for r in rounds) / max(1, len(rounds)),
-        "rounds_without_all": sum(1 for r in rounds if r["participants"] < K),
+        "rounds_without_all": sum(1 for r in rounds if r["participants"] < learners_count),
         "rejected": sum(len(r["rejected"]) for r in rounds),
+        "participants_by_round": [r["participants"] for r in rounds],
     }
 
 
@@ -473,6 +527,8 @@ def run(
             "learners": K,
             "fragments": FRAGMENTS,
             "pattern": "contiguous",
+            "outer_lr": run_config(size["kill_sync_every"], "fp32").outer_lr,
+            "outer_momentum": run_config(size["kill_sync_every"], "fp32").outer_momentum,
             "lr": LR,
             "arms": chosen,
             "params": GPT(model_config(size)).num_parameters(),
@@ -528,12 +584,24 @@ def main() -> None:
     parser.add_argument("--size", choices=SIZES, default="full", help="steps and model size")
     parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
     parser.add_argument("--only", nargs="+", help="run only these arms (see the docstring)")
+    parser.add_argument(
+        "--mode",
+        choices=("arms", "defaults", "repeat"),
+        default="arms",
+        help="every arm once (the default), or bench_text_seeds' defaults or repeat mode",
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return
-    path = run(args.results, args.size, args.only)
+    if args.mode != "arms":
+        import bench_text_seeds
+
+        path = bench_text_seeds.run(args.results, args.size, args.mode, args.seeds, args.only)
+    else:
+        path = run(args.results, args.size, args.only)
     print(f"wrote {path}")
 
 

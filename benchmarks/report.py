@@ -937,6 +937,23 @@ def text(page: Page, by_size: dict[str, Any] | None) -> None:
             "",
         )
         return
+    if "full" not in by_size:
+        page.add(
+            "_The full size (a 1M-parameter GPT, 1,000 steps, every arm) is not measured: "
+            "`nox -s bench-text` runs it. A full-size step costs about 17 medium ones (1.76 s "
+            "against 0.105 s for one learner on one thread, measured under load), so on two "
+            "idle cores the headline arms (data-parallel, single, gradientmail and torchft "
+            "at fp32 H=100) take about an hour and a half and the two kill arms about 40 "
+            "minutes more; every arm, about eight hours._",
+            "",
+        )
+        page.target(
+            "real text (full size): every arm, the torchft ratios and the failure side by side",
+            "measured",
+            "not run (sizes small and medium only)",
+            None,
+            "nox -s bench-text; see section 6",
+        )
     for size, result in by_size.items():
         page.add(f"### Size `{size}`", "")
         _text_size(page, result)
@@ -964,7 +981,8 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "for validation by a hash of its path. "
         f"{p['learners']} learners, {p['steps']} steps each, batch {p['batch']} windows, AdamW "
         f"at {p['lr']} with warm-up and cosine decay; {p['fragments']} fragments "
-        f"(`{p['pattern']}`) in both systems, outer Nesterov SGD 0.7 / 0.9 in both. "
+        f"(`{p['pattern']}`) in both systems, outer Nesterov SGD "
+        f"{p.get('outer_lr', 0.7)} / {p.get('outer_momentum', 0.9)} in both. "
         "Data-parallel trains one model on the union of the learners' batches. "
         "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
         "torchft runs each learner as its own replica group with `torchft.local_sgd.DiLoCo`, "
@@ -1165,8 +1183,20 @@ def _text_plot(page: Page, arms: dict[str, Any], size: str) -> None:
     page.plot(f"text-{size}.png", draw, f"validation bits per byte against steps, size {size}")
 
 
+_GRID_KEY = ("outer_lr", "outer_momentum", "sync_every", "quorum_fraction", "grace", "pattern")
+
+
+def _grid_defaults() -> dict[str, Any]:
+    """``RunConfig``'s defaults for the grid's settings, as the code stands."""
+    from gradientmail.protocol.records import RunConfig
+
+    defaults = RunConfig()
+    return {key: getattr(defaults, key) for key in _GRID_KEY}
+
+
 def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
-    """The outer-optimizer × H × quorum grid of ``bench_convergence.py --grid``."""
+    """The outer-optimizer × H × quorum × pattern grid of ``bench_convergence.py --grid``:
+    the best value of each setting, every point, and where ``RunConfig``'s defaults stand."""
     page.add("## 7. The defaults grid (synthetic language)", "")
     if result is None:
         page.add(
@@ -1176,7 +1206,8 @@ def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
         )
         return
     p, figures = result["parameters"], result["figures"]
-    references = figures["references"]
+    references, points = figures["references"], figures["points"]
+    defaults = _grid_defaults()
     page.add(
         _provenance(result),
         "",
@@ -1184,20 +1215,49 @@ def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
         f"seed {p['seed']}, {p['encoding']}), best first by excess over the entropy floor ÷ "
         f"data-parallel's ({_num(references['dp']['excess'], 4)}); a single learner's excess "
         f"is {_num(references['single']['excess'], 4)}. One seed: a difference of a few "
-        "percent between neighbours is within noise.",
+        "percent between neighbours is within noise. Quorum / grace: a round closes once it "
+        "has that fraction of the live learners, then waits up to grace for the rest.",
+        "",
+        "The best point for each value of each setting (the other settings free):",
         "",
     )
+    rows = []
+    for key in _GRID_KEY:
+        for value in sorted({point[key] for point in points}):
+            best = min(
+                (point for point in points if point[key] == value),
+                key=lambda point: point["excess_ratio_vs_dp"],
+            )
+            marker = " (default)" if defaults[key] == value else ""
+            rows.append([key, f"{value}{marker}", _num(best["excess_ratio_vs_dp"], 3)])
+    page.add(*_table(["setting", "value", "best excess ÷ DP's"], rows))
+    chosen = next(
+        (point for point in points if all(point[k] == defaults[k] for k in _GRID_KEY)), None
+    )
+    best = points[0]
+    if chosen is not None:
+        page.target(
+            "defaults grid: RunConfig's defaults against the grid's best point",
+            "within 10% of the best",
+            f"{_num(chosen['excess_ratio_vs_dp'], 3)} vs {_num(best['excess_ratio_vs_dp'], 3)} "
+            "(excess ÷ DP's)",
+            chosen["excess_ratio_vs_dp"] <= 1.1 * best["excess_ratio_vs_dp"],
+            "bench_convergence --grid (one seed)",
+        )
+    page.add("<details><summary>Every point</summary>", "")
     rows = [
         [
             _num(point["outer_lr"], 2),
             _num(point["outer_momentum"], 2),
             str(point["sync_every"]),
             f"{_num(point['quorum_fraction'], 2)} / {_num(point['grace'], 1)} s",
+            point.get("pattern", "contiguous"),
             _num(point["excess"], 4),
             _num(point["excess_ratio_vs_dp"], 3),
             _num(point["mean_participants"], 2),
+            "**default**" if point is chosen else "",
         ]
-        for point in figures["points"]
+        for point in points
     ]
     page.add(
         *_table(
@@ -1206,13 +1266,204 @@ def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
                 "outer momentum",
                 "H",
                 "quorum / grace",
+                "pattern",
                 "excess",
                 "excess ÷ DP's",
                 "snapshots per round",
+                "",
             ],
             rows,
-        )
+        ),
+        "</details>",
+        "",
     )
+
+
+TEXT_SEED_MODES = {
+    "defaults": "### The defaults on real text, three seeds",
+    "repeat": "### Repeatability: the defaults, two learners, plain SGD, five seeds",
+}
+
+
+def _text_seed_results(results: Path) -> dict[str, Any] | None:
+    """``bench_text --mode defaults|repeat``'s results, the largest size measured of each
+    (``quick`` last: the smoke-test size)."""
+    found = {}
+    for mode in TEXT_SEED_MODES:
+        for size in (*TEXT_SIZES, "quick"):
+            result = _load(results, f"text-{mode}-{size}")
+            if result is not None:
+                found[mode] = result
+                break
+    return found or None
+
+
+def _config_words(config: dict[str, Any]) -> str:
+    return (
+        f"F={config['fragments']} (`{config['pattern']}`), H={config['sync_every']}, outer "
+        f"{config['outer_lr']} / {config['outer_momentum']}, quorum "
+        f"{config['quorum_fraction']} / grace {config['grace']} s"
+    )
+
+
+def text_seeds(page: Page, by_mode: dict[str, Any] | None) -> None:
+    """The real-text task over seeds: the defaults against the previous ones, and the
+    repeatability check (``benchmarks/bench_text_seeds.py``)."""
+    page.add("## 8. Real text over seeds: the defaults and repeatability", "")
+    if by_mode is None:
+        page.add(
+            "_Not measured: no `benchmarks/results/text-{defaults,repeat}-*.json` "
+            "(`benchmarks/bench_text.py --size medium --mode defaults|repeat`)._",
+            "",
+        )
+        return
+    for mode, title in TEXT_SEED_MODES.items():
+        result = by_mode.get(mode)
+        page.add(title, "")
+        if result is None:
+            page.add(f"_Not measured: `--mode {mode}`._", "")
+            continue
+        _text_seed_mode(page, result)
+
+
+def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
+    p, figures = result["parameters"], result["figures"]
+    per_seed, over, arms = figures["per_seed"], figures["over_seeds"], figures["arms"]
+    configs = {
+        arm: run["config"] for seed in arms.values() for arm, run in seed.items() if "config" in run
+    }
+    inner = (
+        f"plain SGD at {p['inner_lr']} (gradient norm clipped to {p['sgd_clip']})"
+        if p["inner"] == "sgd"
+        else f"AdamW at {p['inner_lr']}"
+    )
+    model = p["model"]
+    page.add(
+        _provenance(result),
+        "",
+        f"Section 6's task at size `{p['size']}` (d_model {model['d_model']}, "
+        f"{model['n_layers']} layers, {p['params']:,} parameters, {p['steps']} steps per "
+        f"learner, batch {p['batch']}): {p['learners']} learners, each on its "
+        f"1/{p['learners']} of the training text, inner optimizer {inner} with warm-up and "
+        "cosine decay; data-parallel trains one model on the union of their batches, the "
+        "single learner trains on the first shard alone for the same steps (equal steps per "
+        "learner). Each seed draws the initialization and every batch. "
+        + "; ".join(f"`{arm}`: {_config_words(c)}" for arm, c in sorted(configs.items()))
+        + ".",
+        "",
+    )
+    arm_names = sorted(over, key=lambda arm: ({"dp": 0, "single": 1}.get(arm, 2), arm))
+    rows = []
+    for seed, row in sorted(per_seed.items(), key=lambda item: int(item[0])):
+        cells = [seed]
+        for arm in arm_names:
+            entry = row.get(arm)
+            if entry is None:
+                cells.append("–")
+                continue
+            text = _num(entry["bits_per_byte"], 4)
+            if arm.startswith("gm-") and "excess_over_dp" in entry:
+                text += f" ({entry['excess_over_dp']:+.4f}"
+                if "beats_single" in entry:
+                    text += ", beats single" if entry["beats_single"] else ", **not below single**"
+                text += f"; {entry['rounds_without_all']}/{entry['rounds_committed']} rounds short)"
+            cells.append(text)
+        rows.append(cells)
+    page.add(
+        "Validation bits per byte per seed (gradientmail: its excess over data-parallel of the "
+        "same seed, and the rounds that closed without every learner):",
+        "",
+        *_table(["seed", *arm_names], rows),
+    )
+    rows = []
+    for arm in arm_names:
+        entry = over[arm]
+        excess = entry.get("excess_over_dp")
+        rows.append(
+            [
+                arm,
+                _spread(entry["bits_per_byte"], 4),
+                _num(entry.get("bits_per_byte_spread"), 3),
+                _spread(excess, 4) if excess else "–",
+                _num(entry.get("excess_spread"), 2),
+                f"{entry['beats_single']} of {entry['runs']}" if "runs" in entry else "–",
+            ]
+        )
+    page.add(
+        "Over seeds (median [min, max]; a max/min excess of – : some seed ended at or below "
+        "data-parallel's loss, so the ratio is undefined):",
+        "",
+        *_table(
+            [
+                "arm",
+                "bits/byte",
+                "max/min bits/byte",
+                "excess over DP",
+                "max/min excess",
+                "runs below single",
+            ],
+            rows,
+        ),
+    )
+    single = over.get("single", {}).get("excess_spread")
+    if single is not None:
+        page.add(
+            f"The single learner's own max/min excess over data-parallel, {_num(single, 2)}, "
+            "is the seed-to-seed noise of this measure without gradientmail in the loop: a "
+            "spread near it is the task's, not the protocol's.",
+            "",
+        )
+    _text_seed_targets(page, p, over)
+
+
+def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> None:
+    where = f"real text ({p['size']}, {p['learners']} learners, {p['inner']})"
+    defaults = over.get("gm-defaults")
+    if defaults is None or "runs" not in defaults:
+        return
+    page.target(
+        f"{where}: gradientmail (defaults) below one learner alone, every seed (DiLoCo's ordering)",
+        f"{defaults['runs']} of {defaults['runs']}",
+        f"{defaults['beats_single']} of {defaults['runs']}",
+        defaults["beats_single"] == defaults["runs"],
+        "bench_text --mode " + p["mode"],
+    )
+    if p["mode"] == "repeat":
+        spread, excess = defaults.get("excess_spread"), defaults["excess_over_dp"]
+        measured = (
+            _num(spread, 2)
+            if spread is not None
+            else f"undefined: excess {_num(excess['min'], 4)} to {_num(excess['max'], 4)} "
+            "bits/byte (a seed at or below DP)"
+        )
+        page.target(
+            f"{where}: spread of the excess over DP, max/min over seeds",
+            f"≤ {p['spread_max']}",
+            measured,
+            spread is not None and spread <= p["spread_max"],
+            "bench_text --mode repeat",
+        )
+        page.target(
+            f"{where}: spread of the final loss, max/min over seeds",
+            f"≤ {p['spread_max']}",
+            f"{_num(defaults['bits_per_byte_spread'], 3)} (DP's "
+            f"{_num(over['dp']['bits_per_byte_spread'], 3)})",
+            defaults["bits_per_byte_spread"] <= p["spread_max"],
+            "bench_text --mode repeat",
+        )
+    previous = over.get("gm-previous")
+    if previous is not None and "excess_over_dp" in previous:
+        ours, theirs = (
+            defaults["excess_over_dp"]["median"],
+            previous["excess_over_dp"]["median"],
+        )
+        page.target(
+            f"{where}: new defaults' excess over DP against the previous defaults'",
+            "≤ the previous (median over seeds)",
+            f"{_num(ours, 4)} vs {_num(theirs, 4)} bits/byte",
+            ours <= theirs,
+            "bench_text --mode defaults",
+        )
 
 
 def generate(results: Path, docs: Path) -> Path:
@@ -1226,11 +1477,14 @@ def generate(results: Path, docs: Path) -> Path:
         (events, "events"),
         (text, "text"),
         (defaults_grid, "convergence-grid"),
+        (text_seeds, "text-seeds"),
         (groups, "groups"),
     ]
+    loaders = {"text": _text_results, "text-seeds": _text_seed_results}
     body = Page(docs)
     for section, name in sections:
-        section(body, _text_results(results) if name == "text" else _load(results, name))
+        loader = loaders.get(name)
+        section(body, loader(results) if loader else _load(results, name))
     quick = any((_load(results, n) or {}).get("quick") for _, n in sections)
     page.add(
         "# Benchmarks",

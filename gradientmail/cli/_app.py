@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gradientmail.errors import GradientmailError, MailboxUnavailable, RunMismatch, UsageError
+from gradientmail.protocol.records import RunConfig
 
 __all__ = ["main", "parser"]
 
@@ -119,14 +120,19 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--context", type=_positive_int, default=64, help="tokens per sequence (default 64)"
     )
+    defaults = RunConfig()
     demo.add_argument(
-        "--fragments", type=_positive_int, default=4, help="model fragments (default 4)"
+        "--fragments",
+        type=_positive_int,
+        default=defaults.fragments,
+        help=f"model fragments (default {defaults.fragments}, RunConfig's)",
     )
     demo.add_argument(
         "--sync-every",
         type=_positive_int,
-        default=40,
-        help="local steps between syncs of a fragment (default 40)",
+        default=defaults.sync_every,
+        help=f"local steps between syncs of a fragment (default {defaults.sync_every}, "
+        "RunConfig's)",
     )
     demo.add_argument(
         "--encoding",

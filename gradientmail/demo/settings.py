@@ -55,8 +55,8 @@ class DemoSettings(msgspec.Struct, frozen=True, kw_only=True):
     steps: int = 200
     batch_size: int = 16
     context: int = 64
-    fragments: int = 4
-    sync_every: int = 40
+    fragments: int = RunConfig().fragments
+    sync_every: int = RunConfig().sync_every
     encoding: Encoding = "fp32"
     lr: float = 3e-3
     data: str | None = None
@@ -135,14 +135,13 @@ def model_config(settings: DemoSettings, vocab_size: int) -> GPTConfig:
 
 
 def run_config(settings: DemoSettings) -> RunConfig:
-    """The run's config: fragments, schedule and encodings from the settings; a grace
-    period short enough for learners that run in step on one machine."""
+    """The run's config: fragments, schedule and encodings from the settings, the rest
+    ``RunConfig``'s measured defaults (docs/protocol.md, "Recommended settings")."""
     return RunConfig(
         fragments=settings.fragments,
         sync_every=settings.sync_every,
         delta_encoding=settings.encoding,
         update_encoding=settings.encoding,
-        grace=1.0,
     )
 
 

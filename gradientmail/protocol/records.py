@@ -99,7 +99,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         How learners' deltas and the syncer's updates travel; ``block_size`` elements share one
         scale under int8 / int4.
     outer_lr, outer_momentum
-        Nesterov momentum SGD on the averaged pseudo-gradient (DiLoCo's 0.7 and 0.9).
+        Nesterov momentum SGD on the averaged pseudo-gradient (DiLoCo's paper: 0.7 and 0.9;
+        the defaults, 1.0 and 0.6, are the best measured: docs/protocol.md, "Recommended
+        settings").
     weighting, max_staleness, outlier_factor, max_tokens_per_step
         How a round weighs snapshots and which it rejects: based more than ``max_staleness``
         versions behind, a norm over ``outlier_factor`` times the median (3+ snapshots), or
@@ -118,19 +120,19 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """
 
     fragments: int = 4
-    sync_every: int = 64
+    sync_every: int = 50
     pattern: Pattern = "contiguous"
     delta_encoding: Encoding = "fp32"
     update_encoding: Encoding = "fp32"
     block_size: int = 256
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.6
     weighting: Weighting = "tokens"
     max_staleness: int = 1
     outlier_factor: float = 5.0
     max_tokens_per_step: int = 1 << 24
     quorum_min: int = 1
-    quorum_fraction: float = 0.5
+    quorum_fraction: float = 1.0
     grace: float = 2.0
     merge: MergeRule = "keep-progress"
     alpha: float = 0.5

@@ -233,9 +233,11 @@ async def test_a_round_closed_without_a_live_learner_is_reported() -> None:
     sink = Recorder()
     model = tiny_model()
     idle = tiny_model(1)
-    # "idle" joins and holds a live lease but never steps: rounds close without it.
+    # "idle" joins and holds a live lease but never steps: rounds close without it once "a"
+    # alone is a quorum (the default, 1.0, would hold them open for "idle").
+    config = msgspec.structs.replace(CONFIG, quorum_fraction=0.5)
     async with (
-        open_node(model, box, learner="a", config=CONFIG, options=FAST, sinks=[sink]) as a,
+        open_node(model, box, learner="a", config=config, options=FAST, sinks=[sink]) as a,
         open_node(idle, box, learner="idle", options=LEARNER_ONLY, sinks=[sink]),
     ):
         await train(a, model, seed=1, until_round=a.state.round + 3)
@@ -249,8 +251,10 @@ async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() 
     close without it after grace), then at the same speed again; from four rounds after the
     stretch on, every round has both, for ten rounds."""
     box = MemoryMailbox()
-    # A grace well above a loaded machine's hiccups; the stretch is slower than it.
-    config = msgspec.structs.replace(CONFIG, sync_every=4, grace=0.5)
+    # A grace well above a loaded machine's hiccups; the stretch is slower than it. One
+    # learner is a quorum, so that rounds close without the slow one (the default, 1.0,
+    # waits for it and never leaves it behind).
+    config = msgspec.structs.replace(CONFIG, sync_every=4, grace=0.5, quorum_fraction=0.5)
     recovered: list[int] = []
 
     def until() -> int:

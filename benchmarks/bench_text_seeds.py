@@ -1,0 +1,193 @@
+"""Real text over seeds: the measured defaults confirmed, and the same run repeated.
+
+Two modes of ``bench_text.py`` (``--mode defaults`` and ``--mode repeat``), each the same
+arms over several seeds (the seed draws the model's initialization and every learner's
+batches):
+
+- ``defaults``: seeds 0, 1, 2; ``K`` = 4 learners, AdamW. ``gm-defaults`` is a run created
+  with ``RunConfig()`` as it stands (the defaults chosen from the grid in
+  ``bench_convergence.py --grid``), ``gm-previous`` one with the defaults before that grid
+  (``PREVIOUS``), ``dp`` and ``single`` as in ``bench_text``. Written to
+  ``text-defaults-{size}.json``.
+- ``repeat``: seeds 0 … 4; 2 learners, each on its half of the training text, and the
+  plain-SGD inner optimizer (``bench_text.inner_optimizer("sgd")``); ``gm-defaults``,
+  ``dp`` (one model on both halves' batches) and ``single`` (one learner on the first half,
+  the same steps: equal steps per learner). Written to ``text-repeat-{size}.json``.
+
+Per seed: each arm's validation bits per byte, its excess over ``dp`` of the same seed, and
+whether each gradientmail arm ends below ``single``. Over seeds: the summaries, and for each
+arm the spread ``max / min`` of its final bits per byte and of its excess over ``dp`` (None
+when some seed's excess is not positive: a run that ended at or below data-parallel's loss
+leaves the ratio undefined). The repeatability target: every seed below ``single``, the
+excess within 1.3×.
+
+The result file is rewritten after every run, so that an interrupted mode keeps what it
+measured, and a later invocation keeps the runs of the file it does not repeat (``--only dp
+single`` first, the gradientmail arms later, gives one file; one that runs no arm, ``--only
+none``, recomputes the figures of the stored runs); each gradientmail run records its
+``RunConfig``.
+"""
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+import bench_text as bt
+import bench_text_data as data
+import msgspec
+
+PREVIOUS: dict[str, Any] = {
+    "fragments": 4,
+    "sync_every": 64,
+    "pattern": "contiguous",
+    "outer_lr": 0.7,
+    "outer_momentum": 0.9,
+    "quorum_fraction": 0.5,
+    "grace": 2.0,
+}
+"""``RunConfig``'s defaults before the grid chose them."""
+SPREAD_MAX = 1.3
+
+MODES: dict[str, dict[str, Any]] = {
+    "defaults": {
+        "seeds": [0, 1, 2],
+        "learners": 4,
+        "inner": "adamw",
+        "arms": ["dp", "single", "gm-defaults", "gm-previous"],
+    },
+    "repeat": {
+        "seeds": [0, 1, 2, 3, 4],
+        "learners": 2,
+        "inner": "sgd",
+        "arms": ["dp", "single", "gm-defaults"],
+    },
+}
+
+
+def config(arm: str) -> Any:
+    """The ``RunConfig`` of a gradientmail arm: the defaults, or ``PREVIOUS`` over them."""
+    from gradientmail.protocol.records import RunConfig
+
+    return RunConfig() if arm == "gm-defaults" else RunConfig(**PREVIOUS)
+
+
+def run_arm(arm: str, size: str, seed: int, mode: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    """One arm of a mode on one seed."""
+    setup = {"learners": mode["learners"], "inner": mode["inner"]}
+    if arm in ("dp", "single"):
+        return bt.run_local(arm, {"size": size, "seed": seed} | setup)
+    chosen = config(arm)
+    result = bt.run_gradientmail(
+        size, seed, 0, "fp32", scratch / f"{arm}-s{seed}", False, config=chosen, **setup
+    )
+    return result | {"config": msgspec.structs.asdict(chosen)}
+
+
+def figures(per_seed: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Per seed and over seeds, as the module docstring says, from each arm's results."""
+    rows: dict[str, dict[str, Any]] = {}
+    for seed, by_arm in per_seed.items():
+        dp, single = by_arm.get("dp"), by_arm.get("single")
+        row: dict[str, Any] = {}
+        for arm, result in by_arm.items():
+            entry: dict[str, Any] = {
+                "bits_per_byte": result["bits_per_byte"],
+                "wall_seconds": result["wall_seconds"],
+            }
+            if dp is not None:
+                entry["excess_over_dp"] = result["bits_per_byte"] - dp["bits_per_byte"]
+            if single is not None and arm.startswith("gm-"):
+                entry["beats_single"] = result["bits_per_byte"] < single["bits_per_byte"]
+            if "rounds_committed" in result:
+                entry["rounds_committed"] = result["rounds_committed"]
+                entry["rounds_without_all"] = result["rounds_without_all"]
+                entry["mean_participants"] = result["mean_participants"]
+            row[arm] = entry
+        rows[seed] = row
+    arms = sorted({arm for row in rows.values() for arm in row})
+    over: dict[str, Any] = {}
+    for arm in arms:
+        entries = [row[arm] for row in rows.values() if arm in row]
+        bits = [e["bits_per_byte"] for e in entries]
+        summary: dict[str, Any] = {
+            "bits_per_byte": h.summary(bits),
+            "bits_per_byte_spread": max(bits) / min(bits),
+        }
+        excess = [e["excess_over_dp"] for e in entries if "excess_over_dp" in e]
+        if excess and arm != "dp":
+            summary["excess_over_dp"] = h.summary(excess)
+            summary["excess_spread"] = max(excess) / min(excess) if min(excess) > 0 else None
+        beats = [e["beats_single"] for e in entries if "beats_single" in e]
+        if beats:
+            summary["beats_single"] = sum(beats)
+            summary["runs"] = len(beats)
+        over[arm] = summary
+    return {"per_seed": rows, "over_seeds": over}
+
+
+def run(
+    results: Path,
+    size: str,
+    mode_name: str,
+    seeds: list[int] | None,
+    only: list[str] | None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Every arm of the mode (or ``only`` those) on every seed (or ``seeds``); writes
+    ``results/text-{mode}-{size}.json`` after each run and returns its path."""
+    from gradientmail.demo.model import GPT
+    from gradientmail.protocol.records import RunConfig
+
+    mode = MODES[mode_name] | ({"seeds": seeds} if seeds else {})
+    chosen = [arm for arm in mode["arms"] if only is None or arm in only]
+    name = f"{bt.NAME}-{mode_name}-{size}"
+    inner_lr = bt.SGD_LR if mode["inner"] == "sgd" else bt.LR
+    parameters = (
+        {
+            "size": size,
+            "mode": mode_name,
+            "arms": chosen,
+            "params": GPT(bt.model_config(bt.SIZES[size])).num_parameters(),
+            "corpus": data.stdlib_corpus(shards=mode["learners"], seed=0).description,
+            "defaults": msgspec.structs.asdict(RunConfig()),
+            "previous": PREVIOUS,
+            "inner_lr": inner_lr,
+            "sgd_clip": bt.SGD_CLIP if mode["inner"] == "sgd" else None,
+            "spread_max": SPREAD_MAX,
+        }
+        | {key: value for key, value in bt.SIZES[size].items() if key != "model"}
+        | mode
+    )
+    parameters["model"] = bt.SIZES[size]["model"]
+    path = results / f"{name}.json"
+    stored = json.loads(path.read_text()) if path.exists() else None
+    per_seed: dict[str, dict[str, dict[str, Any]]] = stored["figures"]["arms"] if stored else {}
+    began = time.perf_counter()
+    if not chosen and stored is not None:
+        # Nothing to run: the figures again from the stored runs, under their own header.
+        stored["figures"] = figures(per_seed) | {
+            "arms": per_seed,
+            "seconds_this_invocation": stored["figures"].get("seconds_this_invocation"),
+        }
+        path.write_text(json.dumps(stored, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        return path
+    with tempfile.TemporaryDirectory(prefix="gm-bench-text-seeds-") as scratch:
+        for seed in mode["seeds"]:
+            for arm in chosen:
+                result = run_arm(arm, size, seed, mode, Path(scratch))
+                per_seed.setdefault(str(seed), {})[arm] = result
+                log(
+                    f"  seed {seed} {arm}: {result['bits_per_byte']:.4f} bits/byte, "
+                    f"{result['wall_seconds']:.0f} s"
+                )
+                document = h.header(name, quick=size == "quick", parameters=parameters)
+                document["figures"] = figures(per_seed) | {
+                    "arms": per_seed,
+                    "seconds_this_invocation": time.perf_counter() - began,
+                }
+                h.write_result(results, name, document)
+    return path
