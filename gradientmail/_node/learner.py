@@ -13,13 +13,14 @@ two tasks of the node's task group. Each of them replaces the ``Learner`` value 
 - ``Recorded``/``Resolved``/``Dropped``/``Unavailable``: events (``RoundRecorded``,
   ``SnapshotRejected``, ``StepsDropped``, one ``PollFailed``);
 - ``Download``: fetched by the receive task, decoded in a worker thread
-  (``protocol.outer.apply_update`` on the base, or the record's θ).
+  (``protocol.outer.apply_update`` on the base, or ``RunReader.rebuild``: the checkpoint
+  at or below the record's version and the updates after it).
 
 The receive task lists ``records/`` after the newest round it fed, every ``poll_interval``;
 a record that does not decode or verify, or a gap in the records, stops the listing there
 (retried at every poll; one ``PollFailed`` per distinct failure, not one per poll). Each
-fragment's download fails alone: a corrupt or missing update falls back to the record's θ,
-and the other fragments are prepared anyway.
+fragment's download fails alone: a corrupt or missing update falls back to the rebuild
+from the checkpoint, and the other fragments are prepared anyway.
 The publisher encodes ``S − B`` in a worker thread, uploads the blob and then the snapshot.
 """
 
@@ -48,7 +49,7 @@ from gradientmail.events.kinds import (
     StepsDropped,
 )
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import decode_fragment, encode_fragment
+from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.learner import (
     Action,
     Apply,
@@ -67,6 +68,7 @@ from gradientmail.protocol.merge import merge_into
 from gradientmail.protocol.outer import apply_update
 from gradientmail.protocol.records import DropReason, FragmentSpec, RoundRecord, RunConfig
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
+from gradientmail.reader import RunReader
 
 __all__ = ["LearnerDriver"]
 
@@ -274,10 +276,10 @@ class LearnerDriver:
             if data is None:
                 return None
             return await anyio.to_thread.run_sync(_updated, download.base, data, spec, self._pin)
-        data = await rt.store.get_blob(record.theta)
-        if data is None:
-            return None
-        return await anyio.to_thread.run_sync(_decoded, data, spec, self._pin)
+        rebuilt = await RunReader(rt.store).rebuild(
+            download.fragment, record.version, manifest=rt.manifest
+        )
+        return None if rebuilt is None else _pinned(rebuilt.theta, self._pin)
 
     # -- the publisher task ----------------------------------------------------------------
 
@@ -354,10 +356,6 @@ def _updated(
         return _pinned(apply_update(base, data, spec), pin)
     except ValueError as exc:
         raise RecordError(f"the update does not fit the fragment: {exc}") from exc
-
-
-def _decoded(data: bytes, spec: FragmentSpec, pin: bool) -> tuple[Tensor, ...]:
-    return _pinned(decode_fragment(data, spec), pin)
 
 
 def _encode_delta(job: _Job, spec: FragmentSpec, config: RunConfig) -> tuple[bytes, float | None]:
