@@ -156,8 +156,8 @@ def retained(round: int, config: RunConfig) -> Retained:
     """``Retained`` after committing ``round`` (-1: none committed yet): for every fragment,
     the newest ``keep_versions`` versions and what rebuilds each of them with its momentum:
     the checkpoint at or below the oldest (its record's blobs), every record after it (their
-    updates) and the snapshots of their rounds; and the snapshots of the newest
-    ``keep_rounds`` rounds."""
+    updates) and the snapshots of their rounds but checkpoints' (a replay starts there);
+    and the snapshots of the newest ``keep_rounds`` rounds."""
     count = config.fragments
     records: set[int] = set()
     snapshots = set(range(max(round - config.keep_rounds + 1, 0), round + 1))
@@ -168,5 +168,6 @@ def retained(round: int, config: RunConfig) -> Retained:
         for version in range(max(start, 1), newest + 1):
             records.add(keys.round_of(fragment, version, count))
         for version in range(start + 1, newest + 1):
-            snapshots.add(keys.round_of(fragment, version, count))
+            if not is_checkpoint(version, config):
+                snapshots.add(keys.round_of(fragment, version, count))
     return Retained(frozenset(records), frozenset(snapshots))
