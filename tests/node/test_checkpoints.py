@@ -1,0 +1,148 @@
+"""Checkpoints through real nodes on a real directory store: every checkpoint a syncer
+writes is, bit for bit, the replay of the whole history from Θ⁰ (θ and the momentum), also
+after a syncer was killed between checkpoints and another recovered from the store; a
+learner joining between checkpoints holds exactly that θ; a node passing another
+``checkpoint_every`` than the run's is refused, naming the field."""
+
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+import torch
+from node_helpers import CONFIG, FAST, records, tiny_model, train
+
+from gradientmail._node import node as open_node
+from gradientmail.errors import RunMismatch
+from gradientmail.mailbox.local import LocalMailbox
+from gradientmail.protocol import keys
+from gradientmail.protocol.checkpoint import mean_of, replayed
+from gradientmail.protocol.codec import decode_fragment
+from gradientmail.protocol.records import BlobRef, RoundRecord
+from gradientmail.store import Store
+
+pytestmark = pytest.mark.anyio
+
+EVERY = msgspec.structs.replace(CONFIG, checkpoint_every=3)
+"""Two fragments, a checkpoint every third version, nothing collected."""
+
+
+def same_bits(a: object, b: object) -> bool:
+    assert isinstance(a, list | tuple)
+    assert isinstance(b, list | tuple)
+    return all(
+        torch.equal(x.contiguous().view(torch.int32), y.contiguous().view(torch.int32))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+async def blob(store: Store, ref: BlobRef | None, fragment: int) -> list[torch.Tensor]:
+    assert ref is not None
+    data = await store.get_blob(ref)
+    assert data is not None
+    manifest = await store.manifest()
+    assert manifest is not None
+    return decode_fragment(data, manifest.fragments[fragment])
+
+
+async def from_scratch(
+    box: LocalMailbox, history: list[RoundRecord], fragment: int
+) -> dict[int, tuple[list[torch.Tensor], list[torch.Tensor] | None]]:
+    """θ and the momentum of every version of ``fragment``, replayed by hand from Θ⁰ through
+    every round's update and its participants' deltas (the oracle: no checkpoint is read)."""
+    store = Store(box)
+    manifest = await store.manifest()
+    assert manifest is not None
+    spec = manifest.fragments[fragment]
+    theta = await blob(store, manifest.theta0[fragment], fragment)
+    momentum: list[torch.Tensor] | None = None
+    out = {}
+    for record in history:
+        if record.fragment != fragment:
+            continue
+        found = []
+        for snapshot, _ in await store.snapshots(record.round):
+            found.append((snapshot, await blob(store, snapshot.delta, fragment)))
+        update = await store.get_blob(record.update)
+        assert update is not None
+        mean = mean_of(record, found, spec)
+        theta, momentum = replayed(theta, momentum, update, spec, EVERY, mean=mean)
+        out[record.version] = (theta, momentum)
+    return out
+
+
+async def assert_checkpoints_replay(box: LocalMailbox) -> list[RoundRecord]:
+    """Every checkpoint in the store equals the replay from scratch, bit for bit."""
+    history = await records(box)
+    store = Store(box)
+    checked = 0
+    for fragment in range(EVERY.fragments):
+        replay = await from_scratch(box, history, fragment)
+        for record in history:
+            if record.fragment == fragment and record.checkpoint:
+                theta, momentum = replay[record.version]
+                assert same_bits(await blob(store, record.theta, fragment), theta), record.round
+                assert same_bits(await blob(store, record.outer, fragment), momentum), record
+                checked += 1
+            elif record.fragment == fragment:
+                assert record.version % EVERY.checkpoint_every, record.round
+    assert checked >= 2
+    return history
+
+
+async def test_a_syncer_killed_between_checkpoints_is_followed_exactly(tmp_path: Path) -> None:
+    """``a`` (learner and syncer) is killed after version 4 of both fragments (checkpoint at
+    3); ``b`` recovers from the store, rebuilding θ and the momentum from checkpoint 3 and
+    the rounds after it, and commits on past checkpoint 6: each checkpoint is the replay."""
+    box = LocalMailbox(tmp_path / "store")
+    async with box:
+        model = tiny_model(0)
+        with anyio.CancelScope() as kill:
+            async with open_node(model, box, learner="a", config=EVERY, options=FAST) as node:
+                await train(node, model, seed=0, until_round=7)
+                kill.cancel()
+        assert max(r.round for r in await records(box)) < 10
+        model = tiny_model(1)
+        async with open_node(model, box, learner="b", options=FAST) as node:
+            await train(node, model, seed=1, until_round=14)
+        history = await assert_checkpoints_replay(box)
+        assert any(r.committed_by == "b" and r.checkpoint for r in history)
+
+
+async def test_a_learner_joining_between_checkpoints_holds_the_replayed_theta(
+    tmp_path: Path,
+) -> None:
+    """``late`` joins while the fragments are past checkpoint 3 (one at least before 6): its
+    model is θ of the newest versions, bit for bit the replay from scratch."""
+    box = LocalMailbox(tmp_path / "store")
+    async with box:
+        model = tiny_model(0)
+        async with open_node(model, box, learner="a", config=EVERY, options=FAST) as node:
+            await train(node, model, seed=0, until_round=8)
+            with anyio.CancelScope() as leave:
+                late = tiny_model(5)
+                async with open_node(late, box, learner="late", options=FAST) as joined:
+                    versions = joined.state.versions
+                    weights = [p.detach().clone() for p in late.parameters()]
+                    leave.cancel()
+        assert any(v % EVERY.checkpoint_every for v in versions), versions
+        history = await assert_checkpoints_replay(box)
+        named = dict(zip([n for n, _ in late.named_parameters()], weights, strict=True))
+        manifest = await Store(box).manifest()
+        assert manifest is not None
+        for fragment, version in enumerate(versions):
+            theta, _ = (await from_scratch(box, history, fragment))[version]
+            ours = [named[p.name] for p in manifest.fragments[fragment].params]
+            assert same_bits(ours, theta), (fragment, version)
+
+
+async def test_a_node_with_another_checkpoint_every_is_refused(tmp_path: Path) -> None:
+    box = LocalMailbox(tmp_path / "store")
+    async with box:
+        async with open_node(tiny_model(0), box, learner="s", config=EVERY, options=FAST):
+            pass
+        other = msgspec.structs.replace(EVERY, checkpoint_every=5)
+        with pytest.raises(RunMismatch, match="'checkpoint_every': the run has 3"):
+            async with open_node(tiny_model(0), box, learner="x", config=other, options=FAST):
+                pass
+        assert await box.get(keys.MANIFEST) is not None
