@@ -1140,6 +1140,113 @@ def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
     )
 
 
+BYTES_TARGET = 75.0
+"""Issue 15: data-parallel's bytes ÷ gradientmail's with the syncer's share, int8, H = 50."""
+
+
+def convergence_bytes(page: Page, result: dict[str, Any] | None) -> None:
+    """Bytes over a long run (``bench_convergence.py --long``), per ``checkpoint_every``."""
+    page.add("## Bytes over a long run, with the syncer's share", "")
+    if result is None:
+        page.add(
+            "_Not measured: `benchmarks/results/convergence-bytes.json` is missing "
+            "(`.venv/bin/python benchmarks/bench_convergence.py --long 1200`)._",
+            "",
+        )
+        return
+    p, figures = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        f"The convergence benchmark's model ({p['params']:,} parameters) and {p['learners']} "
+        f"learners at {p['encoding']}, H = {p['sync_every']}, {p['fragments']} fragments, run "
+        f"for {p['steps']} steps (seed {p['seed']}): long enough that the closing flush (its "
+        "final rounds) is a small share of a learner's bytes, given in the table. "
+        "Data-parallel's bytes per learner are computed as in section 1 "
+        f"({_bytes(figures['dp_bytes_per_learner'])}). The syncer's bytes are everything its "
+        "process wrote and read; shared among the learners they make the last ratio.",
+        "",
+    )
+    rows = []
+    for every, run in sorted(figures["runs"].items(), key=lambda item: int(item[0])):
+        rows.append(
+            [
+                every,
+                str(run["rounds_committed"]),
+                _bytes(run["bytes_per_learner"]),
+                _num(100 * run["closing_bytes_per_learner"] / run["bytes_per_learner"], 1),
+                _bytes(run["syncer_up"]),
+                _bytes(run["syncer_down"]),
+                _num(run["ratio_per_learner"], 0),
+                _num(run["ratio_with_syncer_share"], 0),
+            ]
+        )
+    page.add(
+        *_table(
+            [
+                "checkpoint_every",
+                "rounds",
+                "bytes per learner",
+                "closing flush %",
+                "syncer up",
+                "syncer down",
+                "DP ÷ learner",
+                "DP ÷ (learner + syncer ÷ K)",
+            ],
+            rows,
+        )
+    )
+    default = max(figures["runs"], key=int)
+    ratio = figures["runs"][default]["ratio_with_syncer_share"]
+    page.target(
+        f"DP bytes ÷ gradientmail's with the syncer's share (int8, H = 50, "
+        f"checkpoint_every {default})",
+        f"≥ {BYTES_TARGET:.0f}×",
+        f"{ratio:.0f}×",
+        ratio >= BYTES_TARGET,
+        "Bytes over a long run",
+    )
+
+
+def rejoin(page: Page, result: dict[str, Any] | None) -> None:
+    """A new learner's join time against the raw read (``bench_rejoin.py``)."""
+    page.add("## Rejoin", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/rejoin.json` is missing._", "")
+        return
+    p, figures = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        f"A run of {p['params']:,} parameters ({p['mib']} MiB in fp32), {p['fragments']} "
+        f"fragments at version {p['version']}, int8 updates, written into the store as "
+        "garbage collection leaves it; a fresh learner joins (opening the node until it holds "
+        "the newest θ of every fragment, `RunReader.rebuild`: the checkpoint at or below "
+        "each version and the updates after it), against reading the same blobs raw with "
+        f"the same mailbox. Median of {p['repetitions']} (min, max).",
+        "",
+    )
+    rows = []
+    for store_name, by_every in figures.items():
+        for every, entry in sorted(by_every.items(), key=lambda item: int(item[0])):
+            rows.append(
+                [
+                    store_name,
+                    every,
+                    _bytes(entry["bytes_read"]),
+                    _spread(entry["join_seconds"], 2),
+                    _spread(entry["raw_seconds"], 2),
+                    _spread(entry["join_over_raw"], 2),
+                ]
+            )
+    page.add(
+        *_table(
+            ["store", "checkpoint_every", "bytes read", "join s", "raw read s", "join ÷ raw"],
+            rows,
+        )
+    )
+
+
 def generate(results: Path, docs: Path) -> Path:
     """Write ``docs/benchmarks.md`` and its plots from ``results``; returns the page."""
     page = Page(docs)
@@ -1151,6 +1258,8 @@ def generate(results: Path, docs: Path) -> Path:
         (events, "events"),
         (text, "text"),
         (defaults_grid, "convergence-grid"),
+        (convergence_bytes, "convergence-bytes"),
+        (rejoin, "rejoin"),
     ]
     body = Page(docs)
     for section, name in sections:
