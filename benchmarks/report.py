@@ -1150,7 +1150,7 @@ def convergence_bytes(page: Page, result: dict[str, Any] | None) -> None:
     if result is None:
         page.add(
             "_Not measured: `benchmarks/results/convergence-bytes.json` is missing "
-            "(`.venv/bin/python benchmarks/bench_convergence.py --long 1200`)._",
+            "(`.venv/bin/python benchmarks/bench_convergence.py --long 2400`)._",
             "",
         )
         return

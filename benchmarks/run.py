@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = ("store", "rounds", "overhead", "convergence", "events", "convergence-bytes", "rejoin")
 FULL_ONLY = ("convergence-bytes", "rejoin")
 """Left out of a quick run unless named with ``--only``: their point is size and length."""
-LONG_STEPS = {False: 1200, True: 100}
+LONG_STEPS = {False: 2400, True: 100}
 """``convergence-bytes``: the steps of ``bench_convergence.py --long`` (full, quick)."""
 
 

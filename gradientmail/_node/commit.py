@@ -142,7 +142,8 @@ async def commit(
     if not mine:
         return state, landed, False
     rt.emit(RoundCommitted(rt.learner, landed, rt.clock.now() - started))
-    committed = FragmentState(version, landed, Rebuilt(version, tuple(theta), tuple(momentum)))
+    now_held = Rebuilt(version, tuple(theta), tuple(momentum), outer=True)
+    committed = FragmentState(version, landed, now_held)
     deltas = {**state.deltas, round: frozenset(s.delta.sha256 for s, _ in snapshots)}
     state = replace(state.adopted(landed, config, committed), deltas=deltas)
     return await collect_garbage(rt, state, round), landed, True

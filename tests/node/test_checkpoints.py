@@ -19,6 +19,7 @@ from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import mean_of, replayed
 from gradientmail.protocol.codec import decode_fragment
 from gradientmail.protocol.records import BlobRef, RoundRecord
+from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -90,10 +91,30 @@ async def assert_checkpoints_replay(box: LocalMailbox) -> list[RoundRecord]:
     return history
 
 
+async def assert_rebuilds_step_by_step(box: LocalMailbox, history: list[RoundRecord]) -> None:
+    """``RunReader.rebuild`` of every version with its momentum, from the checkpoint and from
+    the version before it (the start a syncer holds when it adopted another's round), is the
+    replay from scratch."""
+    reader = RunReader.of(box)
+    for fragment in range(EVERY.fragments):
+        replay = await from_scratch(box, history, fragment)
+        held = None
+        for version in sorted(replay):
+            theta, momentum = replay[version]
+            alone = await reader.rebuild(fragment, version, momentum=True)
+            stepped = await reader.rebuild(fragment, version, momentum=True, start=held)
+            for rebuilt in (alone, stepped):
+                assert rebuilt is not None
+                assert same_bits(rebuilt.theta, theta), (fragment, version)
+                assert same_bits(rebuilt.momentum, momentum), (fragment, version)
+            held = stepped
+
+
 async def test_a_syncer_killed_between_checkpoints_is_followed_exactly(tmp_path: Path) -> None:
     """``a`` (learner and syncer) is killed after version 4 of both fragments (checkpoint at
     3); ``b`` recovers from the store, rebuilding θ and the momentum from checkpoint 3 and
-    the rounds after it, and commits on past checkpoint 6: each checkpoint is the replay."""
+    the rounds after it, and commits on past checkpoint 6: each checkpoint is the replay, and
+    so is every version rebuilt from the checkpoint or from the version before it."""
     box = LocalMailbox(tmp_path / "store")
     async with box:
         model = tiny_model(0)
@@ -107,6 +128,7 @@ async def test_a_syncer_killed_between_checkpoints_is_followed_exactly(tmp_path:
             await train(node, model, seed=1, until_round=14)
         history = await assert_checkpoints_replay(box)
         assert any(r.committed_by == "b" and r.checkpoint for r in history)
+        await assert_rebuilds_step_by_step(box, history)
 
 
 async def test_a_learner_joining_between_checkpoints_holds_the_replayed_theta(
