@@ -748,6 +748,7 @@ def long_bytes(
     ``results/convergence-bytes.json``. Data-parallel's bytes are computed (ring all-reduce of
     fp32 gradients), not trained."""
     from gradientmail.demo.model import GPT
+    from gradientmail.protocol.records import RunConfig
 
     params = GPT(model_config()).num_parameters()
     dp_bytes = 2 * (K - 1) / K * 4 * params * steps
@@ -785,6 +786,7 @@ def long_bytes(
     parameters = {
         "steps": steps, "encoding": encoding, "sync_every": sync_every, "learners": K,
         "fragments": FRAGMENTS, "params": params, "checkpoint_every": every, "seed": 0,
+        "default_checkpoint_every": RunConfig().checkpoint_every,
     }  # fmt: skip
     result = h.header(f"{NAME}-bytes", quick=False, parameters=parameters)
     result["figures"] = {"dp_bytes_per_learner": dp_bytes, "runs": runs}
