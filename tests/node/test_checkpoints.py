@@ -2,7 +2,8 @@
 writes is, bit for bit, the replay of the whole history from Θ⁰ (θ and the momentum), also
 after a syncer was killed between checkpoints and another recovered from the store; a
 learner joining between checkpoints holds exactly that θ; a node passing another
-``checkpoint_every`` than the run's is refused, naming the field."""
+``checkpoint_every`` than the run's is refused, naming the field; a record lacking the
+checkpoint its version calls for is reported once and not followed."""
 
 from pathlib import Path
 
@@ -10,15 +11,26 @@ import anyio
 import msgspec
 import pytest
 import torch
-from node_helpers import CONFIG, FAST, records, tiny_model, train
+from node_helpers import (
+    CONFIG,
+    FAST,
+    LEARNER_ONLY,
+    Recorder,
+    Trainer,
+    records,
+    tiny_model,
+    train,
+)
 
 from gradientmail._node import node as open_node
-from gradientmail.errors import RunMismatch
+from gradientmail.errors import RecordError, RunMismatch
+from gradientmail.events import PollFailed
+from gradientmail.mailbox import MemoryMailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import mean_of, replayed
 from gradientmail.protocol.codec import decode_fragment
-from gradientmail.protocol.records import BlobRef, RoundRecord
+from gradientmail.protocol.records import BlobRef, RoundRecord, RoundRecordDraft
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
@@ -168,3 +180,42 @@ async def test_a_node_with_another_checkpoint_every_is_refused(tmp_path: Path) -
             async with open_node(tiny_model(0), box, learner="x", config=other, options=FAST):
                 pass
         assert await box.get(keys.MANIFEST) is not None
+
+
+async def test_a_record_without_its_checkpoint_is_reported_and_not_followed() -> None:
+    """Round 0 of a run with ``checkpoint_every`` 1 is committed (by a forger) with only its
+    update: the learner reports one ``PollFailed`` naming the rule and stays at version 0,
+    training on."""
+    box = MemoryMailbox()
+    model = tiny_model(1)
+    sink = Recorder()
+    every = msgspec.structs.replace(EVERY, checkpoint_every=1)
+    trainer = Trainer(model, 1)
+    with anyio.CancelScope() as leave:  # left by cancelling: no round can commit here
+        async with open_node(
+            model, box, learner="l", config=every, options=LEARNER_ONLY, sinks=[sink]
+        ) as node:
+            draft = RoundRecordDraft(
+                round=0, fragment=0, version=1, committed_by="forger", participants=(),
+                quorum_seconds=0.0, grace_seconds=0.0, cosine=None,
+            )  # fmt: skip
+            store = Store(box)
+            update = await store.put_blob(b"not even a blob", "int8")
+            assert (await store.put_record(RoundRecord.committed(draft, update=update)))[1]
+            with anyio.fail_after(30):
+                while not sink.of(PollFailed):
+                    trainer.step()
+                    await node.step(16)
+                    await anyio.sleep(FAST.poll_interval)
+                for _ in range(10):
+                    trainer.step()
+                    await node.step(16)
+                    await anyio.sleep(FAST.poll_interval)
+            assert node.state.versions == (0, 0)
+            leave.cancel()
+    reports = sink.of(PollFailed)
+    assert len(reports) == 1
+    error = reports[0].error  # type: ignore[attr-defined]
+    assert isinstance(error, RecordError)
+    assert "checkpoint_every is 1" in str(error)
+    assert "names no θ or outer-state blob" in str(error)
