@@ -1201,7 +1201,25 @@ def convergence_bytes(page: Page, result: dict[str, Any] | None) -> None:
     default = str(p.get("default_checkpoint_every", RunConfig().checkpoint_every))
     if default not in figures["runs"]:
         return
-    ratio = figures["runs"][default]["ratio_with_syncer_share"]
+    run = figures["runs"][default]
+    ratio = run["ratio_with_syncer_share"]
+    rounds = run["rounds_committed"]
+    syncer = run["syncer_up"] + run["syncer_down"]
+    closing = 100 * run["closing_bytes_per_learner"] / run["bytes_per_learner"]
+    steady = figures["dp_bytes_per_learner"] / (
+        run["bytes_per_learner"] - run["closing_bytes_per_learner"] + syncer / p["learners"]
+    )
+    page.add(
+        f"With the default `checkpoint_every` ({default}), per round a learner moved "
+        f"{_bytes(run['bytes_per_learner'] / rounds)} and the syncer "
+        f"{_bytes(syncer / rounds)} ({_bytes(run['syncer_up'] / rounds)} up: the update and "
+        f"1/{default} of a checkpoint; the rest down: the learners' deltas and the metadata "
+        "of the round). Without the learners' closing flush (their bytes after their last "
+        f"training step, {_num(closing, 1)} % of them; the syncer's share of the closing "
+        "rounds is not separated), data-parallel's "
+        f"bytes ÷ gradientmail's with the syncer's share is {steady:.0f}×.",
+        "",
+    )
     page.target(
         f"DP bytes ÷ gradientmail's with the syncer's share (int8, H = 50, "
         f"checkpoint_every {default})",
