@@ -10,6 +10,7 @@ from gradientmail.errors import (
     NoRun,
     RecordError,
     RunMismatch,
+    StoreAccessError,
 )
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.fragments import preview
@@ -30,6 +31,7 @@ __all__ = [
     "RunConfig",
     "RunMismatch",
     "StepHandle",
+    "StoreAccessError",
     "events",
     "load",
     "node",

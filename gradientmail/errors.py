@@ -7,10 +7,12 @@ The store's content (or whoever wrote it), never the caller:
     unknown format); its kinds ``CodecError`` (a blob that is not a well-formed encoding of
     its fragment) and ``SignatureError`` (an object of a signed run that does not verify).
     ``CorruptBlob``: a blob's bytes do not hash to their name.
-The operator's (fix the store's settings), raised by the mailboxes, not retried and
-deliberately not ``GradientmailError``s, so that no node task's retry loop swallows them:
-    ``mailbox.S3AccessError`` (a botocore ``ClientError``: no bucket, access denied, wrong
-    region) and ``mailbox.LocalAccessError`` (an ``OSError``: disk full, read-only, denied).
+The operator's (fix the store's settings), raised by the mailboxes and never retried:
+    ``StoreAccessError``: the store refused us for a reason no retry fixes. Its kinds are
+    ``mailbox.S3AccessError`` (also a botocore ``ClientError``: no bucket, access denied,
+    credentials refused, wrong region) and ``mailbox.LocalAccessError`` (also an
+    ``OSError``: disk full, over quota, read-only, denied). A node's loops report and
+    retry only the transient and the store's-content kinds above; this one fails the node.
 The caller's (fix the model, config, key or command):
     ``RunMismatch``: this node's model, config or run key contradicts the run in the store;
     the store is left untouched.
@@ -34,6 +36,7 @@ __all__ = [
     "RecordError",
     "RunMismatch",
     "SignatureError",
+    "StoreAccessError",
     "UsageError",
 ]
 
@@ -42,13 +45,27 @@ Problem: TypeAlias = Literal["unsigned", "bad-signature"]
 
 
 class GradientmailError(Exception):
-    """Root of every exception gradientmail defines, but the mailboxes' access errors."""
+    """Root of every exception gradientmail defines."""
 
 
 class MailboxUnavailable(GradientmailError):
     """A transient transport failure (timeout, refused or dropped connection, conflict).
 
     Only this is retried by ``retrying``; every other store error propagates at once.
+    """
+
+
+class StoreAccessError(GradientmailError):
+    """The store refused us for a reason a retry will not fix: the credentials are refused,
+    access is denied, the bucket is missing or in another region, the filesystem is
+    read-only, full or denies this user. Only the operator can fix it, so nothing retries
+    it: a node whose task meets it fails at once (``NodeFailed`` with this chained), and a
+    command prints it and exits.
+
+    Raised by the mailboxes as their own kinds, which keep the backend's exception type
+    too: ``mailbox.S3AccessError`` (a botocore ``ClientError``) and
+    ``mailbox.LocalAccessError`` (an ``OSError`` with the original ``errno``). The message
+    names the bucket or directory and what to do.
     """
 
 

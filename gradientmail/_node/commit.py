@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from gradientmail._node.runtime import Runtime
-from gradientmail.errors import CorruptBlob, GradientmailError, RecordError
+from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
@@ -265,8 +265,9 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
     publishing) names it, since equal payloads share one blob. A blob names its fragment
     (``codec.spec_digest``), so only the rounds of the doomed objects' fragments are read.
 
-    Round records are never deleted. A failure here is logged and left for nobody: garbage
-    is not worth failing a round over.
+    Round records are never deleted. A transient failure, or a record or snapshot that does
+    not decode, is logged and left for nobody: garbage is not worth failing a round over. A
+    ``StoreAccessError`` (the operator's) propagates and fails the node.
     """
     config = rt.config
     try:
@@ -296,7 +297,7 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
             recent={r: rec for r, rec in state.recent.items() if r in now.records},
             deltas={r: d for r, d in state.deltas.items() if r in now.snapshots or r > round},
         )
-    except GradientmailError as exc:
+    except (MailboxUnavailable, RecordError) as exc:
         _log.warning("%s: garbage collection after round %d failed: %s", rt.learner, round, exc)
     return state
 

@@ -32,7 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from torch import Tensor
 
 from gradientmail._node.runtime import Runtime
-from gradientmail.errors import GradientmailError, RecordError
+from gradientmail.errors import MailboxUnavailable, RecordError
 from gradientmail.events.kinds import (
     FragmentAligned,
     PollFailed,
@@ -196,9 +196,11 @@ class LearnerDriver:
     # -- the publisher task ----------------------------------------------------------------
 
     async def run_publisher(self) -> None:
-        """Publish each snapshot in turn: ``SnapshotPublished`` or ``PublishFailed`` (its
-        steps stay counted for the fragment's next snapshot). Ends when ``close_jobs`` was
-        called and the jobs are drained."""
+        """Publish each snapshot in turn: ``SnapshotPublished``, or ``PublishFailed`` when the
+        store is out of reach for now (``MailboxUnavailable``) or the snapshot's key holds
+        another (``RecordError``); its steps stay counted for the fragment's next snapshot.
+        A ``StoreAccessError`` propagates: it fails the node at once. Ends when
+        ``close_jobs`` was called and the jobs are drained."""
         async with self._pending:
             async for job in self._pending:
                 publish = job.publish
@@ -206,7 +208,7 @@ class LearnerDriver:
                 try:
                     await self._publish(job)
                     ok = True
-                except GradientmailError as exc:
+                except (MailboxUnavailable, RecordError) as exc:
                     self._rt.emit(PublishFailed(self._rt.learner, publish.round, exc))
                 finally:
                     if ok:

@@ -20,7 +20,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from gradientmail.clock import Clock
-from gradientmail.errors import GradientmailError
+from gradientmail.errors import MailboxUnavailable, RecordError
 from gradientmail.events.kinds import Event, LeaseReleased, ReleaseFailed
 from gradientmail.protocol import keys
 from gradientmail.store import Store
@@ -77,12 +77,14 @@ async def run_lease(
 
 
 async def release(store: Store, learner: str, emit: Emit) -> None:
-    """Delete every beat of ``learner`` (shielded, bounded); report how it went."""
+    """Delete every beat of ``learner`` (shielded, bounded); report how it went: a
+    transient failure or an unreadable beat is ``ReleaseFailed`` (the lease then expires on
+    its own); a ``StoreAccessError`` propagates (the node fails, or its failure stands)."""
     with anyio.move_on_after(RELEASE_TIMEOUT, shield=True) as scope:
         try:
             beats = await store.own_beats(learner, attempts=3)
             await store.delete((key for _, key in beats), attempts=3)
-        except GradientmailError as exc:
+        except (MailboxUnavailable, RecordError) as exc:
             emit(ReleaseFailed(learner, exc))
             return
     if scope.cancelled_caught:

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.runtime import Runtime
-from gradientmail.errors import CorruptBlob, GradientmailError, RecordError
+from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import PollFailed
 from gradientmail.protocol.checkpoint import check_record
 from gradientmail.protocol.learner import Download, Failure, Stage
@@ -48,15 +48,17 @@ class Receiver:
 
     async def run(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
-        ``poll_interval``. A failed listing is retried at every poll and reported
-        (``PollFailed``) once: again only when it fails otherwise, or after it worked."""
+        ``poll_interval``. A listing that fails for now (``MailboxUnavailable``) or on a
+        record that does not decode or verify (``RecordError``) is retried at every poll
+        and reported (``PollFailed``) once: again only when it fails otherwise, or after it
+        worked. A ``StoreAccessError`` propagates: it fails the node at once."""
         rt = self._rt
         reported: str | None = None
         while True:
             try:
                 await self._receive_records()
                 reported = None
-            except GradientmailError as exc:
+            except (MailboxUnavailable, RecordError) as exc:
                 if f"{type(exc).__name__}: {exc}" != reported:
                     reported = f"{type(exc).__name__}: {exc}"
                     rt.emit(PollFailed(rt.learner, exc))

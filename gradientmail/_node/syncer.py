@@ -15,11 +15,13 @@ liveness: a keyless writer's objects cannot close a round or make a node look de
 
 The whole state (θ and outer momentum of every fragment) is in the store: the checkpoint
 at or below each fragment's newest version and the rounds after it (``protocol.checkpoint``).
-``run_syncer`` rebuilds it from there on start and after every failure (``Recovered``;
-the rebuild itself happens when a fragment's next round is committed, ``commit.load``);
-a store or data error while recovering or on a round is reported
-(``RecoveryFailed``, ``RoundFailed``) and retried with backoff. Any other exception is a bug:
-it propagates (the node reports ``SyncerStopped`` and the next ``step()`` raises it).
+``run_syncer`` rebuilds it from there on start and after every failure (``Recovered``; the
+rebuild itself happens when a fragment's next round is committed, ``commit.load``); a
+transient store failure (``MailboxUnavailable``) or data that does not decode or verify
+(``RecordError``, ``CorruptBlob``) while recovering or on a round is reported
+(``RecoveryFailed``, ``RoundFailed``) and retried with backoff. Anything else propagates and
+fails the node (``SyncerStopped``, then ``NodeFailed``): the store refusing us
+(``StoreAccessError``, the operator's to fix) at once, and any other exception, a bug.
 
 Runs as one task of the node's task group; aggregation, the outer step, encoding and
 decoding run in worker threads. Cancellation stops it between or within requests; a round
@@ -30,7 +32,7 @@ from collections.abc import MutableMapping
 
 from gradientmail._node.commit import FragmentState, SyncerState, commit
 from gradientmail._node.runtime import Runtime, backoff
-from gradientmail.errors import GradientmailError, RecordError
+from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import (
     FollowingRound,
     Recovered,
@@ -57,6 +59,11 @@ from gradientmail.protocol.rounds import (
 )
 
 __all__ = ["recover", "run_syncer"]
+
+_RETRIED = (MailboxUnavailable, RecordError, CorruptBlob)
+"""What a round or a recovery retries: the store out of reach for now, or an object in it
+that does not decode or verify (another writer's junk, skipped or replaced by a later
+write). Not ``StoreAccessError``: no retry fixes the operator's settings."""
 
 Verified = MutableMapping[tuple[int, str], bool]
 """Which snapshots of a signed run verify, by ``(round, learner)``: snapshots are
@@ -88,7 +95,7 @@ async def run_syncer(rt: Runtime) -> None:
     while True:
         try:
             state = await recover(rt)
-        except GradientmailError as exc:
+        except _RETRIED as exc:
             delay = backoff(delay, rt.options)
             rt.emit(RecoveryFailed(rt.learner, exc, delay))
             await rt.clock.sleep(delay)
@@ -101,7 +108,7 @@ async def run_syncer(rt: Runtime) -> None:
                 del verified[stale]
             try:
                 state, watch = await _run_round(rt, state, watch, verified)
-            except GradientmailError as exc:
+            except _RETRIED as exc:
                 delay = backoff(delay, rt.options)
                 rt.emit(RoundFailed(rt.learner, round, exc, delay))
                 await rt.clock.sleep(delay)

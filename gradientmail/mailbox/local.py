@@ -76,7 +76,7 @@ from typing import Self
 
 import anyio.to_thread
 
-from gradientmail.errors import MailboxUnavailable
+from gradientmail.errors import MailboxUnavailable, StoreAccessError
 from gradientmail.mailbox._base import (
     NotARegularFile,
     ObjectTooLarge,
@@ -150,14 +150,15 @@ _ADVICE = {
 """The errors only the operator can fix, and what to do about each."""
 
 
-class LocalAccessError(OSError):
+class LocalAccessError(OSError, StoreAccessError):
     """The filesystem refused an operation for a reason only the operator can fix: it is
     full, over quota, read-only, or denies this user (the errnos in ``_ADVICE``).
 
-    An ``OSError`` with the original's ``errno`` and ``filename``, so callers catching
-    ``OSError`` or reading ``errno`` keep working; its ``strerror`` adds the mailbox's
-    directory, the operation and what to do. ``LocalMailbox`` raises it with the original
-    chained; nothing transient, so nothing retries it.
+    A ``StoreAccessError`` (the node fails at once) and an ``OSError`` with the original's
+    ``errno`` and ``filename``, so callers catching ``OSError`` or reading ``errno`` keep
+    working; its ``strerror`` adds the mailbox's directory, the operation and what to do.
+    ``LocalMailbox`` raises it with the original chained; nothing transient, so nothing
+    retries it.
     """
 
 

@@ -74,7 +74,7 @@ from botocore.exceptions import (
     IncompleteReadError,
 )
 
-from gradientmail.errors import MailboxUnavailable
+from gradientmail.errors import MailboxUnavailable, StoreAccessError
 from gradientmail.mailbox import _s3_parts
 from gradientmail.mailbox._base import (
     MAX_KEY_BYTES,
@@ -285,13 +285,14 @@ def _shown_endpoint(endpoint: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-class S3AccessError(ClientError):  # type: ignore[misc]  # botocore is untyped
+class S3AccessError(ClientError, StoreAccessError):  # type: ignore[misc]  # botocore is untyped
     """The store refused an operation for a reason only the user can fix: the bucket does
     not exist, access to it is denied, the credentials are rejected, it lives in another
     region, or the store does not implement a request the mailbox needs (the codes in
     ``_ADVICE``).
 
-    A ``ClientError`` carrying the store's ``response`` and ``operation_name`` unchanged,
+    A ``StoreAccessError`` (the node fails at once; nothing retries it) and a
+    ``ClientError`` carrying the store's ``response`` and ``operation_name`` unchanged,
     so that callers catching ``ClientError`` or reading ``response["Error"]["Code"]`` keep
     working; the message names the bucket, the endpoint and the store's error code, and
     says what to do. It never contains a credential: the store's own message is left out
