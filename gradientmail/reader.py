@@ -253,11 +253,11 @@ class RunReader:
         manifest: Manifest | None = None,
     ) -> Rebuilt | None:
         """Version ``version`` of ``fragment`` (and with ``momentum`` its outer momentum)
-        from the store: the version's own checkpoint, else the checkpoint at or below it
-        (Θ⁰ for 0) or ``start`` when that is nearer (and holds the momentum if it is asked
-        for), then every round after it replayed (``protocol.checkpoint``: bit for bit
-        what the syncer committed). The momentum replay reads the deltas of each round's
-        participants.
+        from the store: the newest checkpoint at or below it (Θ⁰ for 0), or ``start`` when
+        that is between the checkpoint ``checkpoint.base`` guarantees and ``version`` (and
+        holds the momentum if it is asked for), then every round after it replayed
+        (``protocol.checkpoint``: bit for bit what the syncer committed). The momentum
+        replay reads the deltas of each round's participants.
 
         None when a blob it needs is gone (collected: newer records replaced the version).
         Raises ``RecordError`` for a missing or unusable record (one lacking its
@@ -291,20 +291,18 @@ class RunReader:
     async def _checkpoint(
         self, manifest: Manifest, fragment: int, version: int, momentum: bool
     ) -> Rebuilt | None:
-        """The nearest checkpoint at or below ``version``: its own record's when it carries
-        one, else the one ``checkpoint.base`` guarantees (Θ⁰ at 0); None when a blob is
-        gone."""
+        """The newest checkpoint at or below ``version``: the newest record down to the one
+        ``checkpoint.base`` guarantees that carries one (runs created before the rule carry
+        one on every record), else Θ⁰; None when a blob is gone."""
         config, spec = manifest.config, manifest.fragments[fragment]
-        at = version
-        record = None
-        if version > 0:
-            record = await self._need(keys.round_of(fragment, version, config.fragments), manifest)
-        if record is None or not record.checkpoint:
-            at = checkpoint.base(version, config)
-            record = None
-            if at > 0:
-                round = keys.round_of(fragment, at, config.fragments)
-                record = await self._need(round, manifest)
+        at, record = checkpoint.base(version, config), None
+        for candidate in range(version, at, -1):
+            found = await self._need(keys.round_of(fragment, candidate, config.fragments), manifest)
+            if found.checkpoint:
+                at, record = candidate, found
+                break
+        if record is None and at > 0:
+            record = await self._need(keys.round_of(fragment, at, config.fragments), manifest)
         refs = [manifest.theta0[fragment]] if record is None else [record.theta, record.outer]
         if not momentum:
             refs = refs[:1]

@@ -29,7 +29,7 @@ from gradientmail.mailbox import MemoryMailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import mean_of, replayed
-from gradientmail.protocol.codec import decode_fragment
+from gradientmail.protocol.codec import decode_fragment, encode_fragment
 from gradientmail.protocol.records import BlobRef, RoundRecord, RoundRecordDraft
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
@@ -168,6 +168,41 @@ async def test_a_learner_joining_between_checkpoints_holds_the_replayed_theta(
             theta, _ = (await from_scratch(box, history, fragment))[version]
             ours = [named[p.name] for p in manifest.fragments[fragment].params]
             assert same_bits(ours, theta), (fragment, version)
+
+
+async def test_records_that_all_carry_theta_are_read_from_the_newest() -> None:
+    """A run whose records all carry θ and the momentum (as before the rule), its older
+    blobs collected, then one more record with only its update (a zero one, accepting
+    nobody), all read under a ``checkpoint_every`` of 16: the version is rebuilt from the
+    newest record that carries a checkpoint, not from Θ⁰ through collected updates."""
+    box = MemoryMailbox()
+    every = msgspec.structs.replace(EVERY, checkpoint_every=1, keep_versions=1, keep_rounds=2)
+    model = tiny_model(0)
+    async with open_node(model, box, learner="a", config=every, options=FAST) as node:
+        await train(node, model, seed=0, until_round=9)
+    last = (await records(box))[-EVERY.fragments]
+    store = Store(box)
+    manifest = await store.manifest()
+    assert manifest is not None
+    spec = manifest.fragments[last.fragment]
+    zero = encode_fragment([torch.zeros(p.shape) for p in spec.params], spec, "fp32", block_size=1)
+    round = keys.round_of(last.fragment, last.version + 1, EVERY.fragments)
+    draft = RoundRecordDraft(
+        round=round, fragment=last.fragment, version=last.version + 1, committed_by="old",
+        participants=(), quorum_seconds=0.0, grace_seconds=0.0, cosine=None,
+    )  # fmt: skip
+    update = await store.put_blob(zero, "fp32")
+    assert (await store.put_record(RoundRecord.committed(draft, update=update)))[1]
+    older = msgspec.structs.replace(
+        manifest, config=msgspec.structs.replace(manifest.config, checkpoint_every=16)
+    )
+    assert 1 < last.version + 1 < 16, last.version
+    rebuilt = await RunReader.of(box).rebuild(
+        last.fragment, last.version + 1, momentum=True, manifest=older
+    )
+    assert rebuilt is not None
+    assert same_bits(rebuilt.theta, await blob(store, last.theta, last.fragment))
+    assert same_bits(rebuilt.momentum, await blob(store, last.outer, last.fragment))
 
 
 async def test_a_node_with_another_checkpoint_every_is_refused(tmp_path: Path) -> None:
