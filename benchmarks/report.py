@@ -817,6 +817,81 @@ def events(page: Page, result: dict[str, Any] | None) -> None:
     )
 
 
+# -- learner groups (benchmarks/bench_groups.py) ----------------------------------------
+
+
+def _group_rows(f: dict[str, Any]) -> list[list[str]]:
+    roles = ("group_leader", "group_follower", "single_leader")
+
+    def row(label: str, key: str, show: Callable[[Any], str]) -> list[str]:
+        return [label, *[show(f[role][key]) if f[role][key] is not None else "—" for role in roles]]
+
+    return [
+        row("`step()` on the caller, p50", "step_ms_p50", lambda v: f"{_num(v, 2)} ms"),
+        row("`step()` on the caller, mean", "step_ms_mean", lambda v: f"{_num(v, 2)} ms"),
+        row("`step()` on the caller, p99", "step_ms_p99", lambda v: f"{_num(v, 2)} ms"),
+        row("store bytes written", "store_up", _bytes),
+        row("store bytes read", "store_down", _bytes),
+        row("group collectives, bytes sent", "group_sent", _bytes),
+        row("group collectives, bytes received", "group_received", _bytes),
+        row("publishing one fragment (median)", "publish_s_median", lambda v: f"{_num(v, 4)} s"),
+        row("peak resident memory", "peak_rss_bytes", _bytes),
+    ]
+
+
+def groups(page: Page, result: dict[str, Any] | None) -> None:
+    """Learner groups: a 2-rank DDP learner against a 1-process learner of the same batch."""
+    page.add("## 8. Learner groups", "")
+    if result is None:
+        page.add(
+            "_Not measured: `benchmarks/results/groups.json` is missing "
+            "(`benchmarks/bench_groups.py`)._",
+            "",
+        )
+        return
+    p, f = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        f"Two learners train the demo's model ({p['model']}, context {p['context']}) on its "
+        f"synthetic language for {p['steps']} steps of a {p['learner_batch']}-sequence "
+        f"batch each (F={p['fragments']}, H={p['sync_every']}, `LocalMailbox`, each "
+        "learner also a syncer): in the *group* arm each learner is 2 processes (DDP over "
+        "gloo, CPU) taking half of the batch each, in the *single* arm one process taking "
+        "all of it, from the same stream. "
+        f"{p['repetitions']} run(s) of each arm, alternating; per-rank figures are medians "
+        "over the runs and learners (per rank: the leader is rank 0, which alone talks to "
+        "the store; the follower receives the fragments that change by broadcast).",
+        "",
+        *_table(["figure", "group: leader", "group: follower", "single learner"], _group_rows(f)),
+        *_table(
+            ["figure", "group", "single"],
+            [
+                [
+                    "final evaluation loss (nats), median of learners and runs",
+                    _spread(f["group_eval_loss"], 3),
+                    _spread(f["single_eval_loss"], 3),
+                ],
+                ["rounds committed", _num(f["group_rounds"], 1), _num(f["single_rounds"], 1)],
+                [
+                    "wall time of a run",
+                    f"{_num(f['group_seconds']['median'], 1)} s",
+                    f"{_num(f['single_seconds']['median'], 1)} s",
+                ],
+            ],
+        ),
+        f"A group's `step()` costs {_num(f['step_ms_added_p50'], 2)} ms more than a single "
+        "learner's at the median: one all-reduce of a few ints (the leader's decision) "
+        "between two processes and the hop into a worker thread, plus, once per round, the "
+        "broadcast of the fragment the round changed. The leader's store traffic is "
+        f"{_num(f['leader_store_up_ratio'], 3)}× the single learner's (written bytes): a "
+        "group is one learner to the run. The final loss ratio (group ÷ single) is "
+        f"{_num(f['loss_ratio'], 3)}: the arms see the same data and the same mean "
+        "gradients, so what differs is the order of float sums and the timing of rounds.",
+        "",
+    )
+
+
 # -- real text (benchmarks/bench_text.py) -----------------------------------------------
 
 
@@ -1290,6 +1365,7 @@ def generate(results: Path, docs: Path) -> Path:
         (events, "events"),
         (text, "text"),
         (defaults_grid, "convergence-grid"),
+        (groups, "groups"),
         (convergence_bytes, "convergence-bytes"),
         (rejoin, "rejoin"),
     ]

@@ -5,6 +5,7 @@ from gradientmail._node import Node, NodeOptions, NodeState, StepHandle, node
 from gradientmail.errors import (
     CorruptBlob,
     GradientmailError,
+    GroupFailed,
     MailboxUnavailable,
     NodeFailed,
     NoRun,
@@ -21,6 +22,7 @@ __all__ = [
     "Barrier",
     "CorruptBlob",
     "GradientmailError",
+    "GroupFailed",
     "MailboxUnavailable",
     "NoRun",
     "Node",

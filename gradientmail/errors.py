@@ -21,6 +21,8 @@ The caller's (fix the model, config, key or command):
     file); the command line prints its message without a traceback.
 A node's own task:
     ``NodeFailed``: a task of a node died; raised from ``step()`` with the cause chained.
+    ``GroupFailed`` (a ``NodeFailed``): another rank of this node's learner group left, died
+    or fell out of step; raised from ``step()`` and the block on every rank.
 """
 
 from typing import Literal, TypeAlias
@@ -29,6 +31,7 @@ __all__ = [
     "CodecError",
     "CorruptBlob",
     "GradientmailError",
+    "GroupFailed",
     "MailboxUnavailable",
     "NoRun",
     "NodeFailed",
@@ -127,3 +130,10 @@ class UsageError(GradientmailError):
 
 class NodeFailed(GradientmailError):
     """A task of the node failed; the original exception is chained as ``__cause__``."""
+
+
+class GroupFailed(NodeFailed):
+    """The learner group this node's rank belongs to cannot go on: another rank left the
+    block with an exception, died, or did not reach the same exchange within
+    ``NodeOptions.group_timeout``. Every rank's ``step()`` (or block) raises it; restart the
+    whole group with the same learner id to rejoin."""

@@ -338,13 +338,16 @@ def node(
     run_key: RunKey | str | bytes | None = None,
     backend: Backend = "asyncio",
     handle_signals: bool = False,
+    group: object = None,
 ) -> Iterator[Node]:
     """Join (or create) the run in ``mailbox`` as ``learner`` and yield a ``Node`` whose
     ``step`` a synchronous training loop calls after each optimizer step.
 
     Arguments are ``gradientmail.node``'s, plus ``backend`` (the event loop the node runs
     in, in one background thread) and ``handle_signals`` (see the module docstring; off by
-    default, as a library should not take the process's signals unasked). A ``Mailbox``
+    default, as a library should not take the process's signals unasked); ``group`` is
+    ``gradientmail.node``'s (a learner group: ``step`` runs its collectives in the node's
+    worker threads; docs/node.md, "Learner groups"). A ``Mailbox``
     passed in must be usable from that event loop (open it inside it, or pass a URL). Raises
     what ``gradientmail.node`` raises: ``RunMismatch``, ``ValueError``/``TypeError`` on
     entry, ``NodeFailed`` from ``step`` and from leaving the block.
@@ -361,6 +364,7 @@ def node(
         "sinks": sinks,
         "clock": clock,
         "run_key": run_key,
+        "group": group,
     }
     with ExitStack() as stack:
         if handle_signals:

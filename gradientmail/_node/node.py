@@ -11,7 +11,8 @@ lease (``_node.lease``), the receive loop (``_node.receive``) and the publisher
 task fails, the body is cancelled at its next checkpoint and the block raises
 ``NodeFailed`` (the task's exception chained), unless the body raised an exception of its
 own, which propagates as itself. ``Node.step`` is the one place the training meets the
-node.
+node. With ``group=`` the ranks of a process group are one learner (``_node.group``):
+rank 0 is the node above, the others follow its decisions and run no task.
 
 Leaving the block normally closes with flush (``Closing``): every fragment with steps since
 its last included snapshot is published, and the node waits until those rounds are
@@ -42,10 +43,12 @@ import torch
 from anyio.abc import TaskGroup, TaskStatus
 from torch import Tensor
 
-from gradientmail._node.creation import load_newest, open_run
+from gradientmail._node.entry import enter
+from gradientmail._node.group import GroupLink, GroupMember, link_of
 from gradientmail._node.handle import StepHandle
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.lease import run_lease
+from gradientmail._node.model import named_parameters
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.receive import Receiver
 from gradientmail._node.runtime import Runtime
@@ -53,14 +56,13 @@ from gradientmail._node.state import NodeState
 from gradientmail._node.supervision import block_error
 from gradientmail._node.syncer import run_syncer
 from gradientmail.clock import Clock, MonotonicClock
-from gradientmail.errors import NodeFailed
+from gradientmail.errors import GroupFailed, NodeFailed
 from gradientmail.events import (
     Closed,
     Closing,
     Event,
     EventBus,
     GaveUp,
-    Joined,
     PublishCancelled,
     Sink,
     SyncerStopped,
@@ -68,6 +70,7 @@ from gradientmail.events import (
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.group import Decision
 from gradientmail.protocol.learner import Learner
 from gradientmail.protocol.records import DropReason, Manifest, RunConfig
 from gradientmail.protocol.signing import RunKey
@@ -91,6 +94,7 @@ class Node:
         bus: EventBus,
         learner: Learner | None,
         params: tuple[tuple[Tensor, ...], ...],
+        group: GroupMember | None = None,
     ) -> None:
         self._rt = rt
         self._bus = bus
@@ -99,6 +103,9 @@ class Node:
             self._driver = LearnerDriver(rt, learner, params, self._wake)
         self._failure: BaseException | None = None
         self._wakeup = anyio.Event()
+        self._group = group
+        if group is not None and self._driver is not None:
+            group.attach(self._decided, self._decision)
 
     # -- what users see ---------------------------------------------------------------------
 
@@ -127,7 +134,7 @@ class Node:
             round, steps, tokens = learner.newest_round, learner.step, learner.tokens
             versions, committed = learner.versions, learner.committed
             aligned = learner.aligned_round
-        return NodeState(
+        state = NodeState(
             learner=self.learner,
             round=round,
             versions=versions,
@@ -139,6 +146,7 @@ class Node:
             bytes_downloaded=stats.bytes_down,
             requests=stats.requests,
         )
+        return state if self._group is None else self._group.state(state)
 
     def events(self, buffer: int = 4096) -> AbstractAsyncContextManager[AsyncIterator[Event]]:
         """``async with node.events() as events: async for event in events: ...``: every event
@@ -160,11 +168,14 @@ class Node:
         """
         await anyio.lowlevel.checkpoint()
         self._raise_failure()
-        if self._driver is None:
+        if self._driver is None and self._group is None:
             raise TypeError("a syncer-only node (model=None) has no steps to count")
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise ValueError(f"tokens must be a non-negative int, got {tokens!r}")
-        self._driver.step(tokens)
+        if self._group is not None:
+            await self._group.step(tokens)
+        elif self._driver is not None:
+            self._driver.step(tokens)
 
     async def run_in_thread(self, fn: Callable[["StepHandle"], T]) -> T:
         """Run the synchronous ``fn(handle)`` in a worker thread and return its result;
@@ -186,6 +197,18 @@ class Node:
 
     def _wake(self) -> None:
         self._wakeup.set()
+
+    async def _decided(self, tokens: int) -> Decision:
+        """A group leader's learner step of ``tokens``; its decision."""
+        self._raise_failure()
+        assert self._driver is not None
+        self._driver.step(tokens)
+        return self._decision(tokens)
+
+    def _decision(self, tokens: int = 0) -> Decision:
+        assert self._driver is not None
+        learner = self._driver.state
+        return Decision(learner.versions, learner.newest_round, learner.aligned_round, tokens)
 
     def _node_failed(self) -> NodeFailed:
         failure = self._failure
@@ -224,6 +247,8 @@ class Node:
         """Start the node's tasks in ``tg``: the lease first (its first beat lands before
         anything else runs), then receive and publish (learners) and the syncer."""
         rt = self._rt
+        if self._group is not None and not self._group.link.leader:
+            return  # a follower of a learner group: its leader is the node the run sees
         await tg.start(self._lease)
         driver = self._driver
         if driver is not None:
@@ -313,23 +338,6 @@ async def _dispatch(bus: EventBus, *, task_status: TaskStatus[None]) -> None:
         await bus.run(task_status=task_status)
 
 
-def _named(model: torch.nn.Module | None) -> list[tuple[str, Tensor]] | None:
-    if model is None:
-        return None
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
-    named: list[tuple[str, Tensor]] = list(model.named_parameters())
-    if not named:
-        raise ValueError("model has no parameters to train together")
-    devices = {p.device for _, p in named}
-    if len(devices) > 1:
-        raise ValueError(
-            f"model's parameters live on {len(devices)} devices ({sorted(map(str, devices))}); "
-            "a node trains a model that lives on one device"
-        )
-    return named
-
-
 @asynccontextmanager
 async def node(
     model: torch.nn.Module | None,
@@ -341,6 +349,7 @@ async def node(
     sinks: Sequence[Sink] = (),
     clock: Clock | None = None,
     run_key: RunKey | str | bytes | None = None,
+    group: object = None,
 ) -> AsyncIterator[Node]:
     """Join (or create) the run in ``mailbox`` as ``learner`` and yield the ``Node``.
 
@@ -354,7 +363,9 @@ async def node(
     secret of a signed run (a ``RunKey`` or the secret itself; default: the
     ``GRADIENTMAIL_RUN_KEY`` environment variable, else none): a node with a key creates a
     signed run, signs everything it writes and ignores objects that do not verify; a node
-    joins only a run signed with its key, or an unsigned run when it has none.
+    joins only a run signed with its key, or an unsigned run when it has none. ``group``: a
+    gloo ``torch.distributed`` process group whose ranks all enter with the same arguments
+    and form this one learner (``_node.group``; docs/node.md, "Learner groups").
 
     Raises ``RunMismatch`` (before anything is written) when the model or config contradict
     the run, ``ValueError``/``TypeError`` for bad arguments, and ``NodeFailed`` (itself, the
@@ -368,9 +379,10 @@ async def node(
         raise TypeError(f"options must be a NodeOptions, got {type(options).__name__}")
     if config is not None and not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig or None, got {type(config).__name__}")
-    named = _named(model)
+    named = named_parameters(model)
     if named is None and not options.syncer:
         raise ValueError("a node without a model must be a syncer (options.syncer=True)")
+    link = link_of(group, options.group_timeout, model=named is not None)
     clock = clock if clock is not None else MonotonicClock()
     if run_key is None:
         key = RunKey.from_env()
@@ -384,7 +396,7 @@ async def node(
         else:
             box = mailbox
         store = Store(box, clock=clock, max_retry_delay=options.max_retry_delay, run_key=key)
-        async with _running(bus, store, learner, named, config, options, clock) as node_:
+        async with _running(bus, store, learner, named, config, options, clock, link) as node_:
             yield node_
 
 
@@ -397,6 +409,7 @@ async def _running(
     config: RunConfig | None,
     options: NodeOptions,
     clock: Clock,
+    link: GroupLink | None,
 ) -> AsyncIterator[Node]:
     """The event bus around joining and the node's task group (see ``_supervise``). Every
     failure leaves as one exception, never an ``ExceptionGroup`` of one."""
@@ -404,8 +417,8 @@ async def _running(
     async with anyio.create_task_group() as events_tg:
         await events_tg.start(_dispatch, bus)
         try:
-            manifest = await open_run(store, learner, named, config, options, clock, bus.emit)
-            node_ = await _join(store, manifest, learner, named, options, clock, bus)
+            entered = await enter(store, learner, named, config, options, clock, bus.emit, link)
+            node_ = Node(entered.rt, bus, entered.start, entered.params, entered.member)
             try:
                 async with anyio.create_task_group() as tg, _supervise(node_, tg) as running:
                     yield running
@@ -437,43 +450,18 @@ async def _supervise(node_: Node, tg: TaskGroup) -> AsyncIterator[Node]:
         else:
             detail = "cancelled"
         node_._drop_unpublished("closed-without-flush", detail)
+        if node_._group is not None:
+            await node_._group.abort()
         raise
     else:
-        await node_._flush()
+        if node_._group is None:
+            await node_._flush()
+        else:
+            try:
+                await node_._group.close(node_._flush)
+            except GroupFailed:
+                # Another rank left by an exception, or died, while this one was closing.
+                node_._drop_unpublished("closed-without-flush", "the learner group failed")
+                raise
     finally:
         node_._stop(tg)
-
-
-async def _join(
-    store: Store,
-    manifest: Manifest,
-    learner: str,
-    named: list[tuple[str, Tensor]] | None,
-    options: NodeOptions,
-    clock: Clock,
-    bus: EventBus,
-) -> Node:
-    rt = Runtime(
-        learner=learner,
-        store=store,
-        manifest=manifest,
-        options=options,
-        clock=clock,
-        emit=bus.emit,
-    )
-    newest = await load_newest(store, manifest, clock, options.poll_interval)
-    start = None
-    params: tuple[tuple[Tensor, ...], ...] = ()
-    if named is not None:
-        by_name = dict(named)
-        params = tuple(tuple(by_name[p.name] for p in spec.params) for spec in manifest.fragments)
-        with torch.no_grad():
-            for group, thetas in zip(params, newest.thetas, strict=True):
-                for param, theta in zip(group, thetas, strict=True):
-                    param.copy_(theta)
-        start = Learner.start(
-            manifest.config, learner, newest.versions, newest.thetas, newest.round
-        )
-    node_ = Node(rt, bus, start, params)
-    bus.emit(Joined(learner, manifest.created_by, manifest.config.fragments, newest.round))
-    return node_

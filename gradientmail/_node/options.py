@@ -28,6 +28,9 @@ class NodeOptions:
         Whether this node takes part in closing rounds.
     max_retry_delay
         The longest backoff between retries of a transient store failure.
+    group_timeout
+        In a learner group (``group=``), the longest a rank waits in ``step()`` for the
+        others; past it every waiting rank raises ``GroupFailed``.
 
     Raises ``ValueError`` naming the option when a value is out of range.
     """
@@ -40,6 +43,7 @@ class NodeOptions:
     close_timeout: float = 60.0
     syncer: bool = True
     max_retry_delay: float = 30.0
+    group_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -50,6 +54,7 @@ class NodeOptions:
             "creation_timeout",
             "close_timeout",
             "max_retry_delay",
+            "group_timeout",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):

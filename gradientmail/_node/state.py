@@ -26,6 +26,16 @@ class NodeState:
     requests
         Requests this node made to the store, by kind (put, get, list, delete), retries
         included.
+    rank, world
+        This process's rank in its learner group and the group's size (0 and 1 without a
+        group). In a group, ``round``, ``versions``, ``aligned_round``, ``steps`` and
+        ``tokens`` are the learner's as decided at the last ``step()``, the same on every
+        rank (on the leader, ``steps`` and ``tokens`` are what its learner counted: after
+        a failed ``step()`` one more than the followers'); the store's bytes and requests
+        are this rank's own.
+    group_bytes_sent, group_bytes_received
+        Payload bytes this rank sent to and received from its group's collectives (control
+        exchanges, and the fragments the leader broadcast); 0 without a group.
     """
 
     learner: str
@@ -38,3 +48,7 @@ class NodeState:
     bytes_published: int
     bytes_downloaded: int
     requests: Mapping[str, int] = field(default_factory=dict)
+    rank: int = 0
+    world: int = 1
+    group_bytes_sent: int = 0
+    group_bytes_received: int = 0

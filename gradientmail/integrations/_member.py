@@ -3,7 +3,7 @@
 import atexit
 from collections.abc import Sequence
 from contextlib import ExitStack
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -29,10 +29,28 @@ def refuse_processes(world_size: int, framework: str) -> None:
     if world_size > 1:
         raise RuntimeError(
             f"{framework} runs {world_size} processes (DDP), and each would join the run as "
-            "the same learner with its own copy of the model; gradientmail has no learner "
-            "groups yet: run one single-process trainer per learner, each with its own "
-            "learner id"
+            "the same learner with its own copy of the model; the callbacks do not form "
+            "learner groups yet: run one single-process trainer per learner, each with its "
+            "own learner id, or write the loop with gradientmail.sync.node(..., group=) "
+            "(docs/node.md, 'Learner groups')"
         )
+
+
+def learner_group(world_size: int, framework: str) -> Any:
+    """None for a trainer of one process; else a new gloo group over all of the trainer's
+    processes, which then form one learner (``group=``; docs/node.md, "Learner groups").
+    Every process must call it (``new_group`` is a collective). Raises ``RuntimeError`` when
+    ``torch.distributed`` is not initialized though the trainer runs several processes."""
+    if world_size <= 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            f"{framework} runs {world_size} processes but torch.distributed is not "
+            "initialized: launch it with torchrun (or accelerate launch)"
+        )
+    return dist.new_group(backend="gloo")
 
 
 class Member:
@@ -66,12 +84,14 @@ class Member:
         self._stack: ExitStack | None = None
         self.node: sync.Node | None = None
 
-    def join(self, model: torch.nn.Module) -> sync.Node:
-        """Join the run with ``model`` (whose weights become the run's newest)."""
+    def join(self, model: torch.nn.Module, group: Any = None) -> sync.Node:
+        """Join the run with ``model`` (whose weights become the run's newest), as one rank
+        of the learner ``group`` when one is given."""
         if self._stack is not None:
             raise RuntimeError("this callback's node is already open: one training at a time")
         stack = ExitStack()
-        self.node = stack.enter_context(sync.node(model, **self._arguments))  # type: ignore[arg-type]
+        node = sync.node(model, group=group, **self._arguments)  # type: ignore[arg-type]
+        self.node = stack.enter_context(node)
         self._stack = stack
         atexit.register(self._at_exit)
         return self.node

@@ -8,8 +8,9 @@
 gradient accumulation is respected) with the tokens it consumed, and ``on_train_end`` closes
 with flush. Tokens come from ``state.num_input_tokens_seen``
 (``TrainingArguments(include_num_input_tokens_seen=True)``), else from ``tokens_per_step``;
-a run weighted by tokens refuses to start with neither. The Trainer must run one process
-(``RuntimeError`` under DDP; see ``docs/integrations.md``). Needs
+a run weighted by tokens refuses to start with neither. Under DDP (``torchrun``) the
+Trainer's processes form one learner (a learner group over a new gloo group; the Trainer's
+token count is already the sum over its processes); see ``docs/integrations.md``. Needs
 ``pip install 'gradientmail[transformers]'``.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from gradientmail._node import NodeOptions
 from gradientmail.events import Sink
-from gradientmail.integrations._member import Member, missing_extra, refuse_processes
+from gradientmail.integrations._member import Member, learner_group, missing_extra
 from gradientmail.protocol.records import RunConfig
 from gradientmail.protocol.signing import RunKey
 from gradientmail.sync import Node
@@ -74,9 +75,9 @@ class GradientmailCallback(TrainerCallback):  # type: ignore[misc]
         return self._member.node
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        refuse_processes(args.world_size, "the Trainer")
+        group = learner_group(args.world_size, "the Trainer")
         counting = args.include_num_input_tokens_seen not in (False, "no", None)
-        node = self._member.join(kwargs["model"])
+        node = self._member.join(kwargs["model"], group)
         if node.config.weighting == "tokens" and not counting and self._tokens_per_step is None:
             self._member.abandon(ValueError("no token count"))
             raise ValueError(

@@ -1,0 +1,272 @@
+"""Learner groups: two learners of two DDP ranks each against two single-process learners of
+the same global batch, on the demo's model and language (``docs/node.md``, "Learner groups").
+
+Each arm is one run on its own ``LocalMailbox``: two learners (each also a syncer) train the
+demo's GPT on the synthetic Markov language for the same number of steps. In the *group*
+arm a learner is two processes (DDP over gloo, CPU) that each take half of the batch the
+single-process learner of the *single* arm takes, drawn from the same stream, so the two
+arms see the same data and the same mean gradients (up to the order of float sums). The
+arms alternate over the repetitions (ABBA). Per rank it records: the time of each
+``step()`` on the caller (in a group: its two control exchanges and the broadcasts of the
+fragments that changed), the bytes it moved through the store and through the group's
+collectives, the wall time of publishing one fragment (``SnapshotPublished.seconds``), and
+the process's peak resident memory; per run, the evaluation loss of each learner's final
+model.
+
+    .venv/bin/python benchmarks/bench_groups.py [--quick] [--results DIR]
+"""
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+import anyio
+import torch
+
+STEPS, QUICK_STEPS = 240, 40
+BATCH = 16  # the learner's batch; each of a group's two ranks takes half
+CONTEXT = 32
+LEARNERS = ("a", "b")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# -- one rank (a worker process) ------------------------------------------------------------
+
+
+def _rank_main(spec: dict[str, Any]) -> None:
+    """Train one rank of one learner and write its figures to ``spec['out']``."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradientmail.demo.data import evaluate, synthetic
+    from gradientmail.demo.model import GPT, GPTConfig
+
+    torch.set_num_threads(1)
+    rank, world = spec["rank"], spec["world"]
+    group = None
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]))
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+        group = dist.new_group(backend="gloo")
+    corpus = synthetic(length=CONTEXT, seed=0)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.tiny(vocab_size=corpus.vocab_size, context=CONTEXT))
+    trained: torch.nn.Module = DistributedDataParallel(model) if world > 1 else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    stream = corpus.train(LEARNERS.index(spec["learner"]), batch_size=BATCH, length=CONTEXT)
+    part = BATCH // world
+    figures = anyio.run(_train, spec, trained, optimizer, stream, part, group)
+    figures["eval_loss"] = evaluate(
+        model, corpus.evaluation(batches=4, batch_size=32, length=CONTEXT)
+    )
+    figures["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Path(spec["out"]).write_text(json.dumps(figures))
+    sys.stderr.flush()
+    os._exit(0)  # a gloo group's teardown can wait on peers that have already left
+
+
+async def _train(
+    spec: dict[str, Any],
+    trained: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    stream: Any,
+    part: int,
+    group: Any,
+) -> dict[str, Any]:
+    import gradientmail
+    from gradientmail.events import SnapshotPublished
+    from gradientmail.patterns import Barrier
+
+    config = gradientmail.RunConfig(fragments=2, sync_every=20, grace=1.0)
+    options = gradientmail.NodeOptions(
+        poll_interval=0.05, lease_every=0.5, lease_timeout=10.0, close_timeout=60.0
+    )
+    published: list[float] = []
+
+    def sink(event: object) -> None:
+        if isinstance(event, SnapshotPublished):
+            published.append(event.seconds)
+
+    step_seconds: list[float] = []
+    rank = spec["rank"]
+    mailbox = gradientmail.mailbox.LocalMailbox(Path(spec["run"]))
+    async with (
+        mailbox,
+        gradientmail.node(
+            trained,
+            mailbox,
+            learner=spec["learner"],
+            config=config,
+            options=options,
+            sinks=[sink],
+            group=group,
+        ) as node,
+    ):
+        if rank == 0:
+            await Barrier(mailbox, spec["learner"], poll_interval=0.02).wait(
+                "start", parties=len(LEARNERS), timeout=300.0
+            )
+
+        def train_step() -> None:
+            batch = next(stream)[rank * part : (rank + 1) * part]
+            logits = trained(batch[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        for _ in range(spec["steps"]):
+            await anyio.to_thread.run_sync(train_step)
+            began = time.perf_counter()
+            await node.step(tokens=BATCH * CONTEXT)  # the learner's, on every rank
+            step_seconds.append(time.perf_counter() - began)
+    state = node.state
+    return {
+        "step_ms": [1e3 * s for s in step_seconds],
+        "publish_seconds": published,
+        "store_up": state.bytes_published,
+        "store_down": state.bytes_downloaded,
+        "group_sent": state.group_bytes_sent,
+        "group_received": state.group_bytes_received,
+        "rounds": state.round + 1,
+    }
+
+
+# -- the benchmark ---------------------------------------------------------------------------
+
+
+def _run_arm(arm: str, steps: int, work: Path) -> dict[str, Any]:
+    """One run of ``arm`` (``group`` or ``single``); every rank's figures and the wall time."""
+    world = 2 if arm == "group" else 1
+    run = work / "run"
+    processes = []
+    began = time.perf_counter()
+    for learner in LEARNERS:
+        port = _free_port()
+        for rank in range(world):
+            spec = {
+                "arm": arm,
+                "learner": learner,
+                "rank": rank,
+                "world": world,
+                "port": port,
+                "run": str(run),
+                "steps": steps,
+                "out": str(work / f"{learner}.{rank}.json"),
+            }
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--rank", json.dumps(spec)],
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
+                )
+            )
+    for process in processes:
+        if process.wait(timeout=1800) != 0:
+            raise RuntimeError(f"a rank of the {arm} arm exited {process.returncode}")
+    seconds = time.perf_counter() - began
+    ranks = {
+        f"{learner}.{rank}": json.loads((work / f"{learner}.{rank}.json").read_text())
+        for learner in LEARNERS
+        for rank in range(world)
+    }
+    return {"seconds": seconds, "ranks": ranks}
+
+
+def _figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per arm and role (leader: rank 0; follower: rank 1): medians over the runs."""
+    figures: dict[str, Any] = {}
+    for arm, results in runs.items():
+        roles = {"leader": ".0", "follower": ".1"} if arm == "group" else {"leader": ".0"}
+        for role, suffix in roles.items():
+            ranks = [
+                r for result in results for n, r in result["ranks"].items() if n.endswith(suffix)
+            ]
+            steps = [v for r in ranks for v in r["step_ms"][1:]]
+            published = [v for r in ranks for v in r["publish_seconds"]]
+            figures[f"{arm}_{role}"] = {
+                "step_ms_p50": h.percentile(steps, 50),
+                "step_ms_mean": statistics.fmean(steps),
+                "step_ms_p99": h.percentile(steps, 99),
+                "publish_s_median": statistics.median(published) if published else None,
+                "store_up": statistics.median(r["store_up"] for r in ranks),
+                "store_down": statistics.median(r["store_down"] for r in ranks),
+                "group_sent": statistics.median(r["group_sent"] for r in ranks),
+                "group_received": statistics.median(r["group_received"] for r in ranks),
+                "peak_rss_bytes": statistics.median(r["peak_rss_bytes"] for r in ranks),
+            }
+        losses = [
+            r["eval_loss"]
+            for result in results
+            for n, r in result["ranks"].items()
+            if n.endswith(".0")
+        ]
+        figures[f"{arm}_eval_loss"] = h.summary(losses)
+        figures[f"{arm}_seconds"] = h.summary([result["seconds"] for result in results])
+        figures[f"{arm}_rounds"] = statistics.median(
+            r["rounds"] for result in results for r in result["ranks"].values()
+        )
+    group, single = figures["group_leader"], figures["single_leader"]
+    figures["step_ms_added_p50"] = group["step_ms_p50"] - single["step_ms_p50"]
+    figures["loss_ratio"] = h.ratio(
+        figures["group_eval_loss"]["median"], figures["single_eval_loss"]["median"]
+    )
+    figures["leader_store_up_ratio"] = h.ratio(group["store_up"], single["store_up"])
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short runs, one repetition")
+    parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
+    parser.add_argument("--rank", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank is not None:
+        _rank_main(json.loads(args.rank))
+        return
+    steps = QUICK_STEPS if args.quick else STEPS
+    repetitions = 1 if args.quick else 3
+    result = h.header(
+        "groups",
+        quick=args.quick,
+        parameters={
+            "model": "demo GPT tiny",
+            "context": CONTEXT,
+            "learner_batch": BATCH,
+            "steps": steps,
+            "learners": len(LEARNERS),
+            "group_world": 2,
+            "fragments": 2,
+            "sync_every": 20,
+            "repetitions": repetitions,
+        },
+    )
+    runs: dict[str, list[dict[str, Any]]] = {"group": [], "single": []}
+    for rep in range(repetitions):
+        for arm in ("group", "single") if rep % 2 == 0 else ("single", "group"):
+            with tempfile.TemporaryDirectory() as work:
+                runs[arm].append(_run_arm(arm, steps, Path(work)))
+                print(f"{arm}: {runs[arm][-1]['seconds']:.0f} s", flush=True)
+    result["figures"] = _figures(runs)
+    print(f"wrote {h.write_result(args.results, 'groups', result)}")
+
+
+if __name__ == "__main__":
+    main()

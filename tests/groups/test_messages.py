@@ -1,0 +1,91 @@
+"""The control messages of a learner group (``protocol.group``), without a process group:
+summing contributions as an all-reduce would, and the verdict every rank reaches."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gradientmail.protocol.group import (
+    Decision,
+    Message,
+    contribution,
+    read,
+    verdict,
+    width,
+)
+
+
+def summed(messages: list[Message], fragments: int) -> list[int]:
+    total = [0] * width(fragments)
+    for message in messages:
+        total = [a + b for a, b in zip(total, contribution(message, fragments), strict=True)]
+    return total
+
+
+@given(
+    world=st.integers(1, 8),
+    tokens=st.integers(0, 10**9),
+    versions=st.lists(st.integers(0, 10**6), min_size=1, max_size=6),
+    round=st.integers(-1, 10**6),
+    aligned=st.integers(-1, 10**6),
+    ok=st.booleans(),
+)
+def test_a_step_carries_the_leaders_decision_to_every_rank(
+    world: int, tokens: int, versions: list[int], round: int, aligned: int, ok: bool
+) -> None:
+    fragments = len(versions)
+    decision = Decision(tuple(versions), round, aligned, tokens, ok)
+    messages = [
+        Message("step", rank, tokens=tokens, decision=decision if rank == 0 else None)
+        for rank in range(world)
+    ]
+    result = read(summed(messages, fragments), fragments)
+    assert result.tokens == world * tokens
+    assert result.decision == decision
+    assert verdict(result, "step", world) is None
+
+
+def test_ranks_that_pass_different_tokens_fail_the_step() -> None:
+    decision = Decision((1, 2), 3, 3, tokens=32)
+    messages = [Message("step", 0, 32, decision), Message("step", 1, 16)]
+    problem = verdict(read(summed(messages, 2), 2), "step", 2)
+    assert problem is not None
+    assert "different tokens to step(): 48 in all, the leader 32" in problem
+
+
+def test_an_abort_completes_any_exchange_and_names_the_rank() -> None:
+    messages = [Message("step", 0, tokens=3), Message("abort", 2), Message("step", 1)]
+    result = read(summed(messages, 2), 2)
+    assert verdict(result, "step", 3) == "rank 2 of the group left the block with an exception"
+    both = read(summed([Message("abort", 1), Message("abort", 2), Message("close", 0)], 2), 2)
+    assert verdict(both, "close", 3) == "2 ranks of the group left the block with an exception"
+
+
+def test_ranks_out_of_step_are_named() -> None:
+    result = read(summed([Message("step", 0), Message("close", 1)], 1), 1)
+    problem = verdict(result, "step", 2)
+    assert problem is not None
+    assert "expected 2 step, got 1 step, 1 close" in problem
+
+
+def test_a_step_or_result_without_the_leaders_decision_fails() -> None:
+    result = read(summed([Message("step", 0), Message("step", 1)], 1), 1)
+    assert verdict(result, "step", 2) == "the leader (rank 0) sent no decision with its step"
+
+
+def test_bad_contributions_are_refused() -> None:
+    with pytest.raises(ValueError, match="non-negative"):
+        contribution(Message("step", 0, tokens=-1), 2)
+    with pytest.raises(ValueError, match="needs 2 versions"):
+        contribution(Message("step", 0, decision=Decision((1,), 0, 0)), 2)
+    with pytest.raises(ValueError, match="of 1 fragments has 13 ints"):
+        read([0] * 3, 1)
+    two = Message("step", 0, decision=Decision((1,), 0, 0))
+    with pytest.raises(ValueError, match="only the leader"):
+        read(summed([two, two], 1), 1)
+
+
+def test_changed_fragments_are_those_whose_version_moved() -> None:
+    before = Decision((3, 4, 5), 10, 10)
+    assert Decision((3, 5, 6), 12, 12).changed(before) == (1, 2)
+    assert before.changed(before) == ()
