@@ -30,6 +30,10 @@ outer momentum × H × (quorum fraction, grace), seed 0, against data-parallel a
 learner of the same seed, into ``convergence-grid.json``; ``--outer-lr``,
 ``--outer-momentum``, ``--sync-every``, ``--quorum F:G`` and ``--encoding`` set the axes
 (``GRID`` has the defaults, 54 points: about 40 s each at full size on two idle cores).
+
+``--long STEPS`` measures only bytes: int8 at H = 50 for ``STEPS`` steps, once per
+``--checkpoint-every`` value (default 1 and 8), into ``convergence-bytes.json``: long
+enough that the closing flush is a small share of a learner's bytes (reported).
 """
 
 import argparse
@@ -334,6 +338,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
 
             curve = await node.run_in_thread(loop)
             trained = time.perf_counter() - started
+            trained_state = node.state
         end = node.state
         final = learning.final()
         return progress.report(index, spec["steps"], curve, final, trained) | {
@@ -342,6 +347,10 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
             "bytes_down": end.bytes_downloaded - start.bytes_downloaded,
             "bytes_up_total": end.bytes_published,
             "bytes_down_total": end.bytes_downloaded,
+            "bytes_closing": end.bytes_published
+            + end.bytes_downloaded
+            - trained_state.bytes_published
+            - trained_state.bytes_downloaded,
             "requests": {op: n - start.requests.get(op, 0) for op, n in end.requests.items()},
             "bytes_by_kind": {
                 kind: n - kinds_at_start.get(kind, 0)
@@ -383,12 +392,14 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 }
             )
 
+    tally = h.Tally()
+
     async def main() -> dict[str, Any]:
         async with (
             LocalMailbox(scratch / "store") as mailbox,
             join_run(
                 None,
-                mailbox,
+                h.CountingMailbox(mailbox, tally, "syncer"),
                 learner="syncer",
                 options=_options(syncer=True),
                 sinks=[sink],
@@ -402,6 +413,7 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
             "bytes_up": state.bytes_published,
             "bytes_down": state.bytes_downloaded,
             "requests": dict(state.requests),
+            "bytes_by_kind": dict(tally.bytes_by_kind.get("syncer", {})),
             "rounds": rounds,
             "events": counts,
         }
@@ -720,6 +732,67 @@ def run(results: Path, quick: bool, log: Callable[[str], None] = print) -> Path:
     return h.write_result(results, NAME, result)
 
 
+# -- bytes over a long run ---------------------------------------------------------------
+
+LONG_ARM = ("int8", 50)
+"""The headline setting whose bytes ``--long`` measures (issue 15: ≥ 75× with the syncer's
+share at int8, H = 50, K = 4)."""
+
+
+def long_bytes(
+    results: Path, steps: int, every: list[int], log: Callable[[str], None] = print
+) -> Path:
+    """``LONG_ARM`` for ``steps`` steps on seed 0, once per ``checkpoint_every`` in ``every``:
+    data-parallel's bytes ÷ a learner's, alone and with the syncer's traffic shared among the
+    ``K`` learners, and how much of a learner's bytes its closing flush took; writes
+    ``results/convergence-bytes.json``. Data-parallel's bytes are computed (ring all-reduce of
+    fp32 gradients), not trained."""
+    from gradientmail.demo.model import GPT
+    from gradientmail.protocol.records import RunConfig
+
+    params = GPT(model_config()).num_parameters()
+    dp_bytes = 2 * (K - 1) / K * 4 * params * steps
+    settings = plan(False) | {"steps": steps, "eval_every": steps}
+    encoding, sync_every = LONG_ARM
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="gm-bench-bytes-") as scratch:
+        for n in every:
+            report = run_gradientmail(
+                0, sync_every, encoding, settings, Path(scratch) / f"every{n}",
+                {"checkpoint_every": n},
+            )  # fmt: skip
+            syncer = report["syncer"]
+            closing = sum(r["bytes_closing"] for r in report["learners"]) / K
+            runs[str(n)] = {
+                "final_loss": report["final_loss"],
+                "rounds_committed": report["rounds_committed"],
+                "wall_seconds": report["wall_seconds"],
+                "bytes_per_learner": report["bytes_per_learner"],
+                "bytes_by_kind_per_learner": report["bytes_by_kind_per_learner"],
+                "closing_bytes_per_learner": closing,
+                "syncer_by_kind": syncer["bytes_by_kind"],
+                "syncer_requests": syncer["requests"],
+                "syncer_up": syncer["bytes_up"],
+                "syncer_down": syncer["bytes_down"],
+                "ratio_per_learner": dp_bytes / report["bytes_per_learner"],
+                "ratio_with_syncer_share": dp_bytes
+                / (report["bytes_per_learner"] + report["syncer_bytes"] / K),
+            }
+            log(
+                f"  checkpoint_every {n}: {runs[str(n)]['ratio_per_learner']:.0f}x per learner, "
+                f"{runs[str(n)]['ratio_with_syncer_share']:.0f}x with the syncer's share, "
+                f"{report['rounds_committed']} rounds, {report['wall_seconds']:.0f} s"
+            )
+    parameters = {
+        "steps": steps, "encoding": encoding, "sync_every": sync_every, "learners": K,
+        "fragments": FRAGMENTS, "params": params, "checkpoint_every": every, "seed": 0,
+        "default_checkpoint_every": RunConfig().checkpoint_every,
+    }  # fmt: skip
+    result = h.header(f"{NAME}-bytes", quick=False, parameters=parameters)
+    result["figures"] = {"dp_bytes_per_learner": dp_bytes, "runs": runs}
+    return h.write_result(results, f"{NAME}-bytes", result)
+
+
 # -- the defaults grid ------------------------------------------------------------------
 
 GRID: dict[str, list[Any]] = {
@@ -833,9 +906,18 @@ def main() -> None:
     parser.add_argument(
         "--merge", action="store_true", help="keep the grid file's other points (see grid)"
     )
+    parser.add_argument(
+        "--long", type=int, metavar="STEPS", help="only the bytes of LONG_ARM over STEPS steps"
+    )
+    parser.add_argument(
+        "--checkpoint-every", nargs="+", type=int, default=[1, 8], help="--long's values"
+    )
     args = parser.parse_args()
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
+        return
+    if args.long:
+        print(f"wrote {long_bytes(args.results, args.long, args.checkpoint_every)}")
         return
     if args.grid:
         axes = {

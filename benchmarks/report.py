@@ -1466,6 +1466,145 @@ def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> N
         )
 
 
+BYTES_TARGET = 75.0
+"""Issue 15: data-parallel's bytes ÷ gradientmail's with the syncer's share, int8, H = 50."""
+
+
+def convergence_bytes(page: Page, result: dict[str, Any] | None) -> None:
+    """Bytes over a long run (``bench_convergence.py --long``), per ``checkpoint_every``."""
+    page.add("## Bytes over a long run, with the syncer's share", "")
+    if result is None:
+        page.add(
+            "_Not measured: `benchmarks/results/convergence-bytes.json` is missing "
+            "(`.venv/bin/python benchmarks/bench_convergence.py --long 2400`)._",
+            "",
+        )
+        return
+    p, figures = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        f"The convergence benchmark's model ({p['params']:,} parameters) and {p['learners']} "
+        f"learners at {p['encoding']}, H = {p['sync_every']}, {p['fragments']} fragments, run "
+        f"for {p['steps']} steps (seed {p['seed']}): long enough that the closing flush (its "
+        "final rounds) is a small share of a learner's bytes, given in the table. "
+        "Data-parallel's bytes per learner are computed as in section 1 "
+        f"({_bytes(figures['dp_bytes_per_learner'])}). The syncer's bytes are everything its "
+        "process wrote and read; shared among the learners they make the last ratio.",
+        "",
+    )
+    rows = []
+    for every, run in sorted(figures["runs"].items(), key=lambda item: int(item[0])):
+        rows.append(
+            [
+                every,
+                str(run["rounds_committed"]),
+                _bytes(run["bytes_per_learner"]),
+                _num(100 * run["closing_bytes_per_learner"] / run["bytes_per_learner"], 1),
+                _bytes(run["syncer_up"]),
+                _bytes(run["syncer_down"]),
+                _num(run["ratio_per_learner"], 0),
+                _num(run["ratio_with_syncer_share"], 0),
+            ]
+        )
+    page.add(
+        *_table(
+            [
+                "checkpoint_every",
+                "rounds",
+                "bytes per learner",
+                "closing flush %",
+                "syncer up",
+                "syncer down",
+                "DP ÷ learner",
+                "DP ÷ (learner + syncer ÷ K)",
+            ],
+            rows,
+        )
+    )
+    from gradientmail.protocol.records import RunConfig
+
+    default = str(p.get("default_checkpoint_every", RunConfig().checkpoint_every))
+    if default not in figures["runs"]:
+        return
+    run = figures["runs"][default]
+    ratio = run["ratio_with_syncer_share"]
+    rounds = run["rounds_committed"]
+    syncer = run["syncer_up"] + run["syncer_down"]
+    closing = 100 * run["closing_bytes_per_learner"] / run["bytes_per_learner"]
+    steady = figures["dp_bytes_per_learner"] / (
+        run["bytes_per_learner"] - run["closing_bytes_per_learner"] + syncer / p["learners"]
+    )
+    page.add(
+        f"With the default `checkpoint_every` ({default}), per round a learner moved "
+        f"{_bytes(run['bytes_per_learner'] / rounds)} and the syncer "
+        f"{_bytes(syncer / rounds)} ({_bytes(run['syncer_up'] / rounds)} up: the update and "
+        f"1/{default} of a checkpoint; the rest down: the learners' deltas and the metadata "
+        "of the round). Without the learners' closing flush (their bytes after their last "
+        f"training step, {_num(closing, 1)} % of them; the syncer's share of the closing "
+        "rounds is not separated), data-parallel's "
+        f"bytes ÷ gradientmail's with the syncer's share is {steady:.0f}×.",
+        "",
+    )
+    page.target(
+        f"DP bytes ÷ gradientmail's with the syncer's share (int8, H = 50, "
+        f"checkpoint_every {default})",
+        f"≥ {BYTES_TARGET:.0f}×",
+        f"{ratio:.0f}×",
+        ratio >= BYTES_TARGET,
+        "Bytes over a long run",
+    )
+
+
+def rejoin(page: Page, result: dict[str, Any] | None) -> None:
+    """A new learner's join time against the raw read (``bench_rejoin.py``)."""
+    page.add("## Rejoin", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/rejoin.json` is missing._", "")
+        return
+    p, figures = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        f"A run of {p['params']:,} parameters ({p['mib']} MiB in fp32), {p['fragments']} "
+        f"fragments at version {p['version']}, int8 updates, written into the store as "
+        "garbage collection leaves it; a fresh learner joins (opening the node until it holds "
+        "the newest θ of every fragment, `RunReader.rebuild`: the checkpoint at or below "
+        "each version and the updates after it), against reading the same blobs raw with "
+        f"the same mailbox. Median of {p['repetitions']} (min, max).",
+        "",
+    )
+    rows = []
+    for store_name, by_every in figures.items():
+        for every, entry in sorted(by_every.items(), key=lambda item: int(item[0])):
+            rows.append(
+                [
+                    store_name,
+                    every,
+                    _bytes(entry["bytes_read"]),
+                    _spread(entry["join_seconds"], 2),
+                    _spread(entry["raw_seconds"], 2),
+                    _spread(entry["join_over_raw"], 2),
+                ]
+            )
+    page.add(
+        *_table(
+            ["store", "checkpoint_every", "bytes read", "join s", "raw read s", "join ÷ raw"],
+            rows,
+        )
+    )
+    page.add(
+        "The join does more than read: the node starts (manifest, model signature, lease), "
+        "every blob is checked against its sha256, decoded and, after the checkpoint, each "
+        "update applied in a worker thread; blobs are read one after another, as the raw "
+        "baseline does. A directory's raw read comes from the page cache. With the default "
+        "`checkpoint_every` a joiner at version 21 reads the checkpoint at 16 and five "
+        "updates (int8: a quarter of θ's bytes each): on average over where a join lands "
+        "3.5 updates, at worst 7.",
+        "",
+    )
+
+
 def generate(results: Path, docs: Path) -> Path:
     """Write ``docs/benchmarks.md`` and its plots from ``results``; returns the page."""
     page = Page(docs)
@@ -1479,6 +1618,8 @@ def generate(results: Path, docs: Path) -> Path:
         (defaults_grid, "convergence-grid"),
         (text_seeds, "text-seeds"),
         (groups, "groups"),
+        (convergence_bytes, "convergence-bytes"),
+        (rejoin, "rejoin"),
     ]
     loaders = {"text": _text_results, "text-seeds": _text_seed_results}
     body = Page(docs)

@@ -8,6 +8,8 @@ took.
 
 The event-bus benchmark (``bench_events.py``, owned by the events workstream) writes only to
 ``benchmarks/results/events.json``, so it runs only when the results go there.
+``convergence-bytes`` (``bench_convergence.py --long``) and ``rejoin`` (``bench_rejoin.py``)
+are about length and size: a quick run leaves them out unless ``--only`` names them.
 
 Usage::
 
@@ -27,7 +29,25 @@ import _harness as h
 import report
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("store", "rounds", "overhead", "convergence", "events")
+BENCHMARKS = ("store", "rounds", "overhead", "convergence", "events", "convergence-bytes", "rejoin")
+FULL_ONLY = ("convergence-bytes", "rejoin")
+"""Left out of a quick run unless named with ``--only``: their point is size and length."""
+LONG_STEPS = {False: 2400, True: 100}
+"""``convergence-bytes``: the steps of ``bench_convergence.py --long`` (full, quick)."""
+
+
+def _command(name: str, quick: bool) -> list[str]:
+    """The command that runs benchmark ``name`` (``bench_{name}.py``, but for the long bytes
+    run of the convergence benchmark)."""
+    if name == "convergence-bytes":
+        return [
+            sys.executable,
+            str(HERE / "bench_convergence.py"),
+            "--long",
+            str(LONG_STEPS[quick]),
+        ]
+    command = [sys.executable, str(HERE / f"bench_{name}.py")]
+    return [*command, "--quick"] if quick else command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: Path = args.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
-    chosen = args.only or list(BENCHMARKS)
+    chosen = args.only or [b for b in BENCHMARKS if not (args.quick and b in FULL_ONLY)]
     if "events" in chosen and results != h.RESULTS.resolve():
         print("events: skipped (bench_events.py writes only to benchmarks/results/)")
         chosen.remove("events")
@@ -47,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[str] = []
     started = time.perf_counter()
     for name in chosen:
-        command = [sys.executable, str(HERE / f"bench_{name}.py")]
-        if args.quick:
-            command.append("--quick")
+        command = _command(name, args.quick)
         if name != "events":
             command += ["--results", str(results)]
         print(f"== {name}", flush=True)

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 import anyio.to_thread
@@ -27,19 +28,20 @@ from torch import Tensor, nn
 
 from gradientmail import mailbox as mailboxes
 from gradientmail.clock import Clock, MonotonicClock
-from gradientmail.errors import CorruptBlob, NoRun, RunMismatch, UsageError
+from gradientmail.errors import CorruptBlob, NoRun, RecordError, RunMismatch, UsageError
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
-from gradientmail.protocol import keys
+from gradientmail.protocol import checkpoint, keys
 from gradientmail.protocol.codec import decode_fragment
 from gradientmail.protocol.fragments import mismatch, signature
-from gradientmail.protocol.records import Manifest, RoundRecord
+from gradientmail.protocol.records import FragmentSpec, Manifest, RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
 __all__ = [
     "Newest",
     "Observation",
+    "Rebuilt",
     "RunReader",
     "Source",
     "check_model",
@@ -87,6 +89,18 @@ class Newest:
             for param, theta in zip(spec.params, thetas, strict=True):
                 named[param.name] = theta.to(getattr(torch, param.dtype))
         return named
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuilt:
+    """Version ``version`` of a fragment: its θ (fp32, CPU, in spec order) and, when rebuilt
+    with its momentum, the outer momentum after it (``outer`` True; ``momentum`` None at a
+    version no outer step has reached yet)."""
+
+    version: int
+    theta: tuple[Tensor, ...]
+    momentum: tuple[Tensor, ...] | None = None
+    outer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,24 +225,135 @@ class RunReader:
         rounds = [] if initial else await self.store.record_rounds()
         newest: list[RoundRecord | None] = [None] * fragments
         for round in rounds[-fragments:]:
-            record = await self.store.record(round)
+            record = await self._record(round, manifest)
             if record is None:
                 return None
             newest[record.fragment] = record
         thetas = []
         for fragment, record in enumerate(newest):
-            ref = manifest.theta0[fragment] if record is None else record.theta
-            data = await self.store.get_blob(ref)
-            if data is None:
+            version = 0 if record is None else record.version
+            rebuilt = await self.rebuild(fragment, version, manifest=manifest)
+            if rebuilt is None:
                 return None
-            spec = manifest.fragments[fragment]
-            thetas.append(tuple(await anyio.to_thread.run_sync(decode_fragment, data, spec)))
+            thetas.append(rebuilt.theta)
         return Newest(
             round=rounds[-1] if rounds else -1,
             versions=tuple(0 if r is None else r.version for r in newest),
             thetas=tuple(thetas),
             records=tuple(newest),
         )
+
+    async def rebuild(
+        self,
+        fragment: int,
+        version: int,
+        *,
+        momentum: bool = False,
+        start: Rebuilt | None = None,
+        manifest: Manifest | None = None,
+    ) -> Rebuilt | None:
+        """Version ``version`` of ``fragment`` (and with ``momentum`` its outer momentum)
+        from the store: the newest checkpoint at or below it (Θ⁰ for 0), or ``start`` when
+        that is between the checkpoint ``checkpoint.base`` guarantees and ``version`` (and
+        holds the momentum if it is asked for), then every round after it replayed
+        (``protocol.checkpoint``: bit for bit what the syncer committed). The momentum
+        replay reads the deltas of each round's participants.
+
+        None when a blob it needs is gone (collected: newer records replaced the version).
+        Raises ``RecordError`` for a missing or unusable record (one lacking its
+        checkpoint, ``checkpoint.check_record``) or a participant's snapshot that is gone,
+        and ``CorruptBlob`` / ``CodecError`` for damaged blobs.
+        """
+        manifest = manifest if manifest is not None else await self.manifest()
+        config, spec = manifest.config, manifest.fragments[fragment]
+        begin = start
+        if begin is None or not (
+            checkpoint.base(version, config) <= begin.version <= version
+            and (begin.outer or not momentum)
+        ):
+            begin = await self._checkpoint(manifest, fragment, version, momentum)
+        if begin is None:
+            return None
+        theta, moment = begin.theta, begin.momentum
+        for later in range(begin.version + 1, version + 1):
+            record = await self._need(keys.round_of(fragment, later, config.fragments), manifest)
+            update = await self.store.get_blob(record.update)
+            if update is None:
+                return None
+            mean = await self._mean(record, spec) if momentum else None
+            theta_list, moment_list = await anyio.to_thread.run_sync(
+                partial(checkpoint.replayed, theta, moment, update, spec, config, mean=mean)
+            )
+            theta = tuple(theta_list)
+            moment = None if moment_list is None else tuple(moment_list)
+        return Rebuilt(version, theta, moment if momentum else None, outer=momentum)
+
+    async def _checkpoint(
+        self, manifest: Manifest, fragment: int, version: int, momentum: bool
+    ) -> Rebuilt | None:
+        """The newest checkpoint at or below ``version``: the newest record down to the one
+        ``checkpoint.base`` guarantees that carries one (runs created before the rule carry
+        one on every record), else Θ⁰; None when a blob is gone."""
+        config, spec = manifest.config, manifest.fragments[fragment]
+        at, record = checkpoint.base(version, config), None
+        for candidate in range(version, at, -1):
+            found = await self._need(keys.round_of(fragment, candidate, config.fragments), manifest)
+            if found.checkpoint:
+                at, record = candidate, found
+                break
+        if record is None and at > 0:
+            record = await self._need(keys.round_of(fragment, at, config.fragments), manifest)
+        refs = [manifest.theta0[fragment]] if record is None else [record.theta, record.outer]
+        if not momentum:
+            refs = refs[:1]
+        tensors = []
+        for ref in refs:
+            assert ref is not None
+            data = await self.store.get_blob(ref)
+            if data is None:
+                return None
+            tensors.append(tuple(await anyio.to_thread.run_sync(decode_fragment, data, spec)))
+        moment = tensors[1] if len(tensors) > 1 else None
+        return Rebuilt(at, tensors[0], moment, outer=momentum)
+
+    async def _mean(
+        self, record: RoundRecord, spec: FragmentSpec
+    ) -> tuple[list[Tensor] | None, bool]:
+        """``checkpoint.mean_of`` ``record``'s round, from its participants' deltas."""
+        wanted = {p.learner for p in record.participants}
+        found = []
+        for snapshot, problem in await self.store.snapshots(record.round):
+            if snapshot.learner not in wanted or problem is not None:
+                continue
+            data = await self.store.get_blob(snapshot.delta)
+            if data is None:
+                raise RecordError(
+                    f"the delta of {snapshot.learner!r} in round {record.round}, which the "
+                    "record counts, is gone: its momentum cannot be replayed"
+                )
+            delta = await anyio.to_thread.run_sync(decode_fragment, data, spec)
+            found.append((snapshot, delta))
+        return checkpoint.mean_of(record, found, spec)
+
+    async def _record(self, round: int, manifest: Manifest) -> RoundRecord | None:
+        """The record of ``round`` (cached: records never change), checked against the run
+        (``checkpoint.check_record``); None when there is none."""
+        record = self._records.get(round)
+        if record is None:
+            record = await self.store.record(round)
+            if record is None:
+                return None
+            checkpoint.check_record(record, round, manifest.config)
+            self._records[round] = record
+        return record
+
+    async def _need(self, round: int, manifest: Manifest) -> RoundRecord:
+        record = await self._record(round, manifest)
+        if record is None:
+            raise RecordError(
+                f"records/{round:010d} is missing, but a committed version after it needs it"
+            )
+        return record
 
     async def observe(self, url: str) -> Observation:
         """Read the manifest (once), new round records, leases and the pending round."""

@@ -4,11 +4,13 @@
 snapshots (``aggregation.counted``: final snapshots only make a final round, which adds
 their mean with no outer step), applies the outer step, checks that θ′ and the momentum
 are finite (a round whose outer step would not be finite rejects its snapshots, reason
-``non-finite``, and leaves the fragment unchanged), writes the θ, outer-state and update
-blobs, and the record last (``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when
-live learners are missing).
-``collect_garbage`` then deletes by reference: a content-addressed blob goes only when no
-kept object names it.
+``non-finite``, and leaves the fragment unchanged), writes the update blob (and at a
+checkpoint, ``protocol.checkpoint``, the θ and outer-state blobs), and the record last
+(``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing).
+``load`` rebuilds a fragment's θ and momentum through ``RunReader.rebuild`` when they are not
+held (after a recovery, or a round another syncer committed).
+``collect_garbage`` then deletes what ``checkpoint.retained`` no longer keeps, by reference:
+a content-addressed blob goes only when no kept object names it.
 
 Runs in the syncer task; aggregation, the outer step, encoding and decoding in worker
 threads.
@@ -28,8 +30,9 @@ from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
+from gradientmail.protocol.checkpoint import Retained, is_checkpoint, retained, step
 from gradientmail.protocol.codec import CodecError, decode_fragment, encode_fragment
-from gradientmail.protocol.outer import committed_update, final_step, outer_step
+from gradientmail.protocol.outer import committed_update
 from gradientmail.protocol.records import (
     FragmentSpec,
     RoundRecord,
@@ -39,6 +42,7 @@ from gradientmail.protocol.records import (
 )
 from gradientmail.protocol.rounds import Commit, RoundState
 from gradientmail.protocol.signing import Problem
+from gradientmail.reader import Rebuilt, RunReader
 from gradientmail.store import gather
 
 __all__ = ["FragmentState", "SyncerState", "collect_garbage", "commit", "load"]
@@ -49,58 +53,59 @@ _log = logging.getLogger("gradientmail.syncer")
 @dataclass(frozen=True, slots=True)
 class FragmentState:
     """One fragment as the syncer holds it: its newest ``version``, the ``record`` that made
-    it (None for Θ⁰), and θ and the outer momentum once loaded (None until needed; the
-    momentum stays None at version 0)."""
+    it (None for Θ⁰), and ``held``: θ and the outer momentum of ``version`` once loaded, or
+    of an older version a replay may start from (None until needed)."""
 
     version: int
     record: RoundRecord | None
-    theta: tuple[Tensor, ...] | None = None
-    momentum: tuple[Tensor, ...] | None = None
+    held: Rebuilt | None = None
+
+    @property
+    def loaded(self) -> Rebuilt | None:
+        """θ and the momentum of ``version``, if held."""
+        held = self.held
+        return held if held is not None and held.version == self.version else None
 
 
 @dataclass(frozen=True, slots=True)
 class SyncerState:
     """Everything a syncer carries from one round to the next; rebuilt from the store by
-    ``recover``. ``recent`` caches the records of the newest rounds and ``deltas`` the delta
-    blobs the snapshots of recent rounds name, for garbage collection."""
+    ``recover``. ``recent`` caches the records and ``deltas`` the delta blobs the snapshots
+    of rounds name, for garbage collection (``checkpoint.retained``)."""
 
     next_round: int
     fragments: tuple[FragmentState, ...]
     recent: Mapping[int, RoundRecord] = field(default_factory=dict)
     deltas: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
-    def adopted(self, record: RoundRecord, window: int, fragment: FragmentState) -> "SyncerState":
+    def adopted(
+        self, record: RoundRecord, config: RunConfig, fragment: FragmentState
+    ) -> "SyncerState":
         fragments = list(self.fragments)
         fragments[record.fragment] = fragment
-        recent = {r: rec for r, rec in self.recent.items() if r > record.round - window}
+        kept = retained(record.round, config).records
+        recent = {r: rec for r, rec in self.recent.items() if r in kept}
         recent[record.round] = record
         return replace(self, next_round=record.round + 1, fragments=tuple(fragments), recent=recent)
 
 
-def window(config: RunConfig) -> int:
-    """How many rounds back a record's blobs are kept."""
-    return config.keep_versions * config.fragments
-
-
 async def load(rt: Runtime, fragment: int, state: FragmentState) -> FragmentState:
-    """``state`` with θ (and momentum) loaded from its record's blobs, or Θ⁰."""
-    if state.theta is not None:
+    """``state`` with θ and the momentum of its version: held, or rebuilt from the store
+    (``RunReader.rebuild``: the checkpoint below it, or the older version held, and the
+    rounds after it). Raises ``CorruptBlob`` when a blob the rebuild needs is gone or
+    damaged, ``RecordError`` for a record it cannot use."""
+    if state.loaded is not None:
         return state
-    spec = rt.specs[fragment]
-    ref = rt.manifest.theta0[fragment] if state.record is None else state.record.theta
-    data = await rt.store.get_blob(ref)
-    if data is None:
-        raise CorruptBlob(f"the θ blob of fragment {fragment} version {state.version} is gone")
-    theta = tuple(await anyio.to_thread.run_sync(decode_fragment, data, spec))
-    momentum = None
-    if state.record is not None:
-        outer = await rt.store.get_blob(state.record.outer)
-        if outer is None:
-            raise CorruptBlob(
-                f"the outer-state blob of fragment {fragment} version {state.version} is gone"
-            )
-        momentum = tuple(await anyio.to_thread.run_sync(decode_fragment, outer, spec))
-    return replace(state, theta=theta, momentum=momentum)
+    reader = RunReader(rt.store)
+    rebuilt = await reader.rebuild(
+        fragment, state.version, momentum=True, start=state.held, manifest=rt.manifest
+    )
+    if rebuilt is None:
+        raise CorruptBlob(
+            f"a blob that rebuilding version {state.version} of fragment {fragment} needs is "
+            "gone: newer records replaced it"
+        )
+    return replace(state, held=rebuilt)
 
 
 async def commit(
@@ -114,7 +119,8 @@ async def commit(
     fragment = keys.fragment_of(round, config.fragments)
     version = keys.version_of(round, config.fragments)
     current = await load(rt, fragment, state.fragments[fragment])
-    if current.version != version - 1 or current.theta is None:
+    loaded = current.loaded
+    if current.version != version - 1 or loaded is None:
         raise RecordError(
             f"round {round} makes version {version} of fragment {fragment}, but the newest "
             f"record holds version {current.version}"
@@ -125,14 +131,32 @@ async def commit(
         [partial(_candidate, rt, s, problem, fragment, spec) for s, problem in snapshots]
     )
     result, theta, momentum, update_bytes = await anyio.to_thread.run_sync(
-        _outcome, current, counted(candidates, step.missing), spec, config
+        _outcome, loaded, counted(candidates, step.missing), spec, config
     )
+    draft = _draft(rt, held, result, started)
+    rt.emit(RoundClosed(rt.learner, draft))
+    if step.missing or not step.published:
+        rt.emit(RoundIncomplete(rt.learner, round, tuple(sorted(step.missing)), not step.published))
+    ours = await _written(rt, draft, update_bytes, theta, momentum, spec)
+    landed, mine = await rt.store.put_record(ours)
+    if not mine:
+        return state, landed, False
+    rt.emit(RoundCommitted(rt.learner, landed, rt.clock.now() - started))
+    now_held = Rebuilt(version, tuple(theta), tuple(momentum), outer=True)
+    committed = FragmentState(version, landed, now_held)
+    deltas = {**state.deltas, round: frozenset(s.delta.sha256 for s, _ in snapshots)}
+    state = replace(state.adopted(landed, config, committed), deltas=deltas)
+    return await collect_garbage(rt, state, round), landed, True
+
+
+def _draft(rt: Runtime, held: RoundState, result: Aggregate, started: float) -> RoundRecordDraft:
+    round, count = held.round, rt.config.fragments
     claimed = held.claimed_at if held.claimed_at is not None else started
     quorum_at = held.quorum_at if held.quorum_at is not None else started
-    draft = RoundRecordDraft(
+    return RoundRecordDraft(
         round=round,
-        fragment=fragment,
-        version=version,
+        fragment=keys.fragment_of(round, count),
+        version=keys.version_of(round, count),
         committed_by=rt.learner,
         participants=result.participants,
         rejected=result.rejected,
@@ -140,26 +164,26 @@ async def commit(
         grace_seconds=max(0.0, started - quorum_at),
         cosine=result.cosine,
     )
-    rt.emit(RoundClosed(rt.learner, draft))
-    if step.missing or not step.published:
-        rt.emit(RoundIncomplete(rt.learner, round, tuple(sorted(step.missing)), not step.published))
+
+
+async def _written(
+    rt: Runtime,
+    draft: RoundRecordDraft,
+    update: bytes,
+    theta: Sequence[Tensor],
+    momentum: Sequence[Tensor],
+    spec: FragmentSpec,
+) -> RoundRecord:
+    """The record of ``draft`` once its update, and at a checkpoint θ and the momentum
+    (fp32), are in the store."""
+    update_ref = await rt.store.put_blob(update, rt.config.update_encoding)
+    if not is_checkpoint(draft.version, rt.config):
+        return RoundRecord.committed(draft, update=update_ref)
     blobs = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec)
-    theta_ref, outer_ref, update_ref = await gather(
-        [
-            partial(rt.store.put_blob, blobs[0], "fp32"),
-            partial(rt.store.put_blob, blobs[1], "fp32"),
-            partial(rt.store.put_blob, update_bytes, config.update_encoding),
-        ]
+    theta_ref, outer_ref = await gather(
+        [partial(rt.store.put_blob, blobs[0], "fp32"), partial(rt.store.put_blob, blobs[1], "fp32")]
     )
-    ours = RoundRecord.committed(draft, theta=theta_ref, outer=outer_ref, update=update_ref)
-    landed, mine = await rt.store.put_record(ours)
-    if not mine:
-        return state, landed, False
-    rt.emit(RoundCommitted(rt.learner, landed, rt.clock.now() - started))
-    committed = FragmentState(version, landed, tuple(theta), tuple(momentum))
-    deltas = {**state.deltas, round: frozenset(s.delta.sha256 for s, _ in snapshots)}
-    state = replace(state.adopted(landed, window(config), committed), deltas=deltas)
-    return await collect_garbage(rt, state, round), landed, True
+    return RoundRecord.committed(draft, update=update_ref, theta=theta_ref, outer=outer_ref)
 
 
 async def _candidate(
@@ -186,7 +210,7 @@ async def _candidate(
 
 
 def _outcome(
-    current: FragmentState, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
+    current: Rebuilt, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
 ) -> tuple[Aggregate, list[Tensor], list[Tensor], bytes]:
     """The round's aggregate, θ_{v+1}, the momentum and the update blob (worker thread).
 
@@ -194,15 +218,12 @@ def _outcome(
     as they carry no tokens) with no outer step and the momentum unchanged. An outer step
     that is not finite (finite deltas whose sum overflows) is refused: every accepted
     snapshot is rejected as ``non-finite`` and the fragment stays as it was."""
-    assert current.theta is not None
     final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
     result = aggregate(current.version, candidates, spec, config, theta=current.theta)
-    theta, momentum, update = _numerics(
-        current.theta, current.momentum, result.mean, spec, config, final=final
-    )
+    theta, momentum, update = _numerics(current, result.mean, spec, config, final=final)
     if result.mean is not None and not _finite(theta, momentum):
         result = refused(result, "the outer step gives a non-finite θ or momentum")
-        theta, momentum, update = _numerics(current.theta, current.momentum, None, spec, config)
+        theta, momentum, update = _numerics(current, None, spec, config, final=False)
     return result, theta, momentum, update
 
 
@@ -211,31 +232,20 @@ def _finite(*groups: Sequence[Tensor]) -> bool:
 
 
 def _numerics(
-    theta: Sequence[Tensor],
-    momentum: Sequence[Tensor] | None,
+    current: Rebuilt,
     mean: Sequence[Tensor] | None,
     spec: FragmentSpec,
     config: RunConfig,
     *,
-    final: bool = False,
+    final: bool,
 ) -> tuple[list[Tensor], list[Tensor], bytes]:
-    """θ_{v+1}, the new momentum and the update blob of one round (worker thread); a
-    ``final`` round's is ``outer.final_step``'s."""
-    if mean is None:
-        raw = list(theta)
-        new_momentum = (
-            list(momentum) if momentum is not None else [torch.zeros_like(t) for t in theta]
-        )
-    elif final:
-        raw, new_momentum = final_step(theta, momentum, mean)
-    else:
-        raw, new_momentum = outer_step(
-            theta, momentum, mean, lr=config.outer_lr, momentum_coef=config.outer_momentum
-        )
-    update, new_theta = committed_update(
-        theta, raw, spec, config.update_encoding, block_size=config.block_size
+    """θ_{v+1}, the new momentum and the update blob of one round (worker thread): the raw
+    θ' of ``checkpoint.step`` (which a replay runs again), committed through its update."""
+    raw, momentum = step(current.theta, current.momentum, mean, config, final=final)
+    update, theta = committed_update(
+        current.theta, raw, spec, config.update_encoding, block_size=config.block_size
     )
-    return new_theta, new_momentum, update
+    return theta, momentum, update
 
 
 def _fp32_blobs(
@@ -248,12 +258,12 @@ def _fp32_blobs(
 
 
 async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> SyncerState:
-    """After committing ``round``: delete the snapshots and claims of round
-    ``round - keep_rounds`` with the delta blobs they name, and the θ/outer/update blobs of
-    the record that has just left its fragment's newest ``keep_versions``; a blob is kept
-    while Θ⁰, a kept record or a snapshot of a kept round (up to ``fragments - 1`` rounds
-    ahead) names it, since equal payloads share one blob. A blob names its fragment
-    (``codec.spec_digest``), so only the rounds of the doomed blobs' fragments are read.
+    """After committing ``round``: delete what ``checkpoint.retained`` no longer keeps (the
+    snapshots and claims of rounds that left it with the delta blobs they name, and the
+    blobs of records that left it); a blob is kept while Θ⁰, a kept record or a snapshot of
+    a kept round (or of the ``fragments - 1`` rounds ahead, where learners may already be
+    publishing) names it, since equal payloads share one blob. A blob names its fragment
+    (``codec.spec_digest``), so only the rounds of the doomed objects' fragments are read.
 
     Round records are never deleted. A transient failure, or a record or snapshot that does
     not decode, is logged and left for nobody: garbage is not worth failing a round over. A
@@ -261,54 +271,61 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
     """
     config = rt.config
     try:
-        stale, old = round - config.keep_rounds, round - window(config)
-        if stale < 0 and old < 0:
+        before, now = retained(round - 1, config), retained(round, config)
+        gone_records, gone_rounds = before.records - now.records, before.snapshots - now.snapshots
+        if not gone_records and not gone_rounds:
             return state
-        fragments = {r % config.fragments for r in (stale, old) if r >= 0}
-        state = await _remember(rt, state, round, (old, stale), fragments)
+        fragments = {keys.fragment_of(r, config.fragments) for r in gone_records | gone_rounds}
+        state = await _remember(rt, state, round, now, gone_records | gone_rounds, fragments)
         keep = {ref.sha256 for ref in rt.manifest.theta0}
-        for rec in state.recent.values():
-            if rec.round > old:
-                keep |= {rec.theta.sha256, rec.outer.sha256, rec.update.sha256}
+        for r in now.records:
+            if r in state.recent:
+                keep |= _blobs(state.recent[r])
         for r, shas in state.deltas.items():
-            if r > stale:
+            if r in now.snapshots or r > round:
                 keep |= shas
         doomed: set[str] = set()
-        keys_: list[str] = []
-        if stale >= 0:
-            keys_ = list(await rt.store.list_keys(keys.round_prefix(stale)))
-            doomed |= state.deltas.get(stale, frozenset())
-        dropped = state.recent.get(old)
-        if dropped is not None:
-            doomed |= {dropped.theta.sha256, dropped.outer.sha256, dropped.update.sha256}
-        await rt.store.delete([*keys_, *(keys.blob(sha) for sha in sorted(doomed - keep))])
+        names: list[str] = []
+        for r in sorted(gone_rounds):
+            names.extend(await rt.store.list_keys(keys.round_prefix(r)))
+            doomed |= state.deltas.get(r, frozenset())
+        for r in gone_records:
+            doomed |= _blobs(state.recent[r]) if r in state.recent else set()
+        await rt.store.delete([*names, *(keys.blob(sha) for sha in sorted(doomed - keep))])
         state = replace(
             state,
-            recent={r: rec for r, rec in state.recent.items() if r > old},
-            deltas={r: shas for r, shas in state.deltas.items() if r > stale},
+            recent={r: rec for r, rec in state.recent.items() if r in now.records},
+            deltas={r: d for r, d in state.deltas.items() if r in now.snapshots or r > round},
         )
     except (MailboxUnavailable, RecordError) as exc:
         _log.warning("%s: garbage collection after round %d failed: %s", rt.learner, round, exc)
     return state
 
 
+def _blobs(record: RoundRecord) -> set[str]:
+    return {ref.sha256 for ref in (record.update, record.theta, record.outer) if ref is not None}
+
+
 async def _remember(
     rt: Runtime,
     state: SyncerState,
     round: int,
-    since: tuple[int, int],
+    now: Retained,
+    gone: frozenset[int],
     fragments: set[int],
 ) -> SyncerState:
-    """``state`` with the records of rounds ``since[0]`` to ``round`` and the snapshot
-    deltas of the rounds of ``fragments`` from ``since[1]`` to ``round + fragments - 1`` it
-    does not hold yet (rounds after ``round`` are read every time: their learners may still
-    publish)."""
+    """``state`` with the records and snapshot deltas of the rounds of ``fragments`` that
+    ``now`` keeps or that are ``gone``, read when not held yet, and the deltas of the rounds
+    ahead of ``round`` read every time (their learners may still publish)."""
     recent, deltas = dict(state.recent), dict(state.deltas)
-    for r in range(max(since[0], 0), round + 1):
-        if r not in recent and (found := await rt.store.record(r)) is not None:
-            recent[r] = found
     count = rt.config.fragments
-    for r in range(max(since[1], 0), round + count):
-        if r % count in fragments and (r not in deltas or r > round):
+    for r in sorted(now.records | gone):
+        if keys.fragment_of(r, count) not in fragments or r in recent:
+            continue
+        if (found := await rt.store.record(r)) is not None:
+            recent[r] = found
+    ahead = set(range(round + 1, round + count))
+    for r in sorted(now.snapshots | gone | ahead):
+        if keys.fragment_of(r, count) in fragments and (r not in deltas or r in ahead):
             deltas[r] = frozenset(s.delta.sha256 for s, _ in await rt.store.snapshots(r))
     return replace(state, recent=recent, deltas=deltas)

@@ -9,10 +9,13 @@ value is never replaced here: every input goes through ``LearnerDriver.feed``.
 records, stops the listing there (retried at every poll; one ``PollFailed`` per distinct
 failure, not one per poll). Then it prepares the versions the learner wants
 (``Learner.downloads``): the update, decoded and applied to the base by
-``protocol.outer.apply_update`` in a worker thread, or the record's θ, decoded in a worker
-thread (``Learner.version_ready``). Each fragment's download fails alone
-(``Learner.download_failed``): a corrupt or missing update falls back to the record's θ,
-and the other fragments are prepared anyway.
+``protocol.outer.apply_update`` in a worker thread, or θ rebuilt by ``RunReader.rebuild``
+(the checkpoint at or below the record's version and the updates after it;
+``Learner.version_ready``). Each fragment's download fails alone
+(``Learner.download_failed``): a corrupt or missing update falls back to the rebuild, which
+gets past a damaged update only when the record is itself a checkpoint (else the fragment
+waits for a newer record, at most ``checkpoint_every`` versions), and the other fragments
+are prepared anyway.
 """
 
 import logging
@@ -25,11 +28,11 @@ from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.runtime import Runtime
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import PollFailed
-from gradientmail.protocol import keys
-from gradientmail.protocol.codec import decode_fragment
+from gradientmail.protocol.checkpoint import check_record
 from gradientmail.protocol.learner import Download, Failure, Stage
 from gradientmail.protocol.outer import apply_update
-from gradientmail.protocol.records import FragmentSpec, RoundRecord, RunConfig
+from gradientmail.protocol.records import FragmentSpec
+from gradientmail.reader import RunReader
 
 __all__ = ["Receiver"]
 
@@ -64,7 +67,8 @@ class Receiver:
 
     async def _receive_records(self) -> None:
         """Feed the records after the newest one fed, in order. Raises ``RecordError`` for
-        a gap or a record that does not decode, verify or describe its round."""
+        a gap or a record that does not decode, verify, describe its round or carry the
+        checkpoint its version calls for (``checkpoint.check_record``)."""
         rt = self._rt
         driver = self._driver
         for round in await rt.store.record_rounds(after=driver.state.seen_round):
@@ -77,7 +81,7 @@ class Receiver:
             record = await rt.store.record(round)
             if record is None:
                 return
-            _check(record, round, rt.config)
+            check_record(record, round, rt.config)
             driver.feed(*driver.state.record_seen(record, rt.clock.now()), wake=True)
 
     async def _prepare(self) -> None:
@@ -121,19 +125,10 @@ class Receiver:
             if data is None:
                 return None
             return await anyio.to_thread.run_sync(_updated, download.base, data, spec, pin)
-        data = await rt.store.get_blob(record.theta)
-        if data is None:
-            return None
-        return await anyio.to_thread.run_sync(_decoded, data, spec, pin)
-
-
-def _check(record: RoundRecord, round: int, config: RunConfig) -> None:
-    if (
-        record.round != round
-        or record.fragment != keys.fragment_of(round, config.fragments)
-        or record.version != keys.version_of(round, config.fragments)
-    ):
-        raise RecordError(f"records/{round:010d} does not describe round {round}")
+        rebuilt = await RunReader(rt.store).rebuild(
+            download.fragment, record.version, manifest=rt.manifest
+        )
+        return None if rebuilt is None else _pinned(rebuilt.theta, pin)
 
 
 def _pinned(tensors: Sequence[Tensor], pin: bool) -> tuple[Tensor, ...]:
@@ -147,7 +142,3 @@ def _updated(
         return _pinned(apply_update(base, data, spec), pin)
     except ValueError as exc:
         raise RecordError(f"the update does not fit the fragment: {exc}") from exc
-
-
-def _decoded(data: bytes, spec: FragmentSpec, pin: bool) -> tuple[Tensor, ...]:
-    return _pinned(decode_fragment(data, spec), pin)

@@ -13,13 +13,15 @@ In a signed run only snapshots that verify count as published (for the quorum, t
 the empty-round rule and the claimant's timeout), and only beats that verify count for
 liveness: a keyless writer's objects cannot close a round or make a node look dead.
 
-The whole state (θ and outer momentum of every fragment) is in the store. ``run_syncer``
-rebuilds it from the newest record of each fragment on start and after every failure
-(``Recovered``); a transient store failure (``MailboxUnavailable``) or data that does not
-decode or verify (``RecordError``, ``CorruptBlob``) while recovering or on a round is
-reported (``RecoveryFailed``, ``RoundFailed``) and retried with backoff. Anything else
-propagates and fails the node (``SyncerStopped``, then ``NodeFailed``): the store refusing
-us (``StoreAccessError``, the operator's to fix) at once, and any other exception, a bug.
+The whole state (θ and outer momentum of every fragment) is in the store: the checkpoint
+at or below each fragment's newest version and the rounds after it (``protocol.checkpoint``).
+``run_syncer`` rebuilds it from there on start and after every failure (``Recovered``; the
+rebuild itself happens when a fragment's next round is committed, ``commit.load``); a
+transient store failure (``MailboxUnavailable``) or data that does not decode or verify
+(``RecordError``, ``CorruptBlob``) while recovering or on a round is reported
+(``RecoveryFailed``, ``RoundFailed``) and retried with backoff. Anything else propagates and
+fails the node (``SyncerStopped``, then ``NodeFailed``): the store refusing us
+(``StoreAccessError``, the operator's to fix) at once, and any other exception, a bug.
 
 Runs as one task of the node's task group; aggregation, the outer step, encoding and
 decoding run in worker threads. Cancellation stops it between or within requests; a round
@@ -28,7 +30,7 @@ it was closing is then taken over by others once its lease is gone.
 
 from collections.abc import MutableMapping
 
-from gradientmail._node.commit import FragmentState, SyncerState, commit, window
+from gradientmail._node.commit import FragmentState, SyncerState, commit
 from gradientmail._node.runtime import Runtime, backoff
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import (
@@ -41,8 +43,8 @@ from gradientmail.events.kinds import (
     TookOverRound,
 )
 from gradientmail.lease import LeaseWatch, Liveness
-from gradientmail.protocol import keys
-from gradientmail.protocol.records import RoundRecord, RunConfig
+from gradientmail.protocol.checkpoint import check_record
+from gradientmail.protocol.records import RoundRecord
 from gradientmail.protocol.rounds import (
     Adopt,
     Again,
@@ -68,22 +70,9 @@ Verified = MutableMapping[tuple[int, str], bool]
 create-once, so each is read once."""
 
 
-def _check_record(record: RoundRecord, round: int, config: RunConfig) -> RoundRecord:
-    if (
-        record.round != round
-        or record.fragment != keys.fragment_of(round, config.fragments)
-        or record.version != keys.version_of(round, config.fragments)
-    ):
-        raise RecordError(
-            f"records/{round:010d} names round {record.round}, fragment {record.fragment}, "
-            f"version {record.version}: not what round {round} produces"
-        )
-    return record
-
-
 async def recover(rt: Runtime) -> SyncerState:
-    """The syncer's state from the store: the newest record of every fragment (θ loaded
-    lazily) and the next round to run."""
+    """The syncer's state from the store: the newest record of every fragment (θ and the
+    momentum rebuilt lazily, ``commit.load``) and the next round to run."""
     fragments_count = rt.config.fragments
     rounds = await rt.store.record_rounds()
     next_round = rounds[-1] + 1 if rounds else 0
@@ -92,7 +81,7 @@ async def recover(rt: Runtime) -> SyncerState:
         record = await rt.store.record(round)
         if record is None:
             raise RecordError(f"records/{round:010d} was listed but is gone")
-        _check_record(record, round, rt.config)
+        check_record(record, round, rt.config)
         fragments[record.fragment] = FragmentState(version=record.version, record=record)
     return SyncerState(next_round=next_round, fragments=tuple(fragments))
 
@@ -177,9 +166,12 @@ def _claimed(rt: Runtime, round: int, step: Claim | TakeOver, view: Observation)
 
 
 def _adopt(rt: Runtime, state: SyncerState, record: RoundRecord) -> SyncerState:
-    _check_record(record, state.next_round, rt.config)
-    fragment = FragmentState(version=record.version, record=record)
-    return state.adopted(record, window(rt.config), fragment)
+    """``state`` after another syncer's ``record``; the state held of its fragment stays as
+    the start of the next rebuild (``commit.load``)."""
+    check_record(record, state.next_round, rt.config)
+    held = state.fragments[record.fragment].held
+    fragment = FragmentState(version=record.version, record=record, held=held)
+    return state.adopted(record, rt.config, fragment)
 
 
 async def _observe(

@@ -37,7 +37,7 @@ from gradientmail.clock import MonotonicClock
 from gradientmail.errors import NoRun, UsageError
 from gradientmail.lease import Liveness
 from gradientmail.protocol import keys
-from gradientmail.protocol.records import RoundRecord
+from gradientmail.protocol.records import BlobRef, RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation, RunReader, open_mailbox
 
@@ -77,7 +77,7 @@ def document(
                 "parameters": spec.numel,
                 "version": 0 if latest is None else latest.version,
                 "round": None if latest is None else latest.round,
-                "theta": (theta0 if latest is None else latest.theta).sha256,
+                "theta": _theta(theta0, latest),
             }
         )
     ordered = [observation.records[r] for r in sorted(observation.records)]
@@ -210,7 +210,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             f"{f['parameters']:,}",
             str(f["version"]),
             "Θ⁰" if f["round"] is None else str(f["round"]),
-            f["theta"][:12],
+            "–" if f["theta"] is None else f["theta"][:12],
         )
     totals = doc["totals"]
     rounds = Table(
@@ -355,3 +355,11 @@ async def status(
                     else:
                         view.update(render(doc), refresh=True)
                     await anyio.sleep(interval)
+
+
+def _theta(theta0: BlobRef, latest: RoundRecord | None) -> str | None:
+    """The sha256 of the θ blob of the fragment's newest version: Θ⁰, or its record's at a
+    checkpoint; None between checkpoints (only the update is stored)."""
+    if latest is None:
+        return theta0.sha256
+    return None if latest.theta is None else latest.theta.sha256

@@ -61,6 +61,7 @@ __all__ = [
     "counted",
     "l2_norm",
     "refused",
+    "weighted_mean",
 ]
 
 MAX_DELTA_RATIO = 100.0
@@ -235,6 +236,19 @@ def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) ->
     return [entry for entry in kept if entry[2] <= limit]
 
 
+def weighted_mean(
+    deltas: Sequence[Sequence[Tensor]], weights: Sequence[float], spec: FragmentSpec
+) -> list[Tensor]:
+    """``Σ wᵢ·Δᵢ`` accumulated in fp32 in the order given: a round's mean, and the same bits
+    again when a checkpoint's momentum is replayed from the record's weights
+    (``protocol.checkpoint``)."""
+    mean = [torch.zeros(param.shape, dtype=torch.float32) for param in spec.params]
+    for delta, weight in zip(deltas, weights, strict=True):
+        for acc, tensor in zip(mean, delta, strict=True):
+            acc.add_(tensor.to(torch.float32), alpha=weight)
+    return mean
+
+
 def counted(candidates: Sequence[Candidate], missing: frozenset[str]) -> list[Candidate]:
     """The snapshots a round is made of. Final snapshots (closing learners' last,
     ``Snapshot.final``) make a final round only when nothing else is in it and no live
@@ -279,10 +293,7 @@ def aggregate(
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
     snapshots = [candidate.snapshot for candidate, _, _ in kept]
     weights = _weights(snapshots, config)
-    mean = [torch.zeros(param.shape, dtype=torch.float32) for param in spec.params]
-    for (_, delta, _), weight in zip(kept, weights, strict=True):
-        for acc, tensor in zip(mean, delta, strict=True):
-            acc.add_(tensor.to(torch.float32), alpha=weight)
+    mean = weighted_mean([delta for _, delta, _ in kept], weights, spec)
     participants = tuple(
         Participant(
             learner=s.learner,

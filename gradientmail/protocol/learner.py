@@ -29,12 +29,11 @@ local weights started from), the snapshot it published, and the version being pr
 ``downloads()``
     What to fetch now: the newest record of each fragment not yet prepared; the update
     (``outer.apply_update`` on ``B``) when it is the next version and its update has not
-    failed, the record's θ otherwise.
+    failed, θ rebuilt from the checkpoint below the record otherwise (``checkpoint``).
 ``version_ready`` / ``download_failed``
-    A prepared θ waits for the next step. A corrupt update falls back to the θ blob; a θ
-    that is corrupt answers ``Unavailable`` once (retried at every poll, silently); a θ that
-    is gone waits for the newer record that replaced it. One fragment never holds up
-    another.
+    A prepared θ waits for the next step. A corrupt update falls back to the rebuild; a θ
+    that cannot be rebuilt answers ``Unavailable`` once (retried at every poll, silently);
+    one whose blobs are gone waits for the newer record. No fragment holds up another.
 ``flush()`` / ``settled`` / ``dropped_all(reason, detail)``
     Closing: every fragment with steps is snapshotted as soon as it can be; settled once no
     fragment has steps or a pending version; what is given up is ``Dropped``.

@@ -82,8 +82,8 @@ class Publish:
 @dataclass(frozen=True, slots=True)
 class Download:
     """Fetch ``record``'s version of its fragment: ``base + update`` when ``base`` is not
-    None (the next version), else the record's θ; then ``version_ready`` or
-    ``download_failed``."""
+    None (the next version), else θ rebuilt from the checkpoint at or below the record
+    (``protocol.checkpoint``); then ``version_ready`` or ``download_failed``."""
 
     fragment: int
     record: RoundRecord

@@ -113,10 +113,16 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     merge, alpha
         ``keep-progress``: a learner keeps its progress since its snapshot on top of the new
         version; ``alpha``: θ ← alpha·θ_local + (1 − alpha)·θ_global.
+    checkpoint_every
+        θ and the outer momentum of a fragment are stored (a checkpoint) with every
+        ``checkpoint_every``-th version of it; every other record carries only its update,
+        from which the versions after a checkpoint are replayed exactly
+        (``protocol.checkpoint``).
     keep_rounds, keep_versions
         Garbage collection: snapshots and claims of rounds older than ``keep_rounds`` rounds
-        are deleted, and θ/outer/update blobs no longer referenced by the newest
-        ``keep_versions`` records of their fragment.
+        are deleted unless replaying the newest version needs them, and a record's blobs once
+        neither the newest ``keep_versions`` versions of its fragment nor their replay from
+        the checkpoint below them name them (``protocol.checkpoint.retained``).
     """
 
     fragments: int = 4
@@ -138,6 +144,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     alpha: float = 0.5
     keep_rounds: int = 16
     keep_versions: int = 2
+    checkpoint_every: int = 8
 
     def __post_init__(self) -> None:
         positive_ints = {
@@ -147,6 +154,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             "quorum_min": self.quorum_min,
             "keep_rounds": self.keep_rounds,
             "keep_versions": self.keep_versions,
+            "checkpoint_every": self.checkpoint_every,
             "max_tokens_per_step": self.max_tokens_per_step,
         }
         for name, value in positive_ints.items():
@@ -315,18 +323,37 @@ class RoundRecordDraft(_Object, frozen=True, kw_only=True):
 
 
 class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):
-    """The commit point of a round, at ``records/{round}``: the draft plus the new θ of the
-    fragment, the outer optimizer's state and the update U = θ_{v+1} − θ_v learners apply."""
+    """The commit point of a round, at ``records/{round}``: the draft plus the update
+    U = θ_{v+1} − θ_v learners apply and, at a checkpoint (``protocol.checkpoint``), the
+    new θ of the fragment and the outer optimizer's state, both or neither (null)."""
 
-    theta: BlobRef
-    outer: BlobRef
     update: BlobRef
+    theta: BlobRef | None = None
+    outer: BlobRef | None = None
+
+    def __post_init__(self) -> None:
+        if (self.theta is None) != (self.outer is None):
+            raise ValueError(
+                "a round record names its θ and outer-state blobs together (a checkpoint) "
+                "or neither"
+            )
+
+    @property
+    def checkpoint(self) -> bool:
+        """Whether the record carries θ and the outer state."""
+        return self.theta is not None
 
     @classmethod
     def committed(
-        cls, draft: RoundRecordDraft, *, theta: BlobRef, outer: BlobRef, update: BlobRef
+        cls,
+        draft: RoundRecordDraft,
+        *,
+        update: BlobRef,
+        theta: BlobRef | None = None,
+        outer: BlobRef | None = None,
     ) -> "RoundRecord":
-        """The record of ``draft`` once its three blobs are in the store."""
+        """The record of ``draft`` once its blobs are in the store (θ and ``outer`` only
+        at a checkpoint)."""
         fields = {name: getattr(draft, name) for name in RoundRecordDraft.__struct_fields__}
         return cls(**fields, theta=theta, outer=outer, update=update)
 

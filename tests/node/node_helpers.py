@@ -12,8 +12,8 @@ from torch import nn
 from gradientmail._node import Node, NodeOptions
 from gradientmail.mailbox import Mailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import decode_fragment
 from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, decode
+from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
 torch.set_num_threads(1)
@@ -104,19 +104,10 @@ async def records(mailbox: Mailbox) -> list[RoundRecord]:
 
 
 async def committed_theta(mailbox: Mailbox, fragment: int, version: int) -> list[torch.Tensor]:
-    store = Store(mailbox)
-    data = await mailbox.get(keys.MANIFEST)
-    assert data is not None
-    manifest = decode(data, Manifest)
-    if version == 0:
-        ref = manifest.theta0[fragment]
-    else:
-        record = await store.record(keys.round_of(fragment, version, manifest.config.fragments))
-        assert record is not None
-        ref = record.theta
-    blob = await store.get_blob(ref)
-    assert blob is not None
-    return decode_fragment(blob, manifest.fragments[fragment])
+    """θ of ``version`` of ``fragment``: rebuilt from the checkpoint at or below it."""
+    rebuilt = await RunReader.of(mailbox, unverified=True).rebuild(fragment, version)
+    assert rebuilt is not None, f"version {version} of fragment {fragment} cannot be rebuilt"
+    return list(rebuilt.theta)
 
 
 async def assert_holds_committed(

@@ -6,6 +6,7 @@ The learner reads the store through ``Damaging``, which flips one byte of chosen
 every read; a syncer-only node reads the same store undamaged, so rounds keep closing."""
 
 import anyio
+import msgspec
 import pytest
 from node_helpers import (
     CONFIG,
@@ -51,7 +52,7 @@ class Damaging(FaultyMailbox):
             record = decode(data, RoundRecord)
             if self.fragments is None or record.fragment in self.fragments:
                 refs = {"update": record.update, "theta": record.theta}
-                self.damaged |= {keys.blob(refs[w].sha256) for w in self.which}
+                self.damaged |= {keys.blob(ref.sha256) for w in self.which if (ref := refs[w])}
         if key in self.damaged:
             self.flipped += 1
             return data[:-1] + bytes([data[-1] ^ 0x01])
@@ -59,19 +60,22 @@ class Damaging(FaultyMailbox):
 
 
 async def syncer(box: MemoryMailbox, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-    async with open_node(None, box, learner="closer", config=CONFIG, options=FAST):
+    async with open_node(None, box, learner="closer", options=FAST):
         task_status.started()
         await anyio.sleep_forever()
 
 
 async def test_corrupt_updates_fall_back_to_theta_and_training_goes_on() -> None:
+    """Every version a checkpoint (``checkpoint_every=1``): each record names its θ, which
+    the learner falls back to."""
     box = MemoryMailbox()
     view = Damaging(box, {"update"})
     model = tiny_model(1)
     sink = Recorder()
+    every = msgspec.structs.replace(CONFIG, checkpoint_every=1)
     async with anyio.create_task_group() as tg:
         async with open_node(
-            model, view, learner="l", config=CONFIG, options=LEARNER_ONLY, sinks=[sink]
+            model, view, learner="l", config=every, options=LEARNER_ONLY, sinks=[sink]
         ) as node:
             await tg.start(syncer, box)
             await train(node, model, seed=1, until_round=8, limit=30)

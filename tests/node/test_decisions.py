@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gradientmail._node.commit import FragmentState, _outcome
+from gradientmail._node.commit import _outcome
 from gradientmail._node.options import NodeOptions
 from gradientmail.protocol.aggregation import Candidate
 from gradientmail.protocol.records import BlobRef, FragmentSpec, ParamSpec, RunConfig, Snapshot
@@ -26,6 +26,7 @@ from gradientmail.protocol.rounds import (
     observed,
     quorum_learners,
 )
+from gradientmail.reader import Rebuilt
 
 
 def view(**changes: object) -> RoundView:
@@ -265,7 +266,7 @@ def test_an_outer_step_that_overflows_commits_nothing() -> None:
         delta=BlobRef(sha256="0" * 64, size=1, encoding="fp32"), norm=None,
     )  # fmt: skip
     candidate = Candidate(snapshot=snapshot, delta=[torch.full((3,), 2e38)], problem=None)
-    current = FragmentState(version=5, record=None, theta=theta)
+    current = Rebuilt(version=5, theta=theta)
     result, new_theta, momentum, _ = _outcome(current, [candidate], spec, config)
     assert [(r.learner, r.reason) for r in result.rejected] == [("a", "non-finite")]
     assert torch.equal(new_theta[0], theta[0])

@@ -9,14 +9,19 @@ from node_helpers import CONFIG, FAST, assert_holds_committed, records, tiny_mod
 from gradientmail._node import node as open_node
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.checkpoint import retained
 from gradientmail.protocol.records import Manifest, decode
+from gradientmail.reader import RunReader
 
 pytestmark = pytest.mark.anyio
 
-SMALL = msgspec.structs.replace(CONFIG, keep_rounds=4, keep_versions=2)
+SMALL = msgspec.structs.replace(CONFIG, keep_rounds=4, keep_versions=2, checkpoint_every=3)
 
 
 async def test_old_objects_are_collected_and_records_kept() -> None:
+    """After the run, what ``checkpoint.retained`` leaves out is gone (snapshots, claims and
+    blobs no kept object names), and what it keeps rebuilds every fragment's newest version
+    with its momentum, and lets a late joiner in."""
     box = MemoryMailbox()
 
     async def member(name: str, seed: int) -> None:
@@ -30,21 +35,30 @@ async def test_old_objects_are_collected_and_records_kept() -> None:
 
     history = await records(box)  # contiguous from round 0: no record was deleted
     last = history[-1].round
+    kept = retained(last, SMALL)
     present = set(await box.list(""))
-    for round in range(last - SMALL.keep_rounds + 1):
-        assert not [k for k in present if k.startswith(keys.round_prefix(round))], round
+    for round in range(last + 1):
+        if round not in kept.snapshots:
+            assert not [k for k in present if k.startswith(keys.round_prefix(round))], round
 
     manifest_bytes = await box.get(keys.MANIFEST)
     assert manifest_bytes is not None
     manifest = decode(manifest_bytes, Manifest)
-    kept: set[str] = {ref.sha256 for ref in manifest.theta0}
-    window = SMALL.keep_versions * SMALL.fragments
-    for record in history[-window:]:
-        kept |= {record.theta.sha256, record.outer.sha256, record.update.sha256}
-    for record in history[: len(history) - window]:
-        for ref in (record.theta, record.outer, record.update):
-            if ref.sha256 not in kept:
-                assert keys.blob(ref.sha256) not in present, f"round {record.round}"
+    named: set[str] = {ref.sha256 for ref in manifest.theta0}
+    for record in history:
+        if record.round in kept.records:
+            named |= {ref.sha256 for ref in (record.theta, record.outer, record.update) if ref}
+    for record in history:
+        if record.round not in kept.records:
+            for ref in (record.theta, record.outer, record.update):
+                if ref is not None and ref.sha256 not in named:
+                    assert keys.blob(ref.sha256) not in present, f"round {record.round}"
+
+    reader = RunReader.of(box)
+    for record in history[-SMALL.fragments :]:
+        rebuilt = await reader.rebuild(record.fragment, record.version, momentum=True)
+        assert rebuilt is not None, record.round
+        assert rebuilt.momentum is not None, record.round
 
     late = tiny_model(5)
     async with open_node(late, box, learner="late", options=FAST) as node:

@@ -392,7 +392,7 @@ TestLearnerMachine.settings = settings(max_examples=80, stateful_step_count=50, 
     [
         (node_module, {"Learner"}),
         (driver_module, {"Learner", "merge_into"}),
-        (receive_module, {"apply_update", "decode_fragment", "Download"}),
+        (receive_module, {"apply_update", "check_record", "Download"}),
     ],
     ids=["node", "driver", "receive"],
 )
@@ -400,8 +400,9 @@ def test_the_node_runs_the_pure_learner_and_has_no_merge_of_its_own(
     module: object, protocol_names: set[str]
 ) -> None:
     """The node's modules import the pure learner and the one merge (the driver), and the
-    one ``apply_update`` and decoder (the receive task); they hold no tensor arithmetic of a
-    merge, decide no outcome and keep no ledger of their own."""
+    one ``apply_update`` and record check (the receive task, which rebuilds θ through
+    ``RunReader``); they hold no tensor arithmetic of a merge, decide no outcome and keep no
+    ledger of their own."""
     source = inspect.getsource(module)  # type: ignore[arg-type]
     tree = ast.parse(source)
     imported = {

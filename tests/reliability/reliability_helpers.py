@@ -11,9 +11,9 @@ from torch import nn
 from gradientmail._node import NodeOptions
 from gradientmail.mailbox import Mailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import decode_fragment
 from gradientmail.protocol.records import RoundRecord, RunConfig
 from gradientmail.protocol.signing import RunKey
+from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
 torch.set_num_threads(1)
@@ -83,14 +83,12 @@ async def newest_theta(mailbox: Mailbox, run_key: RunKey | None = None) -> dict[
     assert manifest is not None
     records = await history(mailbox, run_key)
     weights: dict[str, torch.Tensor] = {}
+    reader = RunReader(store)
     for fragment, spec in enumerate(manifest.fragments):
-        ref = manifest.theta0[fragment]
-        for record in records:
-            if record.fragment == fragment:
-                ref = record.theta
-        data = await store.get_blob(ref)
-        assert data is not None
-        for param, value in zip(spec.params, decode_fragment(data, spec), strict=True):
+        version = max((r.version for r in records if r.fragment == fragment), default=0)
+        rebuilt = await reader.rebuild(fragment, version, manifest=manifest)
+        assert rebuilt is not None
+        for param, value in zip(spec.params, rebuilt.theta, strict=True):
             weights[param.name] = value
     return weights
 

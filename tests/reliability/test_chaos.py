@@ -265,15 +265,16 @@ async def _check(box: MemoryMailbox, signed: bool) -> list[RoundRecord]:
         if signed:
             assert {p.learner for p in record.participants} <= set(HONEST), record
         spec = manifest.fragments[record.fragment]
-        data = await store.get_blob(record.theta)
-        assert data is not None
-        committed = decode_fragment(data, spec)
+        update = await store.get_blob(record.update)
+        assert update is not None
+        committed = apply_update(thetas[record.fragment], update, spec)
+        if record.theta is not None:  # a checkpoint: θ as stored is the replay
+            data = await store.get_blob(record.theta)
+            assert data is not None
+            stored = decode_fragment(data, spec)
+            assert all(torch.equal(x, y) for x, y in zip(stored, committed, strict=True))
         assert all(bool(torch.isfinite(t).all()) for t in committed), record.round
         if signed:
-            update = await store.get_blob(record.update)
-            assert update is not None
-            replayed = apply_update(thetas[record.fragment], update, spec)
-            assert all(torch.equal(x, y) for x, y in zip(replayed, committed, strict=True))
             # Each participant's snapshot, at whichever of its keys the squatting left it,
             # verifies under the key and this run's id.
             checked = {s.learner: problem for s, problem in await store.snapshots(record.round)}

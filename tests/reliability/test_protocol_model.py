@@ -10,8 +10,9 @@ snapshots into the rounds ahead. After every step:
 
 - the records are contiguous from round 0, each names its round, fragment and version;
 - every node that believes it committed a round holds the round's one record;
-- the blobs of every retained record (the newest ``keep_versions`` of each fragment) and
-  Θ⁰ exist and hash to their references;
+- the blobs that rebuild the newest ``keep_versions`` versions of each fragment
+  (``checkpoint.retained``: the checkpoint below them and the updates after it) and Θ⁰
+  exist and hash to their references;
 - no step is counted twice: each learner's ledger balances, and the steps of its snapshots
   included by records never exceed the steps it took.
 """
@@ -35,6 +36,7 @@ from hypothesis.stateful import (
 from gradientmail.errors import RecordError
 from gradientmail.lease import LeaseWatch, Liveness
 from gradientmail.protocol import keys, records
+from gradientmail.protocol.checkpoint import is_checkpoint, retained
 from gradientmail.protocol.codec import digest
 from gradientmail.protocol.merge import Ledger
 from gradientmail.protocol.records import (
@@ -62,11 +64,10 @@ from gradientmail.protocol.rounds import (
 NODES = ("n0", "n1", "n2")
 CONFIG = RunConfig(
     fragments=2, sync_every=2, quorum_min=1, quorum_fraction=0.5, grace=1.0,
-    keep_rounds=3, keep_versions=2,
+    keep_rounds=3, keep_versions=2, checkpoint_every=3,
 )  # fmt: skip
 CLAIM_TIMEOUT = 6.0
 LEASE_TIMEOUT = 3.0
-WINDOW = CONFIG.keep_versions * CONFIG.fragments
 THETA0 = tuple(f"theta0:{f}".encode() for f in range(CONFIG.fragments))
 
 
@@ -387,7 +388,7 @@ class ProtocolModel(RuleBasedStateMachine):
             closing = self.nodes[name].syncer.closing
             if closing is None:
                 self.syncer_look(name, lag)
-            elif len(closing.blobs) < 3:
+            elif len(closing.blobs) < _blobs_of(closing.round):
                 self.write_blob(name)
             else:
                 self.write_record(name, lost_reply)
@@ -454,21 +455,23 @@ class ProtocolModel(RuleBasedStateMachine):
         )
 
     def write_blob(self, name: str) -> None:
-        """The closer writes its next blob (θ, outer state, update): the record comes last."""
+        """The closer writes its next blob (the update; θ and the outer state first at a
+        checkpoint): the record comes last."""
         node = self.nodes[name]
         closing = node.syncer.closing
-        if not node.alive or closing is None or len(closing.blobs) == 3:
+        if not node.alive or closing is None or len(closing.blobs) == _blobs_of(closing.round):
             return
-        what = ("theta", "outer", "update")[len(closing.blobs)]
+        what = ("theta", "outer", "update")[3 - _blobs_of(closing.round) + len(closing.blobs)]
         content = f"{what}:{closing.round}:{sorted(p.learner for p in closing.draft.participants)}"
         closing.blobs = (*closing.blobs, self.bucket.put_blob(content.encode()))
 
     def write_record(self, name: str, lost_reply: bool) -> None:
         node = self.nodes[name]
         closing = node.syncer.closing
-        if not node.alive or closing is None or len(closing.blobs) < 3:
+        if not node.alive or closing is None or len(closing.blobs) < _blobs_of(closing.round):
             return
-        theta, outer, update = closing.blobs
+        *checkpoint, update = closing.blobs
+        theta, outer = checkpoint if checkpoint else (None, None)
         ours = RoundRecord.committed(closing.draft, theta=theta, outer=outer, update=update)
         if self._write_once(keys.record(closing.round), records.encode(ours), lost_reply):
             node.committed.add(closing.round)
@@ -485,11 +488,13 @@ class ProtocolModel(RuleBasedStateMachine):
         self._adopt(node, landed)
 
     def _collect_garbage(self, round: int) -> None:
-        """``collect_garbage`` after committing ``round``."""
-        stale = round - CONFIG.keep_rounds
-        if stale >= 0:
-            doomed = self.bucket.list(keys.round_prefix(stale), 0)
-            for key in list(doomed):
+        """``collect_garbage`` after committing ``round``: what left ``retained``."""
+        before, now = retained(round - 1, CONFIG), retained(round, CONFIG)
+        doomed: list[str] = []
+        for stale in sorted(before.snapshots - now.snapshots):
+            prefix = self.bucket.list(keys.round_prefix(stale), 0)
+            doomed += prefix
+            for key in prefix:
                 parsed = keys.parse_snapshot(key)
                 data = self.bucket.get(key)
                 if parsed is not None and data is not None:
@@ -497,19 +502,15 @@ class ProtocolModel(RuleBasedStateMachine):
                         doomed.append(keys.blob(records.decode(data, Snapshot).delta.sha256))
                     except RecordError:
                         continue
-            self.bucket.delete(doomed)
-        old = round - WINDOW
-        if old >= 0:
-            dropped = self._record(old)
-            keep = {ref.sha256 for ref in self.theta0}
-            for r in range(old + 1, round + 1):
-                kept = self._record(r)
-                if kept is not None:
-                    keep |= {kept.theta.sha256, kept.outer.sha256, kept.update.sha256}
-            if dropped is not None:
-                blobs = {dropped.theta.sha256, dropped.outer.sha256, dropped.update.sha256}
-                self.bucket.delete([keys.blob(sha) for sha in sorted(blobs - keep)])
+        keep = {ref.sha256 for ref in self.theta0}
+        for r in now.records:
+            if (kept := self._record(r)) is not None:
+                keep |= _shas(kept)
+        for old in sorted(before.records - now.records):
+            if (dropped := self._record(old)) is not None:
+                doomed += [keys.blob(sha) for sha in sorted(_shas(dropped) - keep)]
                 event("collected the blobs of an old record")
+        self.bucket.delete(doomed)
 
     # -- invariants ---------------------------------------------------------------------------
 
@@ -539,10 +540,10 @@ class ProtocolModel(RuleBasedStateMachine):
     def retained_blobs_exist_and_match(self) -> None:
         refs = list(self.theta0)
         rounds = self._rounds()
-        for round in rounds[-WINDOW:]:
+        for round in sorted(retained(rounds[-1], CONFIG).records) if rounds else []:
             record = self._record(round)
             assert record is not None
-            refs += [record.theta, record.outer, record.update]
+            refs += [ref for ref in (record.theta, record.outer, record.update) if ref]
         for ref in refs:
             data = self.bucket.get(keys.blob(ref.sha256))
             assert data is not None, f"blob {ref.sha256[:8]} of a retained record is gone"
@@ -626,3 +627,13 @@ def test_long_random_walks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen["takeover (lease_gone)"] + seen["takeover (no_record)"] > 0
     assert seen["a record whose reply was lost counted as ours"] > 0
     assert seen["superseded at the record"] > 0
+
+
+def _blobs_of(round: int) -> int:
+    """How many blobs round ``round``'s closer writes: the update, and θ and the outer state
+    at a checkpoint."""
+    return 3 if is_checkpoint(keys.version_of(round, CONFIG.fragments), CONFIG) else 1
+
+
+def _shas(record: RoundRecord) -> set[str]:
+    return {ref.sha256 for ref in (record.theta, record.outer, record.update) if ref}
