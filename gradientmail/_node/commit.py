@@ -28,7 +28,7 @@ from gradientmail.errors import CorruptBlob, GradientmailError, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
-from gradientmail.protocol.codec import CodecError, decode_fragment, encode_fragment
+from gradientmail.protocol.codec import CodecError, decode_fragment, encode_fragment, open_fragment
 from gradientmail.protocol.outer import committed_update, final_step, outer_step
 from gradientmail.protocol.records import (
     FragmentSpec,
@@ -179,7 +179,8 @@ async def _candidate(
     if data is None:
         return Candidate(snapshot=snapshot, delta=None, problem=("corrupt", "the blob is gone"))
     try:
-        delta = await anyio.to_thread.run_sync(decode_fragment, data, spec)
+        # Checked now, decoded a piece at a time by the aggregation.
+        delta = await anyio.to_thread.run_sync(open_fragment, data, spec)
     except CodecError as exc:
         return Candidate(snapshot=snapshot, delta=None, problem=(exc.reason, str(exc)))
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
