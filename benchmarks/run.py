@@ -9,6 +9,11 @@ took.
 The event-bus benchmark (``bench_events.py``, owned by the events workstream) writes only to
 ``benchmarks/results/events.json``, so it runs only when the results go there.
 
+The transfer and memory benchmarks run here at the sizes that fit this run (128 MiB; 25M and
+100M parameters); their large points (1 GiB, 250M parameters and the round latency across
+processes) are ``nox -s bench-large`` (``--large``, written to ``transfer-large.json`` and
+``memory-large.json``, which the page prefers).
+
 Usage::
 
     .venv/bin/python benchmarks/run.py            # the full run (under 20 min on 2 cores)
@@ -27,7 +32,7 @@ import _harness as h
 import report
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("store", "rounds", "overhead", "convergence", "events")
+BENCHMARKS = ("store", "rounds", "overhead", "convergence", "events", "transfer", "memory")
 
 
 def main(argv: list[str] | None = None) -> int:
