@@ -3,27 +3,22 @@
 carries out the actions it answers. No protocol decision is made here.
 
 ``LearnerDriver`` is used on the event-loop thread only: ``step`` and ``flush_once`` by the
-user's task (``Node.step`` and the closing flush), ``run_receive`` and ``run_publisher`` as
-two tasks of the node's task group. Each of them replaces the ``Learner`` value through
-``_feed``, the only place it changes; every action it answers is carried out right there:
+user's task (``Node.step`` and the closing flush), ``run_publisher`` as a task of the node's
+task group, and ``feed`` by the receive task (``_node.receive.Receiver``, which brings the
+records and the downloaded versions). The ``Learner`` value changes only in this class, and
+every input that answers actions goes through ``feed``, which carries each of them out
+right there:
 
 - ``Apply``: ``protocol.merge.merge_into`` on the live parameters (``FragmentAligned``);
 - ``Snapshot``: a CPU copy of the fragment (pinned, with a CUDA event, on a GPU), handed
   back to the learner, whose ``Publish`` goes to the publisher task;
 - ``Recorded``/``Resolved``/``Dropped``/``Unavailable``: events (``RoundRecorded``,
-  ``SnapshotRejected``, ``StepsDropped``, one ``PollFailed``);
-- ``Download``: fetched by the receive task, decoded in a worker thread
-  (``protocol.outer.apply_update`` on the base, or the record's θ).
+  ``SnapshotRejected``, ``StepsDropped``, one ``PollFailed``).
 
-The receive task lists ``records/`` after the newest round it fed, every ``poll_interval``;
-a record that does not decode or verify, or a gap in the records, stops the listing there
-(retried at every poll; one ``PollFailed`` per distinct failure, not one per poll). Each
-fragment's download fails alone: a corrupt or missing update falls back to the record's θ,
-and the other fragments are prepared anyway.
+``Download`` is not fed back: the receive task asks ``state.downloads()`` for them.
 The publisher encodes ``S − B`` in a worker thread, uploads the blob and then the snapshot.
 """
 
-import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from torch import Tensor
 
 from gradientmail._node.runtime import Runtime
-from gradientmail.errors import CorruptBlob, GradientmailError, RecordError
+from gradientmail.errors import GradientmailError, RecordError
 from gradientmail.events.kinds import (
     FragmentAligned,
     PollFailed,
@@ -49,29 +44,24 @@ from gradientmail.events.kinds import (
 )
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import l2_norm
-from gradientmail.protocol.codec import decode_fragment, encode_fragment
+from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.learner import (
     Action,
     Apply,
     Download,
     Dropped,
-    Failure,
     Learner,
     Publish,
     Recorded,
     Resolved,
     Snapshot,
-    Stage,
     Unavailable,
 )
 from gradientmail.protocol.merge import merge_into
-from gradientmail.protocol.outer import apply_update
-from gradientmail.protocol.records import DropReason, FragmentSpec, RoundRecord, RunConfig
+from gradientmail.protocol.records import DropReason, FragmentSpec, RunConfig
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
 
 __all__ = ["LearnerDriver"]
-
-_log = logging.getLogger("gradientmail.learner")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +98,18 @@ class LearnerDriver:
         """The current ``Learner`` value (immutable; read it, never change it)."""
         return self._state
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the parameters live on a GPU (prepared versions are then pinned)."""
+        return self._pin
+
     def step(self, tokens: int) -> None:
         """One local step: apply what is prepared, snapshot the fragment due."""
-        self._feed(*self._state.stepped(tokens, self._rt.clock.now()))
+        self.feed(*self._state.stepped(tokens, self._rt.clock.now()), wake=False)
 
     def flush_once(self) -> None:
         """One turn of the closing flush: apply what is prepared, snapshot what can be."""
-        self._feed(*self._state.flush(self._rt.clock.now()))
+        self.feed(*self._state.flush(self._rt.clock.now()), wake=False)
 
     def begin_close(self) -> None:
         """Closing with flush begins: keep a copy of the live model for the final snapshots."""
@@ -129,7 +124,7 @@ class LearnerDriver:
 
     def drop_all(self, reason: DropReason, detail: str) -> None:
         """Report every fragment's unpublished steps dropped, for ``reason``."""
-        self._feed(*self._state.dropped_all(reason, detail))
+        self.feed(*self._state.dropped_all(reason, detail), wake=False)
 
     def close_jobs(self) -> None:
         """No more snapshots: the publisher ends once it has drained its jobs."""
@@ -137,10 +132,15 @@ class LearnerDriver:
 
     # -- feeding the learner and carrying out its actions ----------------------------------
 
-    def _feed(self, state: Learner, actions: Sequence[Action]) -> None:
+    def feed(self, state: Learner, actions: Sequence[Action], *, wake: bool) -> None:
+        """The one feed point: ``state`` (what an input of ``self.state`` answered) becomes
+        the current value and each of ``actions`` is carried out, in order; with ``wake``
+        the closing flush is woken (the input may let it go on)."""
         self._state = state
         for action in actions:
             self._carry(action)
+        if wake:
+            self._wake()
 
     def _carry(self, action: Action) -> None:
         rt = self._rt
@@ -194,92 +194,6 @@ class LearnerDriver:
         event.record()
         return tuple(copies), event
 
-    # -- the receive task ------------------------------------------------------------------
-
-    async def run_receive(self) -> None:
-        """Forever: feed the new records, prepare the versions they call for, sleep
-        ``poll_interval``. A failed listing is retried at every poll and reported
-        (``PollFailed``) once: again only when it fails otherwise, or after it worked."""
-        rt = self._rt
-        reported: str | None = None
-        while True:
-            try:
-                await self._receive_records()
-                reported = None
-            except GradientmailError as exc:
-                if f"{type(exc).__name__}: {exc}" != reported:
-                    reported = f"{type(exc).__name__}: {exc}"
-                    rt.emit(PollFailed(rt.learner, exc))
-            await self._prepare()
-            await rt.clock.sleep(rt.options.poll_interval)
-
-    async def _receive_records(self) -> None:
-        """Feed the records after the newest one fed, in order. Raises ``RecordError`` for
-        a gap or a record that does not decode, verify or describe its round."""
-        rt = self._rt
-        for round in await rt.store.record_rounds(after=self._state.seen_round):
-            expected = self._state.seen_round + 1
-            if round != expected:
-                raise RecordError(
-                    f"records/ jumps from round {expected - 1} to {round}; rounds are "
-                    "committed in order, so the store is damaged"
-                )
-            record = await rt.store.record(round)
-            if record is None:
-                return
-            _check(record, round, rt.config)
-            self._feed(*self._state.record_seen(record, rt.clock.now()))
-            self._wake()
-
-    async def _prepare(self) -> None:
-        """Download every version the learner wants, falling back to θ in the same turn
-        when an update fails; one fragment's failure is fed back and stops no other."""
-        tried: set[tuple[int, bool]] = set()
-        while todo := [
-            d for d in self._state.downloads() if (d.fragment, d.base is None) not in tried
-        ]:
-            for download in todo:
-                tried.add((download.fragment, download.base is None))
-                await self._prepare_one(download)
-
-    async def _prepare_one(self, download: Download) -> None:
-        stage: Stage = "theta" if download.base is None else "update"
-        failure: Failure
-        try:
-            theta = await self._download(download)
-        except (CorruptBlob, RecordError) as exc:
-            failure, detail = "corrupt", f"{type(exc).__name__}: {exc}"
-        else:
-            if theta is not None:
-                round = download.record.round
-                self._state = self._state.version_ready(download.fragment, round, theta)
-                self._wake()
-                return
-            failure, detail = "gone", "the blob is gone"
-        _log.info(
-            "%s: the %s of round %d: %s", self._rt.learner, stage, download.record.round, detail
-        )
-        failed = self._state.download_failed(
-            download.fragment, download.record.round, stage, failure, detail
-        )
-        self._feed(*failed)
-
-    async def _download(self, download: Download) -> tuple[Tensor, ...] | None:
-        """θ of ``download.record`` (None: the blob is gone). Raises ``CorruptBlob`` or
-        ``RecordError`` (a ``CodecError``) for bytes that cannot be used."""
-        rt = self._rt
-        record = download.record
-        spec = rt.specs[download.fragment]
-        if download.base is not None:
-            data = await rt.store.get_blob(record.update)
-            if data is None:
-                return None
-            return await anyio.to_thread.run_sync(_updated, download.base, data, spec, self._pin)
-        data = await rt.store.get_blob(record.theta)
-        if data is None:
-            return None
-        return await anyio.to_thread.run_sync(_decoded, data, spec, self._pin)
-
     # -- the publisher task ----------------------------------------------------------------
 
     async def run_publisher(self) -> None:
@@ -300,8 +214,7 @@ class LearnerDriver:
                         fed = self._state.publish_done(publish.fragment, publish.round)
                     else:
                         fed = self._state.publish_failed(publish.fragment, publish.round)
-                    self._feed(*fed)
-                    self._wake()
+                    self.feed(*fed, wake=True)
 
     async def _publish(self, job: _Job) -> None:
         rt = self._rt
@@ -335,37 +248,11 @@ class LearnerDriver:
         )
 
 
-def _check(record: RoundRecord, round: int, config: RunConfig) -> None:
-    if (
-        record.round != round
-        or record.fragment != keys.fragment_of(round, config.fragments)
-        or record.version != keys.version_of(round, config.fragments)
-    ):
-        raise RecordError(f"records/{round:010d} does not describe round {round}")
-
-
-def _pinned(tensors: Sequence[Tensor], pin: bool) -> tuple[Tensor, ...]:
-    return tuple(t.pin_memory() if pin else t for t in tensors)
-
-
-def _updated(
-    base: Sequence[Tensor], data: bytes, spec: FragmentSpec, pin: bool
-) -> tuple[Tensor, ...]:
-    try:
-        return _pinned(apply_update(base, data, spec), pin)
-    except ValueError as exc:
-        raise RecordError(f"the update does not fit the fragment: {exc}") from exc
-
-
-def _decoded(data: bytes, spec: FragmentSpec, pin: bool) -> tuple[Tensor, ...]:
-    return _pinned(decode_fragment(data, spec), pin)
-
-
 def _encode_delta(job: _Job, spec: FragmentSpec, config: RunConfig) -> tuple[bytes, float | None]:
     if job.ready is not None:
         job.ready.synchronize()
     p = job.publish
-    # S − B piece by piece: no whole copy of the delta (docs/mailbox.md, "Memory").
+    # S − B piece by piece: no whole copy of the delta (docs/mailbox.md, "Large blobs end to end").
     data = encode_fragment(
         p.snapshot, spec, config.delta_encoding, block_size=config.block_size, minus=p.base
     )

@@ -5,12 +5,13 @@ pure ``protocol.learner.Learner``'s, carried out by ``_node.learner.LearnerDrive
 
 Lifecycle: entering opens the mailbox (when given a URL), starts the event bus, creates or
 joins the run (``_node.creation``), then starts the node's tasks in one task group: the
-lease (``_node.lease``), the receive loop and the publisher (``_node.learner``, learners
-only), and the syncer (``_node.syncer``, unless ``options.syncer`` is False). The block's
-body runs in that task group's scope: when a task fails, the body is cancelled at its next
-checkpoint and the block raises ``NodeFailed`` (the task's exception chained), unless the
-body raised an exception of its own, which propagates as itself. ``Node.step`` is the one
-place the training meets the node.
+lease (``_node.lease``), the receive loop (``_node.receive``) and the publisher
+(``_node.learner``), learners only, and the syncer (``_node.syncer``, unless
+``options.syncer`` is False). The block's body runs in that task group's scope: when a
+task fails, the body is cancelled at its next checkpoint and the block raises
+``NodeFailed`` (the task's exception chained), unless the body raised an exception of its
+own, which propagates as itself. ``Node.step`` is the one place the training meets the
+node.
 
 Leaving the block normally closes with flush (``Closing``): every fragment with steps since
 its last included snapshot is published, and the node waits until those rounds are
@@ -46,6 +47,7 @@ from gradientmail._node.handle import StepHandle
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.lease import run_lease
 from gradientmail._node.options import NodeOptions
+from gradientmail._node.receive import Receiver
 from gradientmail._node.runtime import Runtime
 from gradientmail._node.state import NodeState
 from gradientmail._node.supervision import block_error
@@ -225,7 +227,7 @@ class Node:
         await tg.start(self._lease)
         driver = self._driver
         if driver is not None:
-            tg.start_soon(self._supervised, "receive", driver.run_receive)
+            tg.start_soon(self._supervised, "receive", Receiver(rt, driver).run)
             tg.start_soon(self._supervised, "publisher", driver.run_publisher)
         if rt.options.syncer:
             tg.start_soon(self._supervised, "syncer", lambda: run_syncer(rt))

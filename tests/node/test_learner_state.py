@@ -27,6 +27,7 @@ from gradientmail.protocol.records import BlobRef, Participant, Rejection, Round
 
 node_module = importlib.import_module("gradientmail._node.node")
 driver_module = importlib.import_module("gradientmail._node.learner")
+receive_module = importlib.import_module("gradientmail._node.receive")
 CONFIG = RunConfig(fragments=2, sync_every=4, grace=1.0)
 REF = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
 
@@ -354,10 +355,21 @@ TestLearnerMachine = LearnerMachine.TestCase
 TestLearnerMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
 
 
-@pytest.mark.parametrize("module", [node_module, driver_module])
-def test_the_node_runs_the_pure_learner_and_has_no_merge_of_its_own(module: object) -> None:
-    """The node's modules import the pure learner and the one merge; they hold no tensor
-    arithmetic of a merge, decide no outcome and keep no ledger of their own."""
+@pytest.mark.parametrize(
+    ("module", "protocol_names"),
+    [
+        (node_module, {"Learner"}),
+        (driver_module, {"Learner", "merge_into"}),
+        (receive_module, {"apply_update", "decode_fragment", "Download"}),
+    ],
+    ids=["node", "driver", "receive"],
+)
+def test_the_node_runs_the_pure_learner_and_has_no_merge_of_its_own(
+    module: object, protocol_names: set[str]
+) -> None:
+    """The node's modules import the pure learner and the one merge (the driver), and the
+    one ``apply_update`` and decoder (the receive task); they hold no tensor arithmetic of a
+    merge, decide no outcome and keep no ledger of their own."""
     source = inspect.getsource(module)  # type: ignore[arg-type]
     tree = ast.parse(source)
     imported = {
@@ -367,10 +379,7 @@ def test_the_node_runs_the_pure_learner_and_has_no_merge_of_its_own(module: obje
         for alias in node.names
         if node.module.startswith("gradientmail.protocol")
     }
-    if module is driver_module:
-        assert {"Learner", "merge_into", "apply_update"} <= imported
-    else:
-        assert "Learner" in imported
+    assert protocol_names <= imported
     calls = {
         node.func.attr
         for node in ast.walk(tree)
@@ -379,6 +388,15 @@ def test_the_node_runs_the_pure_learner_and_has_no_merge_of_its_own(module: obje
     assert not calls & {"sub_", "add_", "mul", "mul_", "recorded"}
     for name in ("merge_in_place", "LearnerState", "Ledger", '"included"', "'late'"):
         assert name not in source, f"{Path(inspect.getfile(module)).name} holds {name}"  # type: ignore[arg-type]
+    if module is not driver_module:
+        assigned = {
+            target.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Attribute)
+        }
+        assert "_state" not in assigned, "only the driver replaces the Learner value"
 
 
 def test_nothing_moves_when_a_period_is_shorter_than_the_grace() -> None:

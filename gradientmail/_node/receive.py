@@ -1,0 +1,151 @@
+"""The receive task of a learner: it brings the run's committed records and the versions
+they call for to the pure learner (``protocol.learner.Learner``), through the one feed
+point of its ``LearnerDriver``. No protocol decision is made here, and the ``Learner``
+value is never replaced here: every input goes through ``LearnerDriver.feed``.
+
+``Receiver.run`` is one task of the node's task group, on the event-loop thread. Every
+``poll_interval`` it lists ``records/`` after the newest round fed and feeds each record
+(``Learner.record_seen``); a record that does not decode or verify, or a gap in the
+records, stops the listing there (retried at every poll; one ``PollFailed`` per distinct
+failure, not one per poll). Then it prepares the versions the learner wants
+(``Learner.downloads``): the update, decoded and applied to the base by
+``protocol.outer.apply_update`` in a worker thread, or the record's θ, decoded in a worker
+thread (``Learner.version_ready``). Each fragment's download fails alone
+(``Learner.download_failed``): a corrupt or missing update falls back to the record's θ,
+and the other fragments are prepared anyway.
+"""
+
+import logging
+from collections.abc import Sequence
+
+import anyio.to_thread
+from torch import Tensor
+
+from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.runtime import Runtime
+from gradientmail.errors import CorruptBlob, GradientmailError, RecordError
+from gradientmail.events.kinds import PollFailed
+from gradientmail.protocol import keys
+from gradientmail.protocol.codec import decode_fragment
+from gradientmail.protocol.learner import Download, Failure, Stage
+from gradientmail.protocol.outer import apply_update
+from gradientmail.protocol.records import FragmentSpec, RoundRecord, RunConfig
+
+__all__ = ["Receiver"]
+
+_log = logging.getLogger("gradientmail.learner")
+
+
+class Receiver:
+    """The receive task of the learner ``driver`` drives (see the module docstring)."""
+
+    def __init__(self, rt: Runtime, driver: LearnerDriver) -> None:
+        self._rt = rt
+        self._driver = driver
+
+    async def run(self) -> None:
+        """Forever: feed the new records, prepare the versions they call for, sleep
+        ``poll_interval``. A failed listing is retried at every poll and reported
+        (``PollFailed``) once: again only when it fails otherwise, or after it worked."""
+        rt = self._rt
+        reported: str | None = None
+        while True:
+            try:
+                await self._receive_records()
+                reported = None
+            except GradientmailError as exc:
+                if f"{type(exc).__name__}: {exc}" != reported:
+                    reported = f"{type(exc).__name__}: {exc}"
+                    rt.emit(PollFailed(rt.learner, exc))
+            await self._prepare()
+            await rt.clock.sleep(rt.options.poll_interval)
+
+    async def _receive_records(self) -> None:
+        """Feed the records after the newest one fed, in order. Raises ``RecordError`` for
+        a gap or a record that does not decode, verify or describe its round."""
+        rt = self._rt
+        driver = self._driver
+        for round in await rt.store.record_rounds(after=driver.state.seen_round):
+            expected = driver.state.seen_round + 1
+            if round != expected:
+                raise RecordError(
+                    f"records/ jumps from round {expected - 1} to {round}; rounds are "
+                    "committed in order, so the store is damaged"
+                )
+            record = await rt.store.record(round)
+            if record is None:
+                return
+            _check(record, round, rt.config)
+            driver.feed(*driver.state.record_seen(record, rt.clock.now()), wake=True)
+
+    async def _prepare(self) -> None:
+        """Download every version the learner wants, falling back to θ in the same turn
+        when an update fails; one fragment's failure is fed back and stops no other."""
+        tried: set[tuple[int, bool]] = set()
+        while todo := [
+            d for d in self._driver.state.downloads() if (d.fragment, d.base is None) not in tried
+        ]:
+            for download in todo:
+                tried.add((download.fragment, download.base is None))
+                await self._prepare_one(download)
+
+    async def _prepare_one(self, download: Download) -> None:
+        driver = self._driver
+        fragment, round = download.fragment, download.record.round
+        stage: Stage = "theta" if download.base is None else "update"
+        failure: Failure
+        try:
+            theta = await self._download(download)
+        except (CorruptBlob, RecordError) as exc:
+            failure, detail = "corrupt", f"{type(exc).__name__}: {exc}"
+        else:
+            if theta is not None:
+                driver.feed(driver.state.version_ready(fragment, round, theta), (), wake=True)
+                return
+            failure, detail = "gone", "the blob is gone"
+        _log.info("%s: the %s of round %d: %s", self._rt.learner, stage, round, detail)
+        failed = driver.state.download_failed(fragment, round, stage, failure, detail)
+        driver.feed(*failed, wake=False)
+
+    async def _download(self, download: Download) -> tuple[Tensor, ...] | None:
+        """θ of ``download.record`` (None: the blob is gone). Raises ``CorruptBlob`` or
+        ``RecordError`` (a ``CodecError``) for bytes that cannot be used."""
+        rt = self._rt
+        record = download.record
+        spec = rt.specs[download.fragment]
+        pin = self._driver.pinned
+        if download.base is not None:
+            data = await rt.store.get_blob(record.update)
+            if data is None:
+                return None
+            return await anyio.to_thread.run_sync(_updated, download.base, data, spec, pin)
+        data = await rt.store.get_blob(record.theta)
+        if data is None:
+            return None
+        return await anyio.to_thread.run_sync(_decoded, data, spec, pin)
+
+
+def _check(record: RoundRecord, round: int, config: RunConfig) -> None:
+    if (
+        record.round != round
+        or record.fragment != keys.fragment_of(round, config.fragments)
+        or record.version != keys.version_of(round, config.fragments)
+    ):
+        raise RecordError(f"records/{round:010d} does not describe round {round}")
+
+
+def _pinned(tensors: Sequence[Tensor], pin: bool) -> tuple[Tensor, ...]:
+    return tuple(t.pin_memory() if pin else t for t in tensors)
+
+
+def _updated(
+    base: Sequence[Tensor], data: bytes, spec: FragmentSpec, pin: bool
+) -> tuple[Tensor, ...]:
+    try:
+        return _pinned(apply_update(base, data, spec), pin)
+    except ValueError as exc:
+        raise RecordError(f"the update does not fit the fragment: {exc}") from exc
+
+
+def _decoded(data: bytes, spec: FragmentSpec, pin: bool) -> tuple[Tensor, ...]:
+    return _pinned(decode_fragment(data, spec), pin)
