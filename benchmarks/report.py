@@ -1140,6 +1140,13 @@ def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
     )
 
 
+def _binary(value: float) -> str:
+    """A size in GiB or MiB (transfer sizes are powers of two)."""
+    if value >= 2**30:
+        return f"{value / 2**30:g} GiB"
+    return f"{value / 2**20:g} MiB"
+
+
 def transfer(page: Page, result: dict[str, Any] | None) -> None:
     page.add("## 8. Large transfers", "")
     if result is None:
@@ -1151,11 +1158,11 @@ def transfer(page: Page, result: dict[str, Any] | None) -> None:
     page.add(
         _provenance(result),
         "",
-        f"One {_bytes(p['size_bytes'])} random blob put and then got, {p['repetitions']} "
+        f"One {_binary(p['size_bytes'])} random blob put and then got, {p['repetitions']} "
         "repetitions with the arms' order rotating, through `S3Mailbox` on a moto server at "
         "127.0.0.1 and through `LocalMailbox` on a temporary directory. `parallel` is the "
-        f"mailbox as configured by default (S3: parts of {_bytes(s3['part_size'])}, "
-        f"{s3['part_concurrency']} at once, above {_bytes(s3['multipart_threshold'])}; "
+        f"mailbox as configured by default (S3: parts of {_binary(s3['part_size'])}, "
+        f"{s3['part_concurrency']} at once, above {_binary(s3['multipart_threshold'])}; "
         "local: 16 MiB chunks off the event loop); `single` is the same mailbox's "
         "single-stream path (one PUT and one GET; one worker-thread hop); `raw` is the "
         "fastest raw client doing the same transfer (raw aiobotocore with the same parts and "
@@ -1194,14 +1201,14 @@ def transfer(page: Page, result: dict[str, Any] | None) -> None:
     sweep = result.get("sweep")
     if sweep:
         page.add(
-            f"Sweep of the S3 part size and concurrency ({_bytes(sweep['size_bytes'])}, one "
+            f"Sweep of the S3 part size and concurrency ({_binary(sweep['size_bytes'])}, one "
             "run each, asyncio, MiB/s):",
             "",
             *_table(
                 ["part size", "concurrency", "put", "get"],
                 [
                     [
-                        _bytes(row["part_size"]),
+                        _binary(row["part_size"]),
                         str(row["concurrency"]),
                         _num(row["put_mib_per_s"], 0),
                         _num(row["get_mib_per_s"], 0),
@@ -1213,7 +1220,7 @@ def transfer(page: Page, result: dict[str, Any] | None) -> None:
     worst = min(ratios, key=lambda item: item[1] if item[1] is not None else math.inf)
     met = all(r is not None and r >= result["target_ratio_vs_raw"] for _, r in ratios)
     page.target(
-        f"large transfers ({_bytes(p['size_bytes'])}) ÷ raw client",
+        f"large transfers ({_binary(p['size_bytes'])}) ÷ raw client",
         f"≥ {result['target_ratio_vs_raw']}",
         f"lowest {_num(worst[1], 2)} ({worst[0]})",
         met,
