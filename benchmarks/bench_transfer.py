@@ -60,6 +60,9 @@ SIZE = 128 << 20
 LARGE_SIZE = 1 << 30
 QUICK_SIZE = 48 << 20
 SWEEP_SIZE = 256 << 20
+READ_TIMEOUT = 600.0
+"""Seconds per socket read or write, for every arm: one stream of 1 GiB into moto on a loaded
+machine stalls longer than the mailbox's default 20 s."""
 TARGET_RAW_RATIO = 0.9
 SWEEP = {"part_size": (8 << 20, 16 << 20, 32 << 20), "concurrency": (2, 4, 8, 16)}
 
@@ -204,9 +207,15 @@ async def _rounds(
 async def _s3(endpoint: str, bucket: str, data: bytes, repetitions: int) -> dict[str, Any]:
     from aiobotocore.session import get_session
 
-    parallel = S3Mailbox(bucket, endpoint_url=endpoint, region="us-east-1")
+    parallel = S3Mailbox(
+        bucket, endpoint_url=endpoint, region="us-east-1", read_timeout=READ_TIMEOUT
+    )
     single = S3Mailbox(
-        bucket, endpoint_url=endpoint, region="us-east-1", multipart_threshold=5 << 30
+        bucket,
+        endpoint_url=endpoint,
+        region="us-east-1",
+        multipart_threshold=5 << 30,
+        read_timeout=READ_TIMEOUT,
     )
     async with (
         parallel,
@@ -262,6 +271,7 @@ async def _sweep(endpoint: str, bucket: str, data: bytes) -> list[dict[str, Any]
                 multipart_threshold=part_size,
                 part_concurrency=concurrency,
                 max_concurrency=max(8, concurrency),
+                read_timeout=READ_TIMEOUT,
             )
             async with mailbox:
                 key = f"sweep/{part_size}-{concurrency}"
