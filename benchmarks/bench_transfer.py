@@ -47,6 +47,7 @@ from typing import Any
 import _harness as h
 import anyio
 import anyio.to_thread
+from aiobotocore.config import AioConfig
 from bench_store import FilesArm
 
 import gradientmail.mailbox.local as local_module
@@ -62,7 +63,18 @@ QUICK_SIZE = 48 << 20
 SWEEP_SIZE = 256 << 20
 READ_TIMEOUT = 600.0
 """Seconds per socket read or write, for every arm: one stream of 1 GiB into moto on a loaded
-machine stalls longer than the mailbox's default 20 s."""
+machine stalls longer than the mailbox's 20 s read timeout and aiobotocore's 5 s write
+timeout (which ``S3Mailbox`` leaves at its default)."""
+
+
+def _patient(mailbox: S3Mailbox) -> S3Mailbox:
+    """``mailbox`` with ``READ_TIMEOUT`` for socket writes too (before it is entered)."""
+    mailbox._config = mailbox._config.merge(
+        AioConfig(connector_args={"write_timeout": READ_TIMEOUT})
+    )
+    return mailbox
+
+
 TARGET_RAW_RATIO = 0.9
 SWEEP = {"part_size": (8 << 20, 16 << 20, 32 << 20), "concurrency": (2, 4, 8, 16)}
 
@@ -207,15 +219,17 @@ async def _rounds(
 async def _s3(endpoint: str, bucket: str, data: bytes, repetitions: int) -> dict[str, Any]:
     from aiobotocore.session import get_session
 
-    parallel = S3Mailbox(
-        bucket, endpoint_url=endpoint, region="us-east-1", read_timeout=READ_TIMEOUT
+    parallel = _patient(
+        S3Mailbox(bucket, endpoint_url=endpoint, region="us-east-1", read_timeout=READ_TIMEOUT)
     )
-    single = S3Mailbox(
-        bucket,
-        endpoint_url=endpoint,
-        region="us-east-1",
-        multipart_threshold=5 << 30,
-        read_timeout=READ_TIMEOUT,
+    single = _patient(
+        S3Mailbox(
+            bucket,
+            endpoint_url=endpoint,
+            region="us-east-1",
+            multipart_threshold=5 << 30,
+            read_timeout=READ_TIMEOUT,
+        )
     )
     async with (
         parallel,
@@ -263,15 +277,17 @@ async def _sweep(endpoint: str, bucket: str, data: bytes) -> list[dict[str, Any]
     rows = []
     for part_size in SWEEP["part_size"]:
         for concurrency in SWEEP["concurrency"]:
-            mailbox = S3Mailbox(
-                bucket,
-                endpoint_url=endpoint,
-                region="us-east-1",
-                part_size=part_size,
-                multipart_threshold=part_size,
-                part_concurrency=concurrency,
-                max_concurrency=max(8, concurrency),
-                read_timeout=READ_TIMEOUT,
+            mailbox = _patient(
+                S3Mailbox(
+                    bucket,
+                    endpoint_url=endpoint,
+                    region="us-east-1",
+                    part_size=part_size,
+                    multipart_threshold=part_size,
+                    part_concurrency=concurrency,
+                    max_concurrency=max(8, concurrency),
+                    read_timeout=READ_TIMEOUT,
+                )
             )
             async with mailbox:
                 key = f"sweep/{part_size}-{concurrency}"
