@@ -164,9 +164,12 @@ async def faulty_relay(
             # botocore may send the absolute form (``http://host/path``): keep the path.
             parts = urlsplit(request.target)
             target = parts.path + (f"?{parts.query}" if parts.query else "")
-            forwarded = await client.request(
-                request.method, target, headers=headers, content=request.body
-            )
+            # Finished even when the relay closes meanwhile: a forward cut off mid-body leaves
+            # httpx's body generator unfinished, which trio reports when it is collected.
+            with anyio.fail_after(60, shield=True):
+                forwarded = await client.request(
+                    request.method, target, headers=headers, content=request.body
+                )
             head = f"HTTP/1.1 {forwarded.status_code} {forwarded.reason_phrase}\r\n"
             for name, value in forwarded.headers.multi_items():
                 if name.lower() not in _HOP_BY_HOP:
