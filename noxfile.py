@@ -67,7 +67,7 @@ def bench_large(session: nox.Session) -> None:
     250M-parameter round takes about 12 GB): a 1 GiB blob through both mailboxes with the
     part-size sweep, peak memory at 25M, 100M and 250M parameters and the round latency of a
     250M-parameter fragment across processes; then ``docs/benchmarks.md``."""
-    session.run(PYTHON, "benchmarks/bench_transfer.py", "--large", *session.posargs)
+    session.run(PYTHON, "benchmarks/bench_transfer.py", "--large", "--sweep", *session.posargs)
     session.run(PYTHON, "benchmarks/bench_memory.py", "--large", *session.posargs)
     session.run(PYTHON, "benchmarks/report.py")
 

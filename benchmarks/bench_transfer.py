@@ -18,7 +18,7 @@ put and then got, under asyncio and trio, through:
 
 Arms alternate within each repetition (rotating their order); a ratio is the median
 throughput of ``parallel`` over that of ``single`` or ``raw`` (above 1: the mailbox is
-faster). With ``--sweep`` (implied by ``--large``), the S3 put and get are also timed for
+faster). With ``--sweep``, the S3 put and get are also timed for
 several part sizes and concurrencies (256 MiB, one repetition each, asyncio), which is
 where the defaults come from.
 
@@ -307,9 +307,11 @@ async def _sweep(endpoint: str, bucket: str, data: bytes) -> list[dict[str, Any]
     return rows
 
 
-def run(results: Path, quick: bool, size: int, sweep: bool, name: str = NAME) -> Path:
+def run(
+    results: Path, quick: bool, size: int, sweep: bool, name: str = NAME, repetitions: int = 3
+) -> Path:
     """Measure, write ``results/<name>.json`` and return its path."""
-    repetitions = 1 if quick else 3
+    repetitions = 1 if quick else repetitions
     settings = {"size_bytes": size, "repetitions": repetitions, "sweep": sweep}
     result = h.header(name, quick=quick, parameters=settings)
     data = os.urandom(size)
@@ -351,7 +353,8 @@ def _ratios(figures: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="48 MiB, one repetition")
-    parser.add_argument("--large", action="store_true", help="1 GiB and the sweep")
+    parser.add_argument("--large", action="store_true", help="1 GiB")
+    parser.add_argument("--repetitions", type=int, default=3, help="of each arm")
     parser.add_argument("--sweep", action="store_true", help="also time part sizes/concurrency")
     parser.add_argument("--size", type=int, default=None, help="bytes in the blob")
     parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
@@ -359,7 +362,7 @@ def main() -> None:
     default = LARGE_SIZE if args.large else QUICK_SIZE if args.quick else SIZE
     size = args.size if args.size is not None else default
     name = f"{NAME}-large" if args.large else NAME
-    path = run(args.results, args.quick, size, args.sweep or args.large, name)
+    path = run(args.results, args.quick, size, args.sweep, name, args.repetitions)
     result = json.loads(path.read_text())
     for where, ratios in result["ratios"].items():
         print(f"{where:22} vs single {ratios['vs_single']:.2f}  vs raw {ratios['vs_raw']:.2f}")
