@@ -16,7 +16,8 @@ put and then got, under asyncio and trio, through:
   the object) and plain files (``raw``: ``bench_store.FilesArm``, ``open(path,
   "xb").write`` and ``open(path, "rb").read`` in one worker-thread hop each).
 
-Arms alternate within each repetition (rotating their order); a ratio is the median
+Every arm first runs once untimed (warm-up); then the arms alternate within each
+repetition (rotating their order); a ratio is the median
 throughput of ``parallel`` over that of ``single`` or ``raw`` (above 1: the mailbox is
 faster). With ``--sweep``, the S3 put and get are also timed for
 several part sizes and concurrencies (256 MiB, one repetition each, asyncio), which is
@@ -187,20 +188,25 @@ async def _rounds(
     remove: Callable[[str, str], Awaitable[None]],
 ) -> dict[str, Any]:
     """Put then get ``data`` through each arm, ``repetitions`` times, the arms' order
-    rotating; each object is removed (untimed) before the next arm runs."""
+    rotating, after one untimed warm-up round of every arm (connections, the page cache's
+    first touch, the store's first object of that size); each object is removed (untimed)
+    before the next arm runs."""
     names = list(arms)
     seconds: dict[str, dict[str, list[float]]] = {n: {"put": [], "get": []} for n in names}
-    for rep in range(repetitions):
+    for rep in range(-1, repetitions):
         order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
-            arm, key = arms[name], f"blob/{name}-{rep}"
-            seconds[name]["put"].append(await _timed(partial(arm.put, key, data)))
+            arm, key = arms[name], f"blob/{name}-{rep + 1}"
+            put = await _timed(partial(arm.put, key, data))
 
             async def get(arm: Any = arm, key: str = key) -> None:
                 if len(await arm.get(key)) != len(data):
                     raise RuntimeError(f"{key!r} came back with the wrong size")
 
-            seconds[name]["get"].append(await _timed(get))
+            got = await _timed(get)
+            if rep >= 0:
+                seconds[name]["put"].append(put)
+                seconds[name]["get"].append(got)
             await remove(name, key)
             await anyio.to_thread.run_sync(os.sync)
     mib = len(data) / (1 << 20)
@@ -312,7 +318,7 @@ def run(
 ) -> Path:
     """Measure, write ``results/<name>.json`` and return its path."""
     repetitions = 1 if quick else repetitions
-    settings = {"size_bytes": size, "repetitions": repetitions, "sweep": sweep}
+    settings = {"size_bytes": size, "repetitions": repetitions, "sweep": sweep, "warm_up": True}
     result = h.header(name, quick=quick, parameters=settings)
     data = os.urandom(size)
     figures: dict[str, Any] = {}

@@ -1155,11 +1155,12 @@ def transfer(page: Page, result: dict[str, Any] | None) -> None:
         return
     p, f = result["parameters"], result["figures"]
     s3 = next(iter(f.values()))["s3"]
+    warm = ", after one untimed round of every arm" if p.get("warm_up") else ""
     page.add(
         _provenance(result),
         "",
         f"One {_binary(p['size_bytes'])} random blob put and then got, {p['repetitions']} "
-        "repetitions with the arms' order rotating, through `S3Mailbox` on a moto server at "
+        f"repetition(s) with the arms' order rotating{warm}, through `S3Mailbox` on a moto server at "
         "127.0.0.1 and through `LocalMailbox` on a temporary directory. `parallel` is the "
         f"mailbox as configured by default (S3: parts of {_binary(s3['part_size'])}, "
         f"{s3['part_concurrency']} at once, above {_binary(s3['multipart_threshold'])}; "
