@@ -1160,9 +1160,10 @@ def transfer(page: Page, result: dict[str, Any] | None) -> None:
         _provenance(result),
         "",
         f"One {_binary(p['size_bytes'])} random blob put and then got, {p['repetitions']} "
-        f"repetition(s) with the arms' order rotating{warm}, through `S3Mailbox` on a moto server at "
-        "127.0.0.1 and through `LocalMailbox` on a temporary directory. `parallel` is the "
-        f"mailbox as configured by default (S3: parts of {_binary(s3['part_size'])}, "
+        f"repetition(s) with the arms' order rotating{warm}, through `S3Mailbox` on a moto "
+        "server at 127.0.0.1 and through `LocalMailbox` on a temporary directory. "
+        "`parallel` is the mailbox as configured by default (S3: parts of "
+        f"{_binary(s3['part_size'])}, "
         f"{s3['part_concurrency']} at once, above {_binary(s3['multipart_threshold'])}; "
         "local: 16 MiB chunks off the event loop); `single` is the same mailbox's "
         "single-stream path (one PUT and one GET; one worker-thread hop); `raw` is the "
