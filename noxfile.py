@@ -1,5 +1,5 @@
 """Development sessions: ``lint``, ``types``, ``tests`` (the default), ``soak``, ``bench``,
-``bench-text``.
+``bench-text``, ``bench-large``.
 
 The sessions run in the environment nox itself runs in, which the README's command creates
 once (``.venv`` with the ``dev`` extra, whose torch pin is the CPU wheel): installing torch
@@ -59,6 +59,17 @@ def bench(session: nox.Session) -> None:
     """Every benchmark, then ``docs/benchmarks.md`` generated from ``benchmarks/results``;
     ``nox -s bench -- --quick`` for the smoke-test sizes."""
     session.run(PYTHON, "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(name="bench-large", default=False)
+def bench_large(session: nox.Session) -> None:
+    """The large points, one at a time (about 25 minutes; moto keeps objects in memory and a
+    250M-parameter round takes about 12 GB): a 1 GiB blob through both mailboxes with the
+    part-size sweep, peak memory at 25M, 100M and 250M parameters and the round latency of a
+    250M-parameter fragment across processes; then ``docs/benchmarks.md``."""
+    session.run(PYTHON, "benchmarks/bench_transfer.py", "--large", "--sweep", *session.posargs)
+    session.run(PYTHON, "benchmarks/bench_memory.py", "--large", *session.posargs)
+    session.run(PYTHON, "benchmarks/report.py")
 
 
 @nox.session(name="bench-text", default=False)

@@ -841,7 +841,7 @@ def _group_rows(f: dict[str, Any]) -> list[list[str]]:
 
 def groups(page: Page, result: dict[str, Any] | None) -> None:
     """Learner groups: a 2-rank DDP learner against a 1-process learner of the same batch."""
-    page.add("## 8. Learner groups", "")
+    page.add("## 9. Learner groups", "")
     if result is None:
         page.add(
             "_Not measured: `benchmarks/results/groups.json` is missing "
@@ -1472,7 +1472,7 @@ BYTES_TARGET = 75.0
 
 def convergence_bytes(page: Page, result: dict[str, Any] | None) -> None:
     """Bytes over a long run (``bench_convergence.py --long``), per ``checkpoint_every``."""
-    page.add("## Bytes over a long run, with the syncer's share", "")
+    page.add("## 10. Bytes over a long run, with the syncer's share", "")
     if result is None:
         page.add(
             "_Not measured: `benchmarks/results/convergence-bytes.json` is missing "
@@ -1558,7 +1558,7 @@ def convergence_bytes(page: Page, result: dict[str, Any] | None) -> None:
 
 def rejoin(page: Page, result: dict[str, Any] | None) -> None:
     """A new learner's join time against the raw read (``bench_rejoin.py``)."""
-    page.add("## Rejoin", "")
+    page.add("## 13. Rejoin", "")
     if result is None:
         page.add("_Not measured: `benchmarks/results/rejoin.json` is missing._", "")
         return
@@ -1605,6 +1605,192 @@ def rejoin(page: Page, result: dict[str, Any] | None) -> None:
     )
 
 
+def _binary(value: float) -> str:
+    """A size in GiB or MiB (transfer sizes are powers of two)."""
+    if value >= 2**30:
+        return f"{value / 2**30:g} GiB"
+    return f"{value / 2**20:g} MiB"
+
+
+def transfer(page: Page, result: dict[str, Any] | None) -> None:
+    page.add("## 11. Large transfers", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/transfer.json` is missing._", "")
+        page.target("large transfers ÷ raw client", "≥ 0.9", "–", None, "not run")
+        return
+    p, f = result["parameters"], result["figures"]
+    s3 = next(iter(f.values()))["s3"]
+    warm = ", after one untimed round of every arm" if p.get("warm_up") else ""
+    page.add(
+        _provenance(result),
+        "",
+        f"One {_binary(p['size_bytes'])} random blob put and then got, {p['repetitions']} "
+        f"repetition(s) with the arms' order rotating{warm}, through `S3Mailbox` on a moto "
+        "server at 127.0.0.1 and through `LocalMailbox` on a temporary directory. "
+        "`parallel` is the mailbox as configured by default (S3: parts of "
+        f"{_binary(s3['part_size'])}, "
+        f"{s3['part_concurrency']} at once, above {_binary(s3['multipart_threshold'])}; "
+        "local: 16 MiB chunks off the event loop); `single` is the same mailbox's "
+        "single-stream path (one PUT and one GET; one worker-thread hop); `raw` is the "
+        "fastest raw client doing the same transfer (raw aiobotocore with the same parts and "
+        "concurrency, into a `bytearray` it returns as is; plain files). Median MiB/s "
+        "[min, max]; a ratio is the mailbox's median over the other arm's (above 1: the "
+        "mailbox is faster). The raw aiobotocore arm runs under trio as well: aiobotocore's "
+        "httpx backend is one code path on both loops.",
+        "",
+    )
+    rows, ratios = [], []
+    for loop, stores in f.items():
+        for store, entry in stores.items():
+            for op in ("put", "get"):
+                arms = entry[op]["mib_per_s"]
+                ratios.append((f"{loop} {store} {op}", entry[op]["ratio_vs_raw"]))
+                rows.append(
+                    [
+                        loop,
+                        store,
+                        op,
+                        *[_spread(arms[a], 0) for a in ("parallel", "single", "raw")],
+                        _num(entry[op]["ratio_vs_single"], 2),
+                        _num(entry[op]["ratio_vs_raw"], 2),
+                    ]
+                )
+    page.add(
+        *_table(["loop", "store", "op", "parallel", "single", "raw", "÷ single", "÷ raw"], rows),
+        "On moto at 127.0.0.1 there is no network: client and server share the machine's "
+        "cores, and moto answers each ranged GET by reading the whole object and slicing it "
+        "(N ranges cost it N whole reads), so `÷ single` says what the parallel path costs "
+        "here, not what it gains on S3, where one stream is limited by per-connection "
+        "bandwidth and parallel ranges are AWS's advice. `÷ raw` is the mailbox's own "
+        "overhead against the same requests made bare.",
+        "",
+    )
+    sweep = result.get("sweep")
+    if sweep:
+        page.add(
+            f"Sweep of the S3 part size and concurrency ({_binary(sweep['size_bytes'])}, one "
+            "run each, asyncio, MiB/s):",
+            "",
+            *_table(
+                ["part size", "concurrency", "put", "get"],
+                [
+                    [
+                        _binary(row["part_size"]),
+                        str(row["concurrency"]),
+                        _num(row["put_mib_per_s"], 0),
+                        _num(row["get_mib_per_s"], 0),
+                    ]
+                    for row in sweep["rows"]
+                ],
+            ),
+        )
+    worst = min(ratios, key=lambda item: item[1] if item[1] is not None else math.inf)
+    met = all(r is not None and r >= result["target_ratio_vs_raw"] for _, r in ratios)
+    page.target(
+        f"large transfers ({_binary(p['size_bytes'])}) ÷ raw client",
+        f"≥ {result['target_ratio_vs_raw']}",
+        f"lowest {_num(worst[1], 2)} ({worst[0]})",
+        met,
+        "every loop, store and op at or above the raw client's 0.9"
+        if met
+        else f"{worst[0]} below: see section 11 (moto on a shared 2-core machine)",
+    )
+
+
+def large_fragments(page: Page, result: dict[str, Any] | None) -> None:
+    page.add("## 12. Memory and round latency of large fragments", "")
+    if result is None:
+        page.add("_Not measured: `benchmarks/results/memory.json` is missing._", "")
+        page.target("peak memory against P", "linear, at the bound", "–", None, "not run")
+        return
+    f = result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        "Each point is a fresh process that first builds what its role holds between "
+        "rounds, then runs one operation through the node's own code; the figure is its "
+        "peak resident set (`VmHWM`, reset once the setup is done) above the resident set "
+        "it started from, per parameter of the fragment. `publish`: a learner holding its "
+        "fragment and base (fp32) copies the snapshot out, encodes S − B at int8 and its "
+        "norm and uploads the blob to a `LocalMailbox`; bound 4 + b bytes per parameter (the "
+        "snapshot, the blob; b = 1 + 4/256 at int8, block 256). `close`: a syncer holding "
+        f"θ and the momentum downloads K = {result['parameters']['snapshots']} int8 snapshot "
+        "blobs, aggregates, steps, encodes the update and θ′ and the momentum (fp32) and "
+        "uploads them; bound 20 + (K + 1)·b (the snapshots and the update encoded, the "
+        "mean, θ′, the momentum′ and their two fp32 blobs; never a decoded delta). Both add "
+        "a constant of a few pieces of 4M elements.",
+        "",
+    )
+    rows = []
+    for role, entry in f["memory"].items():
+        for size, point in entry["points"].items():
+            rows.append(
+                [
+                    role,
+                    f"{int(size):,}",
+                    _bytes(point["start"]),
+                    _bytes(point["peak"]),
+                    _num(point["above_start_per_param"], 2),
+                    _num(point["seconds"], 2),
+                ]
+            )
+    page.add(
+        *_table(["role", "parameters", "start", "peak", "above start, B/param", "seconds"], rows),
+    )
+    for role, entry in f["memory"].items():
+        fit = entry["fit_above_start"]
+        page.add(
+            f"- `{role}`: least-squares slope **{_num(fit['slope'], 2)} bytes per parameter** "
+            f"above the held state (bound {_num(entry['bound_per_param'], 2)}), intercept "
+            f"{_bytes(max(fit['intercept'], 0.0))}, R² {_num(fit['r2'], 4)}; whole-process "
+            f"slope {_num(entry['fit_peak']['slope'], 2)} B/param."
+        )
+        page.target(
+            f"peak memory of `{role}` against P",
+            f"linear, slope ≤ {_num(entry['bound_per_param'], 1)} B/param",
+            f"{_num(fit['slope'], 2)} B/param, R² {_num(fit['r2'], 3)}",
+            fit["r2"] > 0.99 and fit["slope"] <= 1.1 * entry["bound_per_param"],
+            "no whole temporary copy: the pieces are the constant part",
+        )
+    page.add("")
+    latency = f.get("latency")
+    if latency:
+        page.add(
+            f"**Round latency** of a run of one fragment of {latency['size']:,} parameters "
+            f"(int8 deltas and updates) on a `LocalMailbox`: {latency['learners']} "
+            "learner-only processes and one syncer-only process, from a round's last "
+            "snapshot landing to the first learner seeing its record (wall clock, one "
+            "machine, poll 50 ms). It spans the syncer's reads of the snapshots, the "
+            "aggregation, the outer step, the update and the fp32 θ and outer state written, "
+            "and the record.",
+            "",
+            *_table(
+                ["rounds", "p50", "max", "first round", "syncer peak", "learner peak"],
+                [
+                    [
+                        str(len(latency["values_s"])),
+                        f"{_num(latency['p50_s'], 2)} s",
+                        f"{_num(latency['max_s'], 2)} s",
+                        f"{_num(latency['first_round_s'], 2)} s",
+                        f"{_num(latency['syncer_peak_per_param'], 1)} B/param",
+                        f"{_num(latency['learner_peak_per_param'], 1)} B/param",
+                    ]
+                ],
+            ),
+        )
+
+
+def _section_result(results: Path, name: str) -> dict[str, Any] | None:
+    if name == "text":
+        return _text_results(results)
+    if name == "text-seeds":
+        return _text_seed_results(results)
+    if name in ("transfer", "memory"):
+        # The large run (its own nox session) where there is one.
+        return _load(results, f"{name}-large") or _load(results, name)
+    return _load(results, name)
+
+
 def generate(results: Path, docs: Path) -> Path:
     """Write ``docs/benchmarks.md`` and its plots from ``results``; returns the page."""
     page = Page(docs)
@@ -1619,13 +1805,13 @@ def generate(results: Path, docs: Path) -> Path:
         (text_seeds, "text-seeds"),
         (groups, "groups"),
         (convergence_bytes, "convergence-bytes"),
+        (transfer, "transfer"),
+        (large_fragments, "memory"),
         (rejoin, "rejoin"),
     ]
-    loaders = {"text": _text_results, "text-seeds": _text_seed_results}
     body = Page(docs)
     for section, name in sections:
-        loader = loaders.get(name)
-        section(body, loader(results) if loader else _load(results, name))
+        section(body, _section_result(results, name))
     quick = any((_load(results, n) or {}).get("quick") for _, n in sections)
     page.add(
         "# Benchmarks",

@@ -11,6 +11,11 @@ The event-bus benchmark (``bench_events.py``, owned by the events workstream) wr
 ``convergence-bytes`` (``bench_convergence.py --long``) and ``rejoin`` (``bench_rejoin.py``)
 are about length and size: a quick run leaves them out unless ``--only`` names them.
 
+The transfer and memory benchmarks run here at the sizes that fit this run (128 MiB; 25M and
+100M parameters); their large points (1 GiB, 250M parameters and the round latency across
+processes) are ``nox -s bench-large`` (``--large``, written to ``transfer-large.json`` and
+``memory-large.json``, which the page prefers).
+
 Usage::
 
     .venv/bin/python benchmarks/run.py            # the full run (under 20 min on 2 cores)
@@ -29,7 +34,17 @@ import _harness as h
 import report
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("store", "rounds", "overhead", "convergence", "events", "convergence-bytes", "rejoin")
+BENCHMARKS = (
+    "store",
+    "rounds",
+    "overhead",
+    "convergence",
+    "events",
+    "transfer",
+    "memory",
+    "convergence-bytes",
+    "rejoin",
+)
 FULL_ONLY = ("convergence-bytes", "rejoin")
 """Left out of a quick run unless named with ``--only``: their point is size and length."""
 LONG_STEPS = {False: 2400, True: 100}

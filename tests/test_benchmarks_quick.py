@@ -2,7 +2,7 @@
 parses and carries its figures, and the generated page and plots exist.
 
 Results and the page go to a temporary directory, never to the repository's
-``benchmarks/results`` or ``docs``. About a minute on two idle cores.
+``benchmarks/results`` or ``docs``. About two minutes on two idle cores.
 """
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPECTED = ("store", "rounds", "overhead", "convergence")
+EXPECTED = ("store", "rounds", "overhead", "convergence", "transfer", "memory")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=420,
         check=False,
     )
     output = completed.stdout + completed.stderr
@@ -78,6 +78,16 @@ def test_the_figures_are_measured_not_empty(quick_run: tuple[Path, Path, str]) -
     assert all(entry["rounds"] > 0 for entry in rounds["scale"]["by_n"].values())
     overhead = load("overhead")
     assert overhead["steps_per_s_node"]["median"] > 0
+    transfer = load("transfer")
+    for backend in ("asyncio", "trio"):
+        for kind in ("local", "s3"):
+            for op in ("put", "get"):
+                assert transfer[backend][kind][op]["ratio_vs_raw"] > 0
+    memory = load("memory")
+    for role in ("publish", "close"):
+        assert memory["memory"][role]["fit_above_start"]["slope"] > 0
+    assert len(memory["latency"]["values_s"]) >= 2
+    assert all(value > 0 for value in memory["latency"]["values_s"])
     assert overhead["rounds_committed"] > 0
 
 

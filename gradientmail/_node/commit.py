@@ -31,7 +31,7 @@ from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomple
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
 from gradientmail.protocol.checkpoint import Retained, is_checkpoint, retained, step
-from gradientmail.protocol.codec import CodecError, decode_fragment, encode_fragment
+from gradientmail.protocol.codec import CodecError, encode_fragment, open_fragment
 from gradientmail.protocol.outer import committed_update
 from gradientmail.protocol.records import (
     FragmentSpec,
@@ -203,7 +203,8 @@ async def _candidate(
     if data is None:
         return Candidate(snapshot=snapshot, delta=None, problem=("corrupt", "the blob is gone"))
     try:
-        delta = await anyio.to_thread.run_sync(decode_fragment, data, spec)
+        # Checked now, decoded a piece at a time by the aggregation.
+        delta = await anyio.to_thread.run_sync(open_fragment, data, spec)
     except CodecError as exc:
         return Candidate(snapshot=snapshot, delta=None, problem=(exc.reason, str(exc)))
     return Candidate(snapshot=snapshot, delta=delta, problem=None)

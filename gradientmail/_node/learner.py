@@ -43,6 +43,7 @@ from gradientmail.events.kinds import (
     StepsDropped,
 )
 from gradientmail.protocol import keys
+from gradientmail.protocol.aggregation import l2_norm
 from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.learner import (
     Action,
@@ -253,7 +254,8 @@ def _encode_delta(job: _Job, spec: FragmentSpec, config: RunConfig) -> tuple[byt
     if job.ready is not None:
         job.ready.synchronize()
     p = job.publish
-    delta = [s.to(torch.float32) - b for s, b in zip(p.snapshot, p.base, strict=True)]
-    norm = math.sqrt(sum(float(torch.sum(d * d)) for d in delta))
-    data = encode_fragment(delta, spec, config.delta_encoding, block_size=config.block_size)
-    return data, norm if math.isfinite(norm) else None
+    # S − B piece by piece: no whole copy of the delta (docs/mailbox.md, "Large blobs end to end").
+    data = encode_fragment(
+        p.snapshot, spec, config.delta_encoding, block_size=config.block_size, minus=p.base
+    )
+    return data, l2_norm(p.snapshot, minus=p.base)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import anyio
 from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
+from gradientmail._bytes import Filling
 from gradientmail.errors import MailboxUnavailable
 
 __all__ = ["MAX_PARTS", "MIN_PART_BYTES", "download", "part_ranges", "upload"]
@@ -190,13 +191,13 @@ async def download(
 ) -> bytes | None:
     """The ``size`` bytes of ``key``, starting with the ``first`` already read, the rest
     read by ranged GETs, ``concurrency`` at once, each conditional on ``etag`` (so parts of
-    two versions are never spliced), into one buffer; None when the object is deleted
-    meanwhile.
+    two versions are never spliced), straight into the ``bytes`` returned (``Filling``: no
+    second whole-object buffer); None when the object is deleted meanwhile.
 
     Raises ``MailboxUnavailable`` when the object changed (412) or a range came back short.
     """
-    buffer = bytearray(size)
-    view = memoryview(buffer)
+    out = Filling(size)
+    view = out.view
     view[: len(first)] = first
     per_object = anyio.CapacityLimiter(concurrency)
 
@@ -230,5 +231,4 @@ async def download(
         await _all([partial(fetch, skip + start, skip + end) for start, end in ranges])
     except _Gone:
         return None
-    view.release()
-    return bytes(buffer)
+    return out.done()

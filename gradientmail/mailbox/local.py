@@ -43,8 +43,10 @@ loop. Cancellation waits for that thread to finish its operation, so a cancelled
 ``put_if_absent`` has either created its object or not, and the caller reads it back. An
 object over 16 MiB is written in 16 MiB chunks, one worker-thread call each, straight from
 the caller's bytes (no copy); cancellation between chunks removes the partial temporary
-file. ``get`` reads an object with one ``read`` into the ``bytes`` it returns (up to 2 GiB;
-no second whole-object buffer, which reading in chunks would need to join them).
+file. ``get`` reads such an object in 16 MiB chunks too, one worker-thread call each,
+straight into the ``bytes`` it returns (``_bytes.Filling``: no second whole-object buffer);
+cancellation between chunks closes the file and drops what was read. A smaller object is
+opened, checked and read in one worker-thread call.
 
 The filesystem must support hard links and be case-sensitive (``__aenter__`` checks the
 latter): Linux ext4, xfs, btrfs, zfs and NFSv3+ qualify; macOS's default case-insensitive
@@ -74,8 +76,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import anyio.lowlevel
 import anyio.to_thread
 
+from gradientmail._bytes import Filling
 from gradientmail.errors import MailboxUnavailable, StoreAccessError
 from gradientmail.mailbox._base import (
     NotARegularFile,
@@ -107,6 +111,8 @@ _PUT_ATTEMPTS = 100
 _RACE_CHECK_BYTES = 1 << 16
 # Objects larger than this are written in chunks this size, one worker-thread call each.
 _WRITE_CHUNK = 16 << 20
+# Objects larger than this are read in chunks this size, one worker-thread call each.
+_READ_CHUNK_BYTES = 16 << 20
 
 
 def _errnos(*names: str) -> frozenset[int]:
@@ -389,6 +395,21 @@ def _read_exactly(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _read_in_chunks(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of ``fd`` (fewer if it is shorter now), read in chunks of
+    ``_READ_CHUNK_BYTES``, one worker-thread call each, straight into the ``bytes``
+    returned; never more than ``size`` however much the file has grown."""
+    out = Filling(size)
+    at = 0
+    while at < size:
+        with out.view[at : min(at + _READ_CHUNK_BYTES, size)] as target:
+            count = await anyio.to_thread.run_sync(os.readv, fd, [target])
+        if not count:
+            break
+        at += count
+    return out.done(at)
+
+
 def _fsync_directory(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -428,7 +449,19 @@ class LocalMailbox:
         check_key(key)
         check_max_bytes(max_bytes)
         with self._boundary(f"get {key!r}"):
-            return await anyio.to_thread.run_sync(self._get, key, key_path(key), max_bytes)
+            # Shielded so that a file it opened is never lost to a cancellation arriving as
+            # the thread returns (cancellation waits for the thread either way).
+            with anyio.CancelScope(shield=True):
+                got = await anyio.to_thread.run_sync(self._get, key, key_path(key), max_bytes)
+            if not isinstance(got, tuple):
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                return got
+            fd, size = got
+            try:
+                return await _read_in_chunks(fd, size)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(os.close, fd)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
@@ -635,7 +668,11 @@ class LocalMailbox:
         finally:
             os.close(directory)
 
-    def _get(self, key: str, names: tuple[str, ...], max_bytes: int | None) -> bytes | None:
+    def _get(
+        self, key: str, names: tuple[str, ...], max_bytes: int | None
+    ) -> bytes | tuple[int, int] | None:
+        """The object's bytes, None when there is none, or, for one over
+        ``_READ_CHUNK_BYTES``, its open file and size for the caller to read and close."""
         try:
             fd = self._open_object(names)
         except OSError as error:
@@ -654,9 +691,13 @@ class LocalMailbox:
                 )
             if max_bytes is not None and status.st_size > max_bytes:
                 raise ObjectTooLarge(key, status.st_size, max_bytes)
+            if status.st_size > _READ_CHUNK_BYTES:
+                opened, fd = fd, -1
+                return opened, status.st_size
             return _read_exactly(fd, status.st_size)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
         # Every key that starts with the prefix's whole segments lies below their

@@ -7,9 +7,10 @@ Natively async over aiobotocore with its httpx backend, on asyncio and trio alik
 runs on asyncio only, and measured no faster here, so there is one code path). aiobotocore's
 httpx session sends an in-memory body as an iterator over its *lines*, with an event-loop
 checkpoint per line: a 64 MiB random PUT took about 50 s instead of 1 s. ``_WholeBodySession``
-hands httpx the bytes in one piece instead, through an iterator that a cancelled request can
-drop safely (httpx's own is an async generator, which trio reports when it is collected
-unfinished).
+hands httpx the bytes in 1 MiB pieces instead (each one socket write under the write
+timeout, which is ``read_timeout``: a slow link gets through, a dead one does not), through
+an iterator that a cancelled request can drop safely (httpx's own is an async generator,
+which trio reports when it is collected unfinished).
 
 Consistency assumed of the store
 --------------------------------
@@ -93,6 +94,8 @@ _MAX_PUT_BYTES = 5 * 2**30
 """The largest single PUT S3 accepts."""
 
 _PART_SIZE = 16 * 2**20
+# A request body goes out in socket writes of this size, each under the write timeout.
+_SEND_CHUNK = 1 << 20
 _MULTIPART_THRESHOLD = 32 * 2**20
 _PART_CONCURRENCY = 8
 _DELETE_CHUNK = 1000
@@ -144,25 +147,33 @@ def _session() -> Any:
     return session
 
 
-class _Once:
-    """Yields one ``bytes`` value, then stops; a plain object rather than an async
-    generator, so that dropping it half-iterated leaves nothing for the collector to close."""
+class _Pieces:
+    """Yields ``data`` in views of ``_SEND_CHUNK`` bytes, then stops; a plain object rather
+    than an async generator, so that dropping it half-iterated leaves nothing for the
+    collector to close."""
 
     def __init__(self, data: bytes) -> None:
-        self._data: bytes | None = data
+        self._view = memoryview(data)
+        self._at = 0
 
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> bytes:
-        data, self._data = self._data, None
-        if data is None:
+    async def __anext__(self) -> memoryview:
+        if self._at >= len(self._view):
             raise StopAsyncIteration
-        return data
+        piece = self._view[self._at : self._at + _SEND_CHUNK]
+        self._at += len(piece)
+        return piece
 
 
 class _WholeBody(httpx.AsyncByteStream):  # type: ignore[misc]  # aiobotocore is untyped
-    """An in-memory request body that httpcore iterates through ``_Once``.
+    """An in-memory request body that httpcore iterates through ``_Pieces``.
+
+    httpcore sends each piece as one socket write under the write timeout, so pieces of
+    ``_SEND_CHUNK`` bound the rate a body needs to get through (a whole 16 MiB part would
+    need 3 MiB/s under aiobotocore's 5 s default), while staying few enough to cost
+    nothing (the stock session's piece per line of random bytes made a 64 MiB PUT crawl).
 
     httpx's ``ByteStream`` iterates as an async generator; when a request is cancelled
     while its body is being written, httpcore drops that generator mid-iteration and trio
@@ -174,8 +185,8 @@ class _WholeBody(httpx.AsyncByteStream):  # type: ignore[misc]  # aiobotocore is
     def __init__(self, data: bytes) -> None:
         self._data = data
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return _Once(self._data)
+    def __aiter__(self) -> AsyncIterator[memoryview]:
+        return _Pieces(self._data)
 
 
 async def _whole_body(request: Any) -> None:
@@ -355,8 +366,9 @@ class S3Mailbox:
         checksums S3 mandates, for stores that reject flexible checksums (Hugging Face
         Storage Buckets).
     connect_timeout, read_timeout
-        Seconds per connection attempt and per socket read; each attempt of botocore's
-        standard retries gets them anew.
+        Seconds per connection attempt, and per socket read or write (a request body goes
+        out 1 MiB per write: a link slower than 1 MiB per ``read_timeout`` per request
+        fails); each attempt of botocore's standard retries gets them anew.
 
     Under trio, aiobotocore cannot query EC2 instance or container metadata, so credentials
     must come from the environment or the shared files; entering raises ``RuntimeError``
@@ -422,6 +434,8 @@ class S3Mailbox:
             max_pool_connections=max_concurrency,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            # aiobotocore's httpx session gives writes 5 s; a slow link is not a dead one.
+            connector_args={"write_timeout": read_timeout},
             s3={"addressing_style": "path"},
             request_checksum_calculation=request_checksums,
             response_checksum_validation=request_checksums,

@@ -31,12 +31,17 @@ equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zer
 ``cosine`` is the mean over accepted deltas of ``cos(Δ_i, mean)`` (0 for a zero vector),
 None for fewer than two.
 
+A delta is either tensors or a ``codec.FragmentBlob`` (a checked blob, decoded piece by
+piece): every pass over the deltas (the checks and norms, then the mean with the cosines)
+takes ``pieces.CHUNK_ELEMENTS`` elements of each at a time, so the working memory beyond the
+blobs and the mean is a few pieces per snapshot, never a decoded copy of a delta.
+
 Pure: no I/O; runs on whatever thread calls it (the syncer runs it in a worker thread).
 """
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -44,6 +49,7 @@ import torch
 from torch import Tensor
 
 from gradientmail.protocol import keys
+from gradientmail.protocol.pieces import FragmentBlob, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
     Participant,
@@ -57,6 +63,7 @@ __all__ = [
     "MAX_DELTA_RATIO",
     "Aggregate",
     "Candidate",
+    "Delta",
     "aggregate",
     "counted",
     "l2_norm",
@@ -69,13 +76,17 @@ MAX_DELTA_RATIO = 100.0
 times the fragment's norm, or a root-mean-square change of a hundred per element."""
 
 
+Delta: TypeAlias = Sequence[Tensor] | FragmentBlob
+"""A snapshot's delta: its tensors (``spec.params`` order), or its checked blob."""
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """A snapshot of the round with its decoded ``delta`` (fp32, ``spec.params`` order), or
-    with ``problem``, ``(reason, detail)``, when its blob could not be used (``delta`` None)."""
+    """A snapshot of the round with its ``delta``, or with ``problem``, ``(reason, detail)``,
+    when its blob could not be used (``delta`` None)."""
 
     snapshot: Snapshot
-    delta: list[Tensor] | None
+    delta: Delta | None
     problem: tuple[RejectReason, str] | None = None
 
 
@@ -91,16 +102,54 @@ class Aggregate:
     cosine: float | None
 
 
-def l2_norm(tensors: Sequence[Tensor]) -> float | None:
-    """The L2 norm of ``tensors`` taken as one vector, or None if it is not finite.
+def _pieces(delta: Delta) -> Iterator[Tensor]:
+    """``delta`` as flat pieces of ``CHUNK_ELEMENTS`` (a parameter's last shorter), in order."""
+    if isinstance(delta, FragmentBlob):
+        for index, param in enumerate(delta.spec.params):
+            for start, end in chunk_ranges(param.numel):
+                yield delta.piece(index, start, end)
+        return
+    for tensor in delta:
+        flat = tensor.detach().reshape(-1)
+        for start, end in chunk_ranges(flat.numel()):
+            yield flat[start:end]
 
-    Learners put it in ``Snapshot.norm``; rounds recompute it with the same function.
-    """
-    squares = math.fsum(
-        float(torch.linalg.vector_norm(t.detach().to(torch.float64)) ** 2) for t in tensors
-    )
-    norm = math.sqrt(squares)
+
+def _piece(delta: Delta, index: int, start: int, end: int) -> Tensor:
+    """Elements ``[start, end)`` of parameter ``index`` of ``delta``, as fp32."""
+    if isinstance(delta, FragmentBlob):
+        return delta.piece(index, start, end)
+    return delta[index].detach().reshape(-1)[start:end].to(torch.float32)
+
+
+def _squares(piece: Tensor) -> float:
+    return float(torch.linalg.vector_norm(piece.to(torch.float64)) ** 2)
+
+
+def l2_norm(tensors: Delta, *, minus: Sequence[Tensor] | None = None) -> float | None:
+    """The L2 norm of ``tensors`` (less ``minus``, element by element in fp32: a learner's
+    ``S − B`` without its copy) taken as one vector, summed in float64 a piece at a time;
+    None if it is not finite. Learners put it in ``Snapshot.norm``; rounds recompute it."""
+    pieces = _pieces(tensors)
+    if minus is not None:
+        pairs = zip(pieces, _pieces(minus), strict=True)
+        pieces = (piece.to(torch.float32) - other for piece, other in pairs)
+    norm = math.sqrt(math.fsum(_squares(piece) for piece in pieces))
     return norm if math.isfinite(norm) else None
+
+
+def _finite_norm(delta: Delta, spec: FragmentSpec) -> str | float:
+    """The name of ``delta``'s first parameter holding NaN or ±Inf, else its L2 norm
+    (``l2_norm``), in one pass."""
+    squares = []
+    for index, param in enumerate(spec.params):
+        for start, end in chunk_ranges(param.numel):
+            piece = _piece(delta, index, start, end)
+            if not bool(torch.isfinite(piece).all()):
+                return param.name
+            squares.append(_squares(piece))
+    norm = math.sqrt(math.fsum(squares))
+    return norm if math.isfinite(norm) else math.inf
 
 
 def _rejection(snapshot: Snapshot, reason: RejectReason, detail: str) -> Rejection:
@@ -115,8 +164,8 @@ def _rejection(snapshot: Snapshot, reason: RejectReason, detail: str) -> Rejecti
 
 def _check(
     candidate: Candidate, version: int, round: int, spec: FragmentSpec, config: RunConfig
-) -> tuple[RejectReason, str] | list[Tensor]:
-    """Why ``candidate`` is rejected before the outlier test, or its delta if it is not."""
+) -> "tuple[RejectReason, str] | _Passed":
+    """Why ``candidate`` is rejected before the outlier test, or its delta and norm."""
     snapshot = candidate.snapshot
     if candidate.problem is not None:
         return candidate.problem
@@ -127,17 +176,12 @@ def _check(
     delta = candidate.delta
     if delta is None:
         raise ValueError(f"candidate of {snapshot.learner!r} has neither a delta nor a problem")
-    if len(delta) != len(spec.params):
-        return "shape", f"{len(delta)} tensors, the fragment has {len(spec.params)}"
-    for tensor, param in zip(delta, spec.params, strict=True):
-        if tuple(tensor.shape) != tuple(param.shape):
-            return (
-                "shape",
-                f"{param.name}: shape {list(tensor.shape)}, expected {list(param.shape)}",
-            )
-    for tensor, param in zip(delta, spec.params, strict=True):
-        if not bool(torch.isfinite(tensor).all()):
-            return "non-finite", f"{param.name} holds NaN or Inf"
+    shape = _shape_problem(delta, spec)
+    if shape is not None:
+        return "shape", shape
+    norm = _finite_norm(delta, spec)
+    if isinstance(norm, str):
+        return "non-finite", f"{norm} holds NaN or Inf"
     if snapshot.base_version < version - config.max_staleness:
         return "stale", (
             f"based on version {snapshot.base_version}; the round accepts "
@@ -155,7 +199,29 @@ def _check(
             f"{snapshot.tokens} tokens in {snapshot.steps} steps is over "
             f"{config.max_tokens_per_step} per step"
         )
-    return delta
+    return _Passed(delta, norm)
+
+
+@dataclass(frozen=True)
+class _Passed:
+    """A delta that passed ``_check``, with its L2 norm (``inf`` when finite elements
+    overflow it)."""
+
+    delta: Delta
+    norm: float
+
+
+def _shape_problem(delta: Delta, spec: FragmentSpec) -> str | None:
+    if isinstance(delta, FragmentBlob):
+        if delta.spec != spec:
+            return f"the blob was opened for fragment {delta.spec.index}'s parameters"
+        return None
+    if len(delta) != len(spec.params):
+        return f"{len(delta)} tensors, the fragment has {len(spec.params)}"
+    for tensor, param in zip(delta, spec.params, strict=True):
+        if tuple(tensor.shape) != tuple(param.shape):
+            return f"{param.name}: shape {list(tensor.shape)}, expected {list(param.shape)}"
+    return None
 
 
 def _weights(snapshots: Sequence[Snapshot], config: RunConfig) -> list[float]:
@@ -171,20 +237,48 @@ def _weights(snapshots: Sequence[Snapshot], config: RunConfig) -> list[float]:
     return [w / total for w in raw]
 
 
-def _cosine(deltas: Sequence[Sequence[Tensor]], mean: Sequence[Tensor]) -> float | None:
-    if len(deltas) < 2:
+def weighted_mean(
+    deltas: Sequence[Delta], weights: Sequence[float], spec: FragmentSpec
+) -> list[Tensor]:
+    """``Σ wᵢ·Δᵢ`` accumulated in fp32 in the order given, a piece at a time: a round's mean,
+    and the same bits again when a checkpoint's momentum is replayed from the record's
+    weights (``protocol.checkpoint``)."""
+    return _mean(deltas, weights, spec, cosines=False)[0]
+
+
+def _mean(
+    deltas: Sequence[Delta], weights: Sequence[float], spec: FragmentSpec, *, cosines: bool
+) -> tuple[list[Tensor], list[float] | None]:
+    """``weighted_mean`` and (for two or more deltas, when ``cosines``) each delta's dot
+    product with it in float64, in one pass a piece at a time. Each element sums the
+    deltas in the order given, whatever the pieces, so both give the same bits."""
+    mean = [torch.zeros(param.shape, dtype=torch.float32) for param in spec.params]
+    cosines = cosines and len(deltas) >= 2
+    dots: list[list[float]] = [[] for _ in deltas]
+    for index, param in enumerate(spec.params):
+        flat = mean[index].view(-1)
+        for start, end in chunk_ranges(param.numel):
+            pieces = [_piece(delta, index, start, end) for delta in deltas]
+            acc = flat[start:end]
+            for piece, weight in zip(pieces, weights, strict=True):
+                acc.add_(piece, alpha=weight)
+            if cosines:
+                for products, piece in zip(dots, pieces, strict=True):
+                    products.append(float(torch.dot(piece.double(), acc.double())))
+    return mean, [math.fsum(products) for products in dots] if cosines else None
+
+
+def _cosine(
+    norms: Sequence[float], dots: Sequence[float] | None, mean: Sequence[Tensor]
+) -> float | None:
+    if dots is None:
         return None
     mean_norm = l2_norm(mean) or 0.0
     cosines = []
-    for delta in deltas:
-        norm = l2_norm(delta) or 0.0
-        if norm == 0.0 or mean_norm == 0.0:
+    for norm, dot in zip(norms, dots, strict=True):
+        if not math.isfinite(norm) or norm == 0.0 or mean_norm == 0.0:
             cosines.append(0.0)
             continue
-        dot = math.fsum(
-            float(torch.dot(d.reshape(-1).double(), m.reshape(-1).double()))
-            for d, m in zip(delta, mean, strict=True)
-        )
         cosines.append(max(-1.0, min(1.0, dot / (norm * mean_norm))))
     return math.fsum(cosines) / len(cosines)
 
@@ -203,7 +297,7 @@ def refused(result: Aggregate, detail: str) -> Aggregate:
     return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
 
 
-Kept: TypeAlias = list[tuple[Candidate, list[Tensor], float]]
+Kept: TypeAlias = list[tuple[Candidate, Delta, float]]
 """Candidates that passed the checks so far, with their deltas and recomputed norms."""
 
 
@@ -234,19 +328,6 @@ def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) ->
             detail = f"norm {norm:.6g} is over {why}"
             rejected.append(_rejection(candidate.snapshot, "outlier", detail))
     return [entry for entry in kept if entry[2] <= limit]
-
-
-def weighted_mean(
-    deltas: Sequence[Sequence[Tensor]], weights: Sequence[float], spec: FragmentSpec
-) -> list[Tensor]:
-    """``Σ wᵢ·Δᵢ`` accumulated in fp32 in the order given: a round's mean, and the same bits
-    again when a checkpoint's momentum is replayed from the record's weights
-    (``protocol.checkpoint``)."""
-    mean = [torch.zeros(param.shape, dtype=torch.float32) for param in spec.params]
-    for delta, weight in zip(deltas, weights, strict=True):
-        for acc, tensor in zip(mean, delta, strict=True):
-            acc.add_(tensor.to(torch.float32), alpha=weight)
-    return mean
 
 
 def counted(candidates: Sequence[Candidate], missing: frozenset[str]) -> list[Candidate]:
@@ -282,18 +363,17 @@ def aggregate(
     kept: Kept = []
     for candidate in ordered:
         checked = _check(candidate, version, round, spec, config)
-        if isinstance(checked, tuple):
-            rejected.append(_rejection(candidate.snapshot, *checked))
+        if isinstance(checked, _Passed):
+            kept.append((candidate, checked.delta, checked.norm))
         else:
-            norm = l2_norm(checked)
-            kept.append((candidate, checked, math.inf if norm is None else norm))
+            rejected.append(_rejection(candidate.snapshot, *checked))
     kept = _drop_large(kept, theta, config, rejected)
     rejected.sort(key=lambda r: r.learner)
     if not kept:
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
     snapshots = [candidate.snapshot for candidate, _, _ in kept]
     weights = _weights(snapshots, config)
-    mean = weighted_mean([delta for _, delta, _ in kept], weights, spec)
+    mean, dots = _mean([delta for _, delta, _ in kept], weights, spec, cosines=True)
     participants = tuple(
         Participant(
             learner=s.learner,
@@ -308,5 +388,5 @@ def aggregate(
         mean=mean,
         participants=participants,
         rejected=tuple(rejected),
-        cosine=_cosine([delta for _, delta, _ in kept], mean),
+        cosine=_cosine([norm for _, _, norm in kept], dots, mean),
     )

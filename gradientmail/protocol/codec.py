@@ -45,18 +45,29 @@ torch operations, one pass over each parameter.
 """
 
 import hashlib
+import itertools
 import math
 import struct
 from collections.abc import Sequence
 from typing import Any, Final, get_args
 
 import msgspec
-import safetensors
-import safetensors.torch
 import torch
 from torch import Tensor
 
+from gradientmail._bytes import Filling
 from gradientmail.errors import CodecError, CorruptBlob
+from gradientmail.protocol import pieces
+from gradientmail.protocol.pieces import (
+    ITEMSIZE,
+    LEVELS,
+    STORED_DTYPE,
+    TORCH_DTYPE,
+    FragmentBlob,
+    chunk_ranges,
+    quantize_into,
+    target,
+)
 from gradientmail.protocol.records import (
     DECODE_FAILURES,
     Encoding,
@@ -69,9 +80,11 @@ __all__ = [
     "FRAGMENT_FORMAT",
     "MAX_HEADER_BYTES",
     "CodecError",
+    "FragmentBlob",
     "decode_fragment",
     "digest",
     "encode_fragment",
+    "open_fragment",
     "spec_digest",
     "verify",
 ]
@@ -85,8 +98,6 @@ ENCODINGS: Final[tuple[Encoding, ...]] = get_args(Encoding)
 _METADATA_KEY: Final = "gradientmail"
 _VALUES: Final = "values"
 _SCALES: Final = "scales"
-_LEVELS: Final = {"int8": 127, "int4": 7}
-_STORED_DTYPE: Final = {"fp32": "F32", "bf16": "BF16", "int8": "I8", "int4": "U8"}
 
 
 def digest(data: bytes) -> str:
@@ -106,6 +117,8 @@ def verify(data: bytes, sha256: str) -> bytes:
 
 
 _meta_encoder = msgspec.json.Encoder(order="deterministic")
+# The safetensors header keeps its keys in the order they are given.
+_header_encoder = msgspec.json.Encoder()
 
 
 class _Meta(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -134,9 +147,9 @@ def _expected(
     numel = sum(param.numel for param in spec.params)
     stored = _blocks(numel, 2) if encoding == "int4" else numel
     expected: dict[str, tuple[str, tuple[int, ...]]] = {
-        _VALUES: (_STORED_DTYPE[encoding], (stored,))
+        _VALUES: (STORED_DTYPE[encoding], (stored,))
     }
-    if encoding in _LEVELS:
+    if encoding in LEVELS:
         blocks = sum(_blocks(param.numel, block_size) for param in spec.params)
         expected[_SCALES] = ("F32", (blocks,))
     return expected
@@ -157,71 +170,79 @@ def _check_tensors(tensors: Sequence[Tensor], spec: FragmentSpec) -> None:
             )
 
 
-def _quantize(flat: Tensor, levels: int, block_size: int) -> tuple[Tensor, Tensor]:
-    """``(q, scales)`` of a flat fp32 tensor: q as int8 in [-levels, levels]."""
-    numel = flat.numel()
-    blocks = _blocks(numel, block_size)
-    padded = (
-        flat
-        if numel == blocks * block_size
-        else torch.nn.functional.pad(flat, (0, blocks * block_size - numel))
-    )
-    rows = padded.view(blocks, block_size)
-    scales = rows.abs().amax(dim=1).div_(levels)
-    finite = torch.isfinite(scales)
-    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = rows.div(divisor.unsqueeze(1)).round_().clamp_(-levels, levels)
-    if not bool(finite.all()):
-        # A block with NaN/Inf keeps q = 0 and a NaN scale: it decodes as all NaN.
-        q = torch.where(finite.unsqueeze(1), q, torch.zeros_like(q))
-        scales = torch.where(finite, scales, torch.full_like(scales, math.nan))
-    return q.to(torch.int8).reshape(-1)[:numel], scales
-
-
-def _pack4(q: Tensor) -> Tensor:
-    nibbles = (q.to(torch.int16) + 8).to(torch.uint8)
-    if nibbles.numel() % 2:
-        nibbles = torch.cat([nibbles, torch.full((1,), 8, dtype=torch.uint8)])
-    pairs = nibbles.view(-1, 2)
-    return pairs[:, 0] | (pairs[:, 1] << 4)
+def _layout(
+    spec: FragmentSpec, encoding: Encoding, block_size: int, meta: _Meta
+) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """The blob's header (length prefix included, padded as safetensors pads it) and each
+    tensor's ``[start, end)`` in the data after it: the bytes ``safetensors.torch.save``
+    writes, with the tensors ordered as it orders them (larger elements first, then by name)."""
+    expected = _expected(spec, encoding, block_size)
+    names = sorted(expected, key=lambda name: (-ITEMSIZE[expected[name][0]], name))
+    offsets: dict[str, tuple[int, int]] = {}
+    at = 0
+    for name in names:
+        dtype, shape = expected[name]
+        offsets[name] = (at, at + math.prod(shape) * ITEMSIZE[dtype])
+        at = offsets[name][1]
+    header: dict[str, Any] = {"__metadata__": {_METADATA_KEY: _meta_encoder.encode(meta).decode()}}
+    for name in names:
+        dtype, shape = expected[name]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets[name])}
+    text = _header_encoder.encode(header)
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text, offsets
 
 
 def encode_fragment(
-    tensors: Sequence[Tensor], spec: FragmentSpec, encoding: Encoding, *, block_size: int
+    tensors: Sequence[Tensor],
+    spec: FragmentSpec,
+    encoding: Encoding,
+    *,
+    block_size: int,
+    minus: Sequence[Tensor] | None = None,
 ) -> bytes:
-    """The blob of ``tensors`` (one per ``spec.params``, in order) in ``encoding``.
+    """The blob of ``tensors`` (one per ``spec.params``, in order) in ``encoding``; with
+    ``minus``, of ``tensors − minus`` (element by element, in fp32: a delta without its
+    whole copy).
 
     Tensors may live on any device and be of any floating dtype; they are read as fp32 on the
     CPU and left untouched. The same tensors, spec, encoding and block size always give the
-    same bytes. Raises ``ValueError`` if the tensors do not match the spec (count, shape, not
-    floating point), for an unknown encoding or a ``block_size`` below 1.
+    same bytes. Memory: the blob itself plus a few ``pieces.CHUNK_ELEMENTS`` pieces (the blob is
+    written in place, piece by piece). Raises ``ValueError`` if the tensors do not match the
+    spec (count, shape, not floating point), for an unknown encoding or a ``block_size``
+    below 1.
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     _check_tensors(tensors, spec)
-    flat = [tensor.detach().to(device="cpu", dtype=torch.float32).reshape(-1) for tensor in tensors]
-    out: dict[str, Tensor] = {}
-    if encoding == "fp32":
-        out[_VALUES] = torch.cat(flat)
-    elif encoding == "bf16":
-        out[_VALUES] = torch.cat(flat).to(torch.bfloat16)
+    if minus is not None:
+        _check_tensors(minus, spec)
+    meta = _Meta(FRAGMENT_FORMAT, encoding, block_size, spec.index, spec_digest(spec))
+    header, offsets = _layout(spec, encoding, block_size, meta)
+    out = Filling(len(header) + max(end for _, end in offsets.values()))
+    out.view[: len(header)] = header
+    data = out.view[len(header) :]
+    values = target(data, offsets[_VALUES], TORCH_DTYPE[encoding])
+    if encoding in ("fp32", "bf16"):
+        at = 0
+        for piece in pieces.flat_pieces(tensors, minus, pieces.CHUNK_ELEMENTS):
+            assert values is not None
+            values[at : at + piece.numel()].copy_(piece)
+            at += piece.numel()
     else:
-        quantized = [_quantize(values, _LEVELS[encoding], block_size) for values in flat]
-        q = torch.cat([q for q, _ in quantized])
-        out[_VALUES] = q if encoding == "int8" else _pack4(q)
-        out[_SCALES] = torch.cat([scales for _, scales in quantized])
-    meta = _Meta(
-        format=FRAGMENT_FORMAT,
-        encoding=encoding,
-        block_size=block_size,
-        fragment=spec.index,
-        params=spec_digest(spec),
-    )
-    return safetensors.torch.save(
-        out, metadata={_METADATA_KEY: _meta_encoder.encode(meta).decode()}
-    )
+        quantize_into(
+            pieces.flat_pieces(
+                tensors, minus, max(1, pieces.CHUNK_ELEMENTS // block_size) * block_size
+            ),
+            encoding,
+            block_size,
+            values,
+            target(data, offsets[_SCALES], torch.float32),
+        )
+    del values, data
+    return out.done()
 
 
 def _header(data: bytes) -> dict[str, Any]:
@@ -298,17 +319,83 @@ def _check_header(header: dict[str, Any], expected: dict[str, tuple[str, tuple[i
             raise CodecError(f"{name}: shape {got!r}, expected {list(shape)}", reason="shape")
 
 
-def _dequantize(q: Tensor, scales: Tensor, numel: int, block_size: int) -> Tensor:
-    blocks = scales.numel()
-    values = q.to(torch.float32)
-    if numel != blocks * block_size:
-        values = torch.nn.functional.pad(values, (0, blocks * block_size - numel))
-    return (values.view(blocks, block_size) * scales.unsqueeze(1)).reshape(-1)[:numel]
+def _check_offsets(
+    header: dict[str, Any], expected: dict[str, tuple[str, tuple[int, ...]]], after: int
+) -> None:
+    """Check that the tensors' ``data_offsets`` tile the ``after`` bytes that follow the
+    header exactly, as safetensors' own reader does (``_check_header`` passed)."""
+    spans = []
+    for name, (dtype, shape) in expected.items():
+        offsets = header[name].get("data_offsets")
+        if not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+        ):
+            raise CodecError(f"malformed safetensors data: {name}: data_offsets {offsets!r}")
+        spans.append((offsets[0], offsets[1], math.prod(shape) * ITEMSIZE[dtype], name))
+    at = 0
+    for begin, end, size, name in sorted(spans):
+        if begin != at or end - begin != size:
+            raise CodecError(f"malformed safetensors data: {name}: data_offsets {[begin, end]}")
+        at = end
+    if at != after:
+        raise CodecError(
+            f"malformed safetensors data: the tensors take {at} bytes, the blob holds {after} "
+            "after its header"
+        )
 
 
-def _unpack4(packed: Tensor, numel: int) -> Tensor:
-    nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=1).reshape(-1)[:numel]
-    return nibbles.to(torch.int8) - 8
+def open_fragment(data: bytes, spec: FragmentSpec) -> FragmentBlob:
+    """``data`` as a blob of ``spec``, checked in full (framing, metadata, tensors, every
+    scale and quantized value) without decoding it: its memory is the bytes' plus the
+    block scales and a piece at a time.
+
+    Raises ``CodecError`` (``reason`` ``"shape"`` or ``"corrupt"``) naming what is wrong when
+    ``data`` is not a well-formed blob of this fragment.
+    """
+    header = _header(data)
+    meta = _meta(header, spec)
+    encoding: Encoding = meta.encoding  # type: ignore[assignment]  # checked in _meta
+    expected = _expected(spec, encoding, meta.block_size)
+    _check_header(header, expected)
+    start = 8 + struct.unpack_from("<Q", data)[0]
+    _check_offsets(header, expected, len(data) - start)
+    numels = [param.numel for param in spec.params]
+    blocks = [_blocks(n, meta.block_size) for n in numels]
+    scales = None
+    if encoding in LEVELS:
+        begin, end = header[_SCALES]["data_offsets"]
+        raw = bytearray(data[start + begin : start + end])
+        scales = torch.frombuffer(raw, dtype=torch.float32) if raw else torch.empty(0)
+    blob = FragmentBlob(
+        spec=spec,
+        encoding=encoding,
+        block_size=meta.block_size,
+        data=data,
+        values_at=start + header[_VALUES]["data_offsets"][0],
+        scales=scales,
+        starts=tuple(itertools.accumulate(numels, initial=0)),
+        block_starts=tuple(itertools.accumulate(blocks, initial=0)),
+    )
+    if encoding in LEVELS:
+        _check_quantized(blob)
+    return blob
+
+
+def _check_quantized(blob: FragmentBlob) -> None:
+    """Every block scale finite and non-negative, every value in ``[−Q, Q]``."""
+    assert blob.scales is not None
+    levels = LEVELS[blob.encoding]
+    for index, param in enumerate(blob.spec.params):
+        scales = blob.scales[blob.block_starts[index] : blob.block_starts[index + 1]]
+        if bool((scales < 0).any()) or bool(torch.isinf(scales).any()):
+            raise CodecError(f"{param.name}: a block scale is negative or infinite")
+        for start, end in chunk_ranges(param.numel):
+            q = blob._q(blob.starts[index] + start, end - start)
+            if int(q.min()) < -levels:
+                raise CodecError(
+                    f"{param.name}: an {blob.encoding} value is below -{levels}, outside "
+                    f"[-{levels}, {levels}]"
+                )
 
 
 def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:
@@ -316,34 +403,13 @@ def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:
 
     Raises ``CodecError`` (``reason`` ``"shape"`` or ``"corrupt"``) naming what is wrong when
     ``data`` is not a well-formed blob of this fragment; it never returns partial results.
+    Memory: the tensors plus a piece at a time (``open_fragment``).
     """
-    header = _header(data)
-    meta = _meta(header, spec)
-    encoding: Encoding = meta.encoding  # type: ignore[assignment]  # checked in _meta
-    _check_header(header, _expected(spec, encoding, meta.block_size))
-    try:
-        stored = safetensors.torch.load(bytes(data))
-    except (safetensors.SafetensorError, RuntimeError, ValueError) as exc:
-        raise CodecError(f"malformed safetensors data: {exc}") from None
-    values = stored[_VALUES]
-    numels = [param.numel for param in spec.params]
-    if encoding in ("fp32", "bf16"):
-        parts = torch.split(values.to(torch.float32), numels)
-        return [part.view(param.shape) for part, param in zip(parts, spec.params, strict=True)]
-    levels = _LEVELS[encoding]
-    q = values if encoding == "int8" else _unpack4(values, sum(numels))
-    blocks = [_blocks(n, meta.block_size) for n in numels]
-    result: list[Tensor] = []
-    for param, q_part, scales in zip(
-        spec.params, torch.split(q, numels), torch.split(stored[_SCALES], blocks), strict=True
-    ):
-        if bool((scales < 0).any()) or bool(torch.isinf(scales).any()):
-            raise CodecError(f"{param.name}: a block scale is negative or infinite")
-        if q_part.numel() and int(q_part.min()) < -levels:
-            raise CodecError(
-                f"{param.name}: an {encoding} value is below -{levels}, outside "
-                f"[-{levels}, {levels}]"
-            )
-        flat = _dequantize(q_part, scales, param.numel, meta.block_size)
-        result.append(flat.view(param.shape))
+    blob = open_fragment(data, spec)
+    result = []
+    for index, param in enumerate(spec.params):
+        out = torch.empty(param.numel, dtype=torch.float32)
+        for start, end in chunk_ranges(param.numel):
+            out[start:end] = blob.piece(index, start, end)
+        result.append(out.view(param.shape))
     return result

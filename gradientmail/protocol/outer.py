@@ -24,7 +24,9 @@ A round that accepts no snapshot commits ``θ_{v+1} = θ_v`` with the outer stat
 ``committed_update(θ, θ, …)`` gives its (all-zero) update blob and θ.
 
 Pure: no I/O; runs on whatever thread calls it (the syncer uses a worker thread). Inputs are
-never modified.
+never modified. Memory: the tensors returned (and the update blob) plus a few pieces of
+``pieces.CHUNK_ELEMENTS`` elements: every step runs piece by piece, never holding a whole
+temporary (the pseudo-gradient, the step, the update before encoding, the decoded update).
 """
 
 import math
@@ -33,7 +35,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.codec import decode_fragment, encode_fragment
+from gradientmail.protocol.codec import encode_fragment, open_fragment
+from gradientmail.protocol.pieces import chunk_ranges
 from gradientmail.protocol.records import Encoding, FragmentSpec
 
 __all__ = ["apply_update", "committed_update", "final_step", "outer_step"]
@@ -73,11 +76,20 @@ def outer_step(
     raw: list[Tensor] = []
     buffers: list[Tensor] = []
     for i, (param, delta) in enumerate(zip(theta, mean_delta, strict=True)):
-        grad = torch.neg(delta)
-        buf = grad.clone() if momentum is None else momentum[i].mul(momentum_coef).add(grad)
-        step = grad.add(buf, alpha=momentum_coef)
-        raw.append(param.add(step, alpha=-lr))
-        buffers.append(buf)
+        raw.append(torch.empty(param.shape, dtype=param.dtype))
+        buffers.append(torch.empty(param.shape, dtype=delta.dtype))
+        flat, mean = param.reshape(-1), delta.reshape(-1)
+        previous = None if momentum is None else momentum[i].reshape(-1)
+        for start, end in chunk_ranges(flat.numel()):
+            grad = torch.neg(mean[start:end])
+            buf = (
+                grad.clone()
+                if previous is None
+                else previous[start:end].mul(momentum_coef).add(grad)
+            )
+            step = grad.add(buf, alpha=momentum_coef)
+            raw[i].view(-1)[start:end] = flat[start:end].add(step, alpha=-lr)
+            buffers[i].view(-1)[start:end] = buf
     return raw, buffers
 
 
@@ -103,9 +115,17 @@ def apply_update(theta: Sequence[Tensor], update: bytes, spec: FragmentSpec) -> 
     """``θ + decode(update)``: the next version of a fragment from the update blob of its
     round. Learners and the syncer both use it, so they hold the same bits. Raises
     ``CodecError`` for a malformed blob and ``ValueError`` if ``theta`` does not match."""
-    decoded = decode_fragment(update, spec)
-    _same_shapes("theta and the update", theta, decoded)
-    return [param.add(delta) for param, delta in zip(theta, decoded, strict=True)]
+    blob = open_fragment(update, spec)
+    shapes = [torch.empty(param.shape, device="meta") for param in spec.params]
+    _same_shapes("theta and the update", theta, shapes)
+    result = []
+    for index, param in enumerate(theta):
+        flat = param.reshape(-1)
+        out = torch.empty(param.shape, dtype=torch.promote_types(param.dtype, torch.float32))
+        for start, end in chunk_ranges(flat.numel()):
+            out.view(-1)[start:end] = flat[start:end].add(blob.piece(index, start, end))
+        result.append(out)
+    return result
 
 
 def committed_update(
@@ -122,6 +142,5 @@ def committed_update(
     Raises ``ValueError`` if the tensors do not match ``spec`` or each other.
     """
     _same_shapes("theta and raw", theta, raw)
-    update = [new.sub(old) for old, new in zip(theta, raw, strict=True)]
-    blob = encode_fragment(update, spec, encoding, block_size=block_size)
+    blob = encode_fragment(raw, spec, encoding, block_size=block_size, minus=theta)
     return blob, apply_update(theta, blob, spec)

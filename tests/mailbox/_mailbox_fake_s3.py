@@ -46,7 +46,9 @@ def s3_error(status: int, reason: str, code: str) -> bytes:
     return response(status, reason, body)
 
 
-async def _read_request(stream: anyio.abc.ByteStream, buffer: bytearray) -> Request | None:
+async def _read_request(
+    stream: anyio.abc.ByteStream, buffer: bytearray, read_rate: float | None = None
+) -> Request | None:
     while b"\r\n\r\n" not in buffer:
         try:
             chunk = await stream.receive()
@@ -64,16 +66,23 @@ async def _read_request(stream: anyio.abc.ByteStream, buffer: bytearray) -> Requ
     body = bytearray(rest)
     while len(body) < length:
         try:
-            body.extend(await stream.receive())
+            chunk = await stream.receive(1 << 16)
         except (anyio.EndOfStream, anyio.BrokenResourceError):
             return None
+        body.extend(chunk)
+        if read_rate is not None:
+            # A slow link: the sender's socket fills and its writes wait.
+            await anyio.sleep(len(chunk) / read_rate)
     buffer[:] = body[length:]
     return Request(method, target, headers, bytes(body[:length]))
 
 
 @asynccontextmanager
-async def fake_s3(answer: Answer) -> AsyncIterator[tuple[str, Log]]:
-    """Serve ``answer`` on a free port of 127.0.0.1; yields the endpoint URL and the log."""
+async def fake_s3(
+    answer: Answer, *, read_rate: float | None = None
+) -> AsyncIterator[tuple[str, Log]]:
+    """Serve ``answer`` on a free port of 127.0.0.1; yields the endpoint URL and the log.
+    With ``read_rate``, request bodies are read at about that many bytes per second."""
     log = Log()
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
@@ -83,7 +92,7 @@ async def fake_s3(answer: Answer) -> AsyncIterator[tuple[str, Log]]:
         buffer = bytearray()
         async with stream:
             while True:
-                request = await _read_request(stream, buffer)
+                request = await _read_request(stream, buffer, read_rate)
                 if request is None:
                     return
                 log.requests.append(request)
@@ -155,9 +164,12 @@ async def faulty_relay(
             # botocore may send the absolute form (``http://host/path``): keep the path.
             parts = urlsplit(request.target)
             target = parts.path + (f"?{parts.query}" if parts.query else "")
-            forwarded = await client.request(
-                request.method, target, headers=headers, content=request.body
-            )
+            # Finished even when the relay closes meanwhile: a forward cut off mid-body leaves
+            # httpx's body generator unfinished, which trio reports when it is collected.
+            with anyio.fail_after(60, shield=True):
+                forwarded = await client.request(
+                    request.method, target, headers=headers, content=request.body
+                )
             head = f"HTTP/1.1 {forwarded.status_code} {forwarded.reason_phrase}\r\n"
             for name, value in forwarded.headers.multi_items():
                 if name.lower() not in _HOP_BY_HOP:

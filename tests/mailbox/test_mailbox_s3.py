@@ -588,3 +588,28 @@ async def test_a_size_cap_on_moto(moto_server: str, s3_bucket: str) -> None:
         with pytest.raises(ObjectTooLarge):
             await mailbox.get("big", max_bytes=2**20)
         assert len(await mailbox.get("big", max_bytes=3 * 2**20) or b"") == 3 * 2**20
+
+
+async def test_a_body_slower_than_the_timeout_to_send_is_sent_piece_by_piece() -> None:
+    # 32 MiB read at 8 MiB/s: about four seconds to send, more than the timeout even less
+    # what the sockets' buffers take at once, but each MiB goes out well within it. Sent as
+    # one write, the timeout would cut the body.
+    data = os.urandom(32 * 2**20)
+
+    async def stored(request: Request) -> bytes:
+        assert request.body == data
+        return response(200, "OK", xml=False)
+
+    async with (
+        fake_s3(stored, read_rate=8 * 2**20) as (endpoint, log),
+        S3Mailbox(
+            "bucket",
+            endpoint_url=endpoint,
+            multipart_threshold=64 * 2**20,
+            read_timeout=2.5,
+            request_checksums="when_required",
+        ) as mailbox,
+    ):
+        with anyio.fail_after(60):
+            assert await mailbox.put_if_absent("slow", data)
+    assert [r.method for r in log.requests] == ["PUT"]

@@ -2,6 +2,7 @@
 real moto server (behind a relay on 127.0.0.1 that logs, holds or fails requests)."""
 
 import os
+import tracemalloc
 from typing import Any
 
 import anyio
@@ -194,3 +195,24 @@ async def test_a_failing_part_aborts_the_upload(
             await box.put_if_absent("blob", os.urandom(2 * PART))
         assert await box.get("blob") is None
     assert _uploads(admin, s3_bucket) == []
+
+
+@pytest.mark.anyio
+async def test_a_parallel_read_fills_the_returned_bytes_without_a_second_buffer(
+    moto_server: str, s3_bucket: str
+) -> None:
+    size = 6 * PART + 7
+    data = os.urandom(size)
+    async with small_parts(moto_server, s3_bucket) as box:
+        assert await box.put_if_absent("blob", data)
+        tracemalloc.start()
+        try:
+            got = await box.get("blob", max_bytes=size)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert got == data
+    assert type(got) is bytes
+    # The object once, plus what three ranges in flight hold; a buffer copied into the
+    # returned bytes at the end would add the object's size again.
+    assert peak < size + 2 * PART
