@@ -15,10 +15,11 @@ own code, above the resident set it started from (``VmRSS``):
 - ``close``: a syncer holding θ and the momentum (fp32) downloads K snapshot blobs
   (``Store.get_blob``), checks them (``codec.open_fragment``), aggregates, steps and encodes
   the update (``_node.commit._outcome``), encodes θ′ and the momentum (``_fp32_blobs``) and
-  uploads the three blobs. Bound: (K + 1)·b (the snapshots, the update) + 4 (the mean) + 4
-  (θ′) + 4 (momentum′) + 8 (θ′ and momentum′ as fp32 blobs) = 20 + (K + 1)·b bytes per
-  parameter, plus pieces; while the update is encoded the raw θ′ (4) is alive instead of
-  the fp32 blobs (8), so that is not the peak.
+  uploads the three blobs: a checkpoint round (``RunConfig.checkpoint_every``), the
+  costliest; the others write the update alone. Bound: (K + 1)·b (the snapshots, the
+  update) + 4 (the mean) + 4 (θ′) + 4 (momentum′) + 8 (θ′ and momentum′ as fp32 blobs) =
+  20 + (K + 1)·b bytes per parameter, plus pieces; while the update is encoded the raw θ′
+  (4) is alive instead of the fp32 blobs (8), so that is not the peak.
 
 The figures are peak-above-start per parameter at P = 25M, 100M and 250M and the slope of
 a least-squares line through them (the intercept is the constant part: pieces, the
@@ -51,7 +52,7 @@ import anyio
 import anyio.to_thread
 import torch
 
-from gradientmail._node.commit import FragmentState, _fp32_blobs, _outcome
+from gradientmail._node.commit import _fp32_blobs, _outcome
 from gradientmail._node.learner import _encode_delta, _Job
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol import keys
@@ -59,6 +60,7 @@ from gradientmail.protocol.aggregation import Candidate
 from gradientmail.protocol.codec import encode_fragment, open_fragment
 from gradientmail.protocol.learner_values import Publish
 from gradientmail.protocol.records import FragmentSpec, ParamSpec, RunConfig, Snapshot
+from gradientmail.reader import Rebuilt
 from gradientmail.store import Store
 
 NAME = "memory"
@@ -128,9 +130,7 @@ async def _publish(size: int, scratch: Path) -> dict[str, Any]:
 async def _close(size: int, scratch: Path) -> dict[str, Any]:
     spec = spec_of(size)
     round = keys.round_of(0, 2, CONFIG.fragments)
-    current = FragmentState(
-        version=1, record=None, theta=_tensors(spec, 0, 0.02), momentum=_tensors(spec, 1, 1e-3)
-    )
+    current = Rebuilt(1, _tensors(spec, 0, 0.02), _tensors(spec, 1, 1e-3), outer=True)
     async with LocalMailbox(scratch) as mailbox:
         store = Store(mailbox)
         snapshots = []

@@ -34,6 +34,7 @@ from gradientmail.events import (
     SnapshotPublished,
 )
 from gradientmail.mailbox import LocalAccessError, MemoryMailbox, S3AccessError
+from gradientmail.protocol.checkpoint import retained
 from gradientmail.protocol.learner import Learner
 from gradientmail.store import Store
 
@@ -160,15 +161,29 @@ async def test_the_syncer_fails_at_once_when_the_store_refuses_it(
     assert not _of(events, RoundFailed)
 
 
+def _collecting(rt: Runtime) -> int:
+    """A round after whose commit garbage collection has something to delete
+    (``checkpoint.retained`` lets go of a record or a round), so it reads the store."""
+    config = rt.config
+    start = max(config.keep_rounds, config.fragments * config.keep_versions)
+    span = 4 * config.fragments * config.checkpoint_every
+    for r in range(start, start + span):
+        before, now = retained(r - 1, config), retained(r, config)
+        if before.records - now.records or before.snapshots - now.snapshots:
+            return r
+    raise AssertionError(f"no round in [{start}, {start + span}) lets anything go")
+
+
 async def test_garbage_collection_leaves_an_unavailable_store_for_the_next_round(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     box, rt, _ = await _run()
-    state = SyncerState(next_round=1001, fragments=(FragmentState(0, None),) * 2)
+    round = _collecting(rt)
+    state = SyncerState(next_round=round + 1, fragments=(FragmentState(0, None),) * 2)
     box.fail("get", "records/", MailboxUnavailable("records/ timed out"))
     with caplog.at_level(logging.WARNING, logger="gradientmail"):
-        assert await collect_garbage(rt, state, 1000) == state
-    assert "garbage collection after round 1000 failed: records/ timed out" in caplog.text
+        assert await collect_garbage(rt, state, round) == state
+    assert f"garbage collection after round {round} failed: records/ timed out" in caplog.text
     assert not box.queued
 
 
@@ -177,10 +192,11 @@ async def test_garbage_collection_fails_when_the_store_refuses_it(
     refusal: Callable[[], StoreAccessError],
 ) -> None:
     box, rt, _ = await _run()
-    state = SyncerState(next_round=1001, fragments=(FragmentState(0, None),) * 2)
+    round = _collecting(rt)
+    state = SyncerState(next_round=round + 1, fragments=(FragmentState(0, None),) * 2)
     error = refusal()
     box.fail("get", "records/", error)
-    await _fails_with(lambda: collect_garbage(rt, state, 1000), error)
+    await _fails_with(lambda: collect_garbage(rt, state, round), error)
 
 
 async def test_releasing_the_lease_retries_an_unavailable_store_then_reports_it() -> None:

@@ -148,9 +148,10 @@ async def test_two_learners_closing_a_few_steps_apart_end_on_the_same_model() ->
     b's flush snapshots land in the rounds of a's final snapshots and leave them out. a
     publishes them once more, for the next round of each fragment, where b's final
     snapshots are: both end on the one final θ (before this rule, a ended on the round
-    that left it out, b on its own final round)."""
+    that left it out, b on its own final round). Quorum 0.5: a's flush rounds close without
+    b, which is held until a's final snapshot; under quorum 1.0 they would wait for b."""
     box = MemoryMailbox()
-    config = RunConfig(fragments=2, sync_every=4)
+    config = RunConfig(fragments=2, sync_every=4, quorum_fraction=0.5)
     async with gradientmail.node(mlp(), box, learner="creator", config=config, options=OPTIONS):
         pass
     a_final = anyio.Event()

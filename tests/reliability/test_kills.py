@@ -23,6 +23,7 @@ from reliability_helpers import FAST, assert_steps_accounted, history
 from gradientmail.events import StepsDropped
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.checkpoint import retained
 from gradientmail.protocol.records import Manifest, decode
 from gradientmail.store import Store
 
@@ -100,7 +101,8 @@ def cluster(tmp_path: Path) -> Any:
 
 
 async def _check_store(url: str) -> list[Any]:
-    """Records contiguous and consistent; Θ⁰ and every retained record's blobs present and
+    """Records contiguous and consistent; Θ⁰ and the blobs of every record garbage collection
+    retains (``checkpoint.retained``: the checkpoints replays start from) present and
     matching their hashes (``get_blob`` verifies); returns the records."""
     async with open_mailbox(url) as box:
         records = await history(box)
@@ -110,8 +112,10 @@ async def _check_store(url: str) -> list[Any]:
         manifest = decode(data, Manifest)
         config = manifest.config
         refs = list(manifest.theta0)
-        for record in records[-config.keep_versions * config.fragments :]:
-            refs += [record.theta, record.outer, record.update]
+        kept = retained(records[-1].round, config).records if records else frozenset()
+        for record in records:
+            if record.round in kept:
+                refs += [r for r in (record.theta, record.outer, record.update) if r is not None]
         for ref in refs:
             assert await store.get_blob(ref) is not None, f"blob {ref.sha256[:12]} is gone"
         return records
