@@ -6,12 +6,12 @@ import sys
 import tempfile
 import textwrap
 import time
-import tracemalloc
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import pytest
+from _mailbox_memory import traced_get
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -410,12 +410,7 @@ async def test_large_objects_are_read_in_chunks_into_one_buffer(
         assert await mailbox.put_if_absent("blob", data)
         with pytest.raises(ObjectTooLarge):
             await mailbox.get("blob", max_bytes=size - 1)
-        tracemalloc.start()
-        try:
-            got = await mailbox.get("blob", max_bytes=size)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        got, peak = await traced_get(mailbox, "blob", size)
     assert got == data
     assert type(got) is bytes
     # The object once, and no second whole-object buffer (a bytearray turned into bytes,

@@ -2,12 +2,12 @@
 real moto server (behind a relay on 127.0.0.1 that logs, holds or fails requests)."""
 
 import os
-import tracemalloc
 from typing import Any
 
 import anyio
 import pytest
 from _mailbox_fake_s3 import Request, faulty_relay, s3_error
+from _mailbox_memory import traced_get
 
 from gradientmail.mailbox import MailboxUnavailable, S3Mailbox
 from gradientmail.mailbox._s3_parts import MAX_PARTS, MIN_PART_BYTES, part_ranges
@@ -205,12 +205,7 @@ async def test_a_parallel_read_fills_the_returned_bytes_without_a_second_buffer(
     data = os.urandom(size)
     async with small_parts(moto_server, s3_bucket) as box:
         assert await box.put_if_absent("blob", data)
-        tracemalloc.start()
-        try:
-            got = await box.get("blob", max_bytes=size)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        got, peak = await traced_get(box, "blob", size)
     assert got == data
     assert type(got) is bytes
     # The object once, plus what three ranges in flight hold; a buffer copied into the

@@ -48,6 +48,19 @@ def loss(model: nn.Module) -> float:
         return float(nn.functional.mse_loss(model(x), y))
 
 
+async def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, node: gradientmail.Node, seed: int
+) -> None:
+    """One AdamW step on ``batch(seed)``, then ``node.step``; a short sleep lets the node's
+    tasks run between steps as a real trainer's data loading would."""
+    x, y = batch(seed)
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    await node.step(tokens=32)
+    await anyio.sleep(0.002)
+
+
 async def test_leaving_the_block_does_not_make_the_model_worse() -> None:
     model = mlp()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -122,12 +135,7 @@ async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_ro
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         async with gradientmail.node(model, box, learner=name, options=OPTIONS) as node:
             for step in range(steps):
-                x, y = batch(1000 * len(name) + step)
-                optimizer.zero_grad()
-                nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
-                await node.step(tokens=32)
-                await anyio.sleep(0.002)
+                await train_step(model, optimizer, node, 1000 * len(name) + step)
 
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
@@ -170,12 +178,7 @@ async def test_two_learners_closing_a_few_steps_apart_end_on_the_same_model() ->
             for step in range(40):
                 if name == "b" and step == 38:
                     await a_final.wait()
-                x, y = batch(1000 * len(name) + step)
-                optimizer.zero_grad()
-                nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
-                await node.step(tokens=32)
-                await anyio.sleep(0.002)
+                await train_step(model, optimizer, node, 1000 * len(name) + step)
         models[name] = [p.detach().clone() for p in model.parameters()]
 
     with anyio.fail_after(60):
