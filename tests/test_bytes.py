@@ -1,29 +1,37 @@
 """``_bytes.Filling``: one allocation, filled in place, handed out as the same ``bytes``."""
 
+import sys
 import tracemalloc
 
 import pytest
 
+from gradientmail import _bytes
 from gradientmail._bytes import Filling
 
 
 def test_the_filled_bytes_are_the_one_allocation() -> None:
     size = 8 * 2**20
+    pattern = bytes(range(256)) * (size // 256)
+    source = memoryview(pattern)
     tracemalloc.start()
     try:
         out = Filling(size)
-        out.view[:3] = b"abc"
-        out.view[size - 3 :] = b"xyz"
+        out.view[: size // 2] = source[: size // 2]
+        with out.view[size // 2 :] as half:
+            half[:] = source[size // 2 :]
         data = out.done()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert type(data) is bytes
-    assert len(data) == size
-    assert data[:3] == b"abc"
-    assert data[-3:] == b"xyz"
-    assert data[3:-3].count(0) == size - 6
+    assert data == pattern
+    assert hash(data) == hash(pattern)
     assert peak < size + 2**16
+
+
+def test_on_cpython_the_bytes_are_filled_in_place_without_zeroing_first() -> None:
+    in_place = sys.implementation.name == "cpython"
+    assert _bytes._IN_PLACE is in_place
 
 
 def test_a_shorter_result_and_the_empty_one() -> None:
