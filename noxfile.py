@@ -63,12 +63,14 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(name="bench-large", default=False)
 def bench_large(session: nox.Session) -> None:
-    """The large points, one at a time (about 25 minutes; moto keeps objects in memory and a
+    """The large points, one at a time (about 30 minutes; moto keeps objects in memory and a
     250M-parameter round takes about 12 GB): a 1 GiB blob through both mailboxes with the
     part-size sweep, peak memory at 25M, 100M and 250M parameters and the round latency of a
-    250M-parameter fragment across processes; then ``docs/benchmarks.md``."""
+    250M-parameter fragment across processes, a joiner of a 1 GiB run; then
+    ``docs/benchmarks.md``."""
     session.run(PYTHON, "benchmarks/bench_transfer.py", "--large", "--sweep", *session.posargs)
     session.run(PYTHON, "benchmarks/bench_memory.py", "--large", *session.posargs)
+    session.run(PYTHON, "benchmarks/bench_rejoin.py", "--large", *session.posargs)
     session.run(PYTHON, "benchmarks/report.py")
 
 

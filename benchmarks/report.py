@@ -1560,7 +1560,11 @@ def rejoin(page: Page, result: dict[str, Any] | None) -> None:
     """A new learner's join time against the raw read (``bench_rejoin.py``)."""
     page.add("## 13. Rejoin", "")
     if result is None:
-        page.add("_Not measured: `benchmarks/results/rejoin.json` is missing._", "")
+        page.add(
+            "_Not measured: `benchmarks/results/rejoin{-large,}.json` are missing "
+            "(`nox -s bench-large`)._",
+            "",
+        )
         return
     p, figures = result["parameters"], result["figures"]
     page.add(
@@ -1596,8 +1600,9 @@ def rejoin(page: Page, result: dict[str, Any] | None) -> None:
     page.add(
         "The join does more than read: the node starts (manifest, model signature, lease), "
         "every blob is checked against its sha256, decoded and, after the checkpoint, each "
-        "update applied in a worker thread; blobs are read one after another, as the raw "
-        "baseline does. A directory's raw read comes from the page cache. With the default "
+        "update applied in a worker thread, two fragments at a time; the raw baseline reads "
+        "the blobs one after another and does nothing with them. A directory's raw read "
+        "comes from the page cache, so there the ratio is the join's own work. With the default "
         "`checkpoint_every` a joiner at version 21 reads the checkpoint at 16 and five "
         "updates (int8: a quarter of θ's bytes each): on average over where a join lands "
         "3.5 updates, at worst 7.",
@@ -1785,7 +1790,7 @@ def _section_result(results: Path, name: str) -> dict[str, Any] | None:
         return _text_results(results)
     if name == "text-seeds":
         return _text_seed_results(results)
-    if name in ("transfer", "memory"):
+    if name in ("transfer", "memory", "rejoin"):
         # The large run (its own nox session) where there is one.
         return _load(results, f"{name}-large") or _load(results, name)
     return _load(results, name)

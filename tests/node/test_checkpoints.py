@@ -23,7 +23,7 @@ from node_helpers import (
 )
 
 from gradientmail._node import node as open_node
-from gradientmail.errors import RecordError, RunMismatch
+from gradientmail.errors import CorruptBlob, RecordError, RunMismatch
 from gradientmail.events import PollFailed
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.mailbox.local import LocalMailbox
@@ -203,6 +203,31 @@ async def test_records_that_all_carry_theta_are_read_from_the_newest() -> None:
     assert rebuilt is not None
     assert same_bits(rebuilt.theta, await blob(store, last.theta, last.fragment))
     assert same_bits(rebuilt.momentum, await blob(store, last.outer, last.fragment))
+
+
+async def test_reading_the_newest_fails_as_the_damaged_fragment_does_or_rereads_a_gone_one() -> (
+    None
+):
+    """``newest`` rebuilds fragments concurrently: a damaged blob of one fragment is raised
+    as itself (``CorruptBlob``, not a group of errors), whatever the other fragments do; a
+    blob gone from under it makes it list again, then say the store lacks it."""
+    box = MemoryMailbox()
+    model = tiny_model(0)
+    async with open_node(model, box, learner="a", config=EVERY, options=FAST) as node:
+        await train(node, model, seed=0, until_round=5)
+    reader = RunReader.of(box)
+    newest = await reader.newest()
+    damaged = newest.records[1]
+    assert damaged is not None
+    assert newest.records[0] is not None
+    ref = damaged.theta or damaged.update
+    original = box._objects[keys.blob(ref.sha256)]
+    box._objects[keys.blob(ref.sha256)] = original[:-1] + bytes([original[-1] ^ 1])
+    with pytest.raises(CorruptBlob, match="damaged"):
+        await RunReader.of(box).newest()
+    del box._objects[keys.blob(ref.sha256)]
+    with pytest.raises(CorruptBlob, match="kept disappearing"):
+        await RunReader.of(box).newest(poll=0.0)
 
 
 async def test_a_node_with_another_checkpoint_every_is_refused(tmp_path: Path) -> None:
