@@ -1752,7 +1752,8 @@ def large_fragments(page: Page, result: dict[str, Any] | None) -> None:
         )
         page.target(
             f"peak memory of `{role}` against P",
-            f"linear, slope ≤ {_num(entry['bound_per_param'], 1)} B/param",
+            f"linear (R² > 0.99), slope within 10% of the bound "
+            f"{_num(entry['bound_per_param'], 2)} B/param",
             f"{_num(fit['slope'], 2)} B/param, R² {_num(fit['r2'], 3)}",
             fit["r2"] > 0.99 and fit["slope"] <= 1.1 * entry["bound_per_param"],
             "no whole temporary copy: the pieces are the constant part",
