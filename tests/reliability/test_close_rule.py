@@ -69,12 +69,7 @@ async def test_leaving_the_block_does_not_make_the_model_worse() -> None:
         model, MemoryMailbox(), learner="solo", config=config, options=OPTIONS
     ) as node:
         for step in range(120):
-            x, y = batch(step)
-            optimizer.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-            await node.step(tokens=32)
-            await anyio.sleep(0.002)
+            await train_step(model, optimizer, node, step)
         before = loss(model)
     after = loss(model)
     assert after <= before * 1.05, f"loss {before:.3f} before the close, {after:.3f} after"
@@ -98,12 +93,7 @@ async def test_three_learners_leave_with_a_model_no_worse_than_theirs() -> None:
             model, box, learner=name, config=config, options=OPTIONS
         ) as node:
             for step in range(120):
-                x, y = batch(offset + step)
-                optimizer.zero_grad()
-                nn.functional.mse_loss(model(x), y).backward()
-                optimizer.step()
-                await node.step(tokens=32)
-                await anyio.sleep(0.002)
+                await train_step(model, optimizer, node, offset + step)
             before[name] = loss(model)
 
     async with gradientmail.node(mlp(), box, learner="creator", config=config, options=OPTIONS):
