@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from gradientmail import mailbox as mailboxes
+from gradientmail._concurrent import gather
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import CorruptBlob, NoRun, RecordError, RunMismatch, UsageError
 from gradientmail.mailbox import Mailbox
@@ -250,29 +251,15 @@ class RunReader:
     ) -> list[Rebuilt] | None:
         """``rebuild`` of every fragment at ``versions``, ``_CONCURRENT_REBUILDS`` at a time
         (one's reads overlap another's decoding, and replays run on two cores); None when
-        a blob is gone. The first gone blob or failure stops the others; a failure is raised
-        as itself (the lowest fragment's, if several)."""
-        done: list[Rebuilt | BaseException | None] = [None] * len(versions)
+        a blob is gone. A failure is raised as itself (``gather``), the others cancelled."""
         limiter = anyio.CapacityLimiter(_CONCURRENT_REBUILDS)
 
-        async def one(fragment: int) -> None:
+        async def one(fragment: int) -> Rebuilt | None:
             async with limiter:
-                try:
-                    done[fragment] = await self.rebuild(
-                        fragment, versions[fragment], manifest=manifest
-                    )
-                except Exception as exc:
-                    done[fragment] = exc
-            if done[fragment] is None or isinstance(done[fragment], Exception):
-                group.cancel_scope.cancel()
+                return await self.rebuild(fragment, versions[fragment], manifest=manifest)
 
-        async with anyio.create_task_group() as group:
-            for fragment in range(len(versions)):
-                group.start_soon(one, fragment)
-        for outcome in done:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        found = [outcome for outcome in done if isinstance(outcome, Rebuilt)]
+        rebuilt = await gather([partial(one, fragment) for fragment in range(len(versions))])
+        found = [r for r in rebuilt if r is not None]
         return found if len(found) == len(versions) else None
 
     async def rebuild(

@@ -60,7 +60,7 @@ from gradientmail.protocol.records import (
 )
 from gradientmail.protocol.signing import Problem, RunKey, check_manifest
 
-__all__ = ["Store", "StoreStats", "gather", "sha256"]
+__all__ = ["Store", "StoreStats", "sha256"]
 
 _log = logging.getLogger("gradientmail.store")
 
@@ -90,30 +90,6 @@ _JUNK_KEPT = 1 << 16
 """How many junk keys a store remembers (the newest): forgetting one costs a read again."""
 _IGNORED_SHOWN = 100
 """How many skipped keys ``Store.ignored`` keeps (the newest)."""
-
-
-async def gather(calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
-    """Run ``calls`` concurrently (one task each) and return their results in order.
-
-    When some fail, the first failure (in completion order) is raised on its own, as a
-    sequential caller would see it, unless a cancellation is among them; the other calls
-    are cancelled.
-    """
-    results: dict[int, T] = {}
-
-    async def one(index: int, call: Callable[[], Awaitable[T]]) -> None:
-        results[index] = await call()
-
-    try:
-        async with anyio.create_task_group() as tg:
-            for index, call in enumerate(calls):
-                tg.start_soon(one, index, call)
-    except BaseExceptionGroup as group:
-        errors = group.exceptions
-        if all(isinstance(error, Exception) for error in errors):
-            raise errors[0] from None
-        raise
-    return [results[index] for index in range(len(calls))]
 
 
 @dataclass(frozen=True, slots=True)

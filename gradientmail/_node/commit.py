@@ -25,6 +25,7 @@ import anyio.to_thread
 import torch
 from torch import Tensor
 
+from gradientmail._concurrent import gather
 from gradientmail._node.runtime import Runtime
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
@@ -43,7 +44,6 @@ from gradientmail.protocol.records import (
 from gradientmail.protocol.rounds import Commit, RoundState
 from gradientmail.protocol.signing import Problem
 from gradientmail.reader import Rebuilt, RunReader
-from gradientmail.store import gather
 
 __all__ = ["FragmentState", "SyncerState", "collect_garbage", "commit", "load"]
 

@@ -10,7 +10,6 @@ failed part cancels the others and nothing outlives the call.
 
 import logging
 import math
-from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, Literal
 
@@ -18,6 +17,7 @@ import anyio
 from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
 from gradientmail._bytes import Filling
+from gradientmail._concurrent import gather
 from gradientmail.errors import MailboxUnavailable
 
 __all__ = ["MAX_PARTS", "MIN_PART_BYTES", "download", "part_ranges", "upload"]
@@ -44,20 +44,6 @@ def part_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
     if part > _MAX_PART_BYTES:
         raise ValueError(f"{size} bytes exceed S3's multipart limit of {MAX_PARTS} 5 GiB parts")
     return [(start, min(start + part, size)) for start in range(0, size, part)]
-
-
-async def _all(calls: list[Callable[[], Coroutine[Any, Any, None]]]) -> None:
-    """Run ``calls`` at once in a task group of their own; when some fail, the first
-    failure is raised on its own (as a sequential caller would see it, for the mailbox's
-    error boundary to map), the others having been cancelled."""
-    try:
-        async with anyio.create_task_group() as group:
-            for call in calls:
-                group.start_soon(call)
-    except BaseExceptionGroup as failures:
-        if all(isinstance(error, Exception) for error in failures.exceptions):
-            raise failures.exceptions[0] from None
-        raise
 
 
 def _code(exc: ClientError) -> str | None:
@@ -145,7 +131,7 @@ async def _send_parts(
             part["ChecksumCRC32"] = reply["ChecksumCRC32"]
         parts[number - 1] = part
 
-    await _all(
+    await gather(
         [partial(send, number, start, end) for number, (start, end) in enumerate(ranges, start=1)]
     )
     return parts
@@ -228,7 +214,7 @@ async def download(
     try:
         skip = len(first)
         ranges = part_ranges(size - skip, part_size)
-        await _all([partial(fetch, skip + start, skip + end) for start, end in ranges])
+        await gather([partial(fetch, skip + start, skip + end) for start, end in ranges])
     except _Gone:
         return None
     return out.done()
