@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import gradientmail
-from gradientmail._node import NodeOptions, node
+from gradientmail import NodeOptions, node
 
 CONFIG = gradientmail.RunConfig(fragments=3, sync_every=24, grace=0.5)
 OPTIONS = NodeOptions(poll_interval=0.05, lease_every=0.5, lease_timeout=5.0)
