@@ -234,6 +234,7 @@ class LearnerDriver:
             tokens=p.tokens,
             delta=ref,
             norm=norm,
+            closing=True if p.closing else msgspec.UNSET,
             final=True if p.final else msgspec.UNSET,
         )
         if not await rt.store.put_snapshot(snapshot):

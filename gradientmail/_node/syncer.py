@@ -10,7 +10,7 @@ holds (``_node.commit``: ``RoundClosed``, ``RoundCommitted``, ``RoundIncomplete`
 The leases are read through a ``LeaseWatch`` (at most every ``min(lease_every,
 lease_timeout / 4)`` seconds, or at once when a decision to close needs a fresh listing).
 In a signed run only snapshots that verify count as published (for the quorum, the grace,
-the empty-round rule and the claimant's timeout), and only beats that verify count for
+the moved-past rule and the claimant's timeout), and only beats that verify count for
 liveness: a keyless writer's objects cannot close a round or make a node look dead.
 
 The whole state (θ and outer momentum of every fragment) is in the store: the checkpoint
@@ -56,6 +56,7 @@ from gradientmail.protocol.rounds import (
     TakeOver,
     Wait,
     observed,
+    quorum_learners,
 )
 
 __all__ = ["recover", "run_syncer"]
@@ -191,8 +192,9 @@ async def _observe(
     snapshots_at = rt.clock.now()
     if fresh or watch.due(snapshots_at):
         watch = watch.observed(await rt.store.lease_beats(), rt.clock.now())
+    live = watch.live(rt.clock.now())
     later: frozenset[str] | None = None
-    if held.wants_later(published):
+    if held.wants_later(published, quorum_learners(live, watch.learners)):
         later = frozenset()
         for ahead in range(held.round + 1, held.round + rt.config.fragments):
             later |= await _published(rt, ahead, verified)
@@ -201,7 +203,7 @@ async def _observe(
         record=None,
         claims=claims,
         snapshots=published,
-        live=watch.live(rt.clock.now()),
+        live=live,
         learners=watch.learners,
         snapshots_at=snapshots_at,
         leases_at=watch.looked,

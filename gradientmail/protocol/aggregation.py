@@ -381,6 +381,7 @@ def aggregate(
             steps=s.steps,
             tokens=s.tokens,
             base_version=s.base_version,
+            closing=s.closing,
         )
         for s, weight in zip(snapshots, weights, strict=True)
     )

@@ -234,14 +234,15 @@ class Learner:
         """The final snapshots, once settled (none before, none without ``began_closing``):
         per fragment the model closing began with minus the newest θ held, for round
         ``round_of(f, version + 1)``. None from a learner that never stepped (its model is
-        θ), nor from one that saw more than ``F`` rounds committed past the rounds it was in
-        when closing began (others went on: its model is behind theirs). A fragment whose
+        θ), nor from one that saw others train on (a snapshot of another learner that was not
+        closing) more than ``F`` rounds past the rounds it was in when closing began (its
+        model is behind theirs). A fragment whose
         final round committed without it publishes it once more, for its next round, once
         that round's θ is applied (``Closing``). They carry no steps, so the ledger is
         untouched whatever the rounds do."""
         if self.closing is None or not self.settled or not self.step:
             return self, []
-        closing, jobs = self.closing.jobs(self.slots, self.newest_round)
+        closing, jobs = self.closing.jobs(self.slots)
         return replace(self, closing=closing), jobs
 
     def took(self, fragment: int, snapshot: Tensors) -> tuple["Learner", Publish]:
@@ -261,6 +262,7 @@ class Learner:
             snapshot=snapshot,
             steps=flight.covers.steps,
             tokens=flight.covers.tokens,
+            closing=self.closing is not None,
         )
         return self._with(fragment, slot), job
 

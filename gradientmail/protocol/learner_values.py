@@ -66,8 +66,9 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Write ``snapshot − base`` of ``fragment`` for ``round`` (covering ``steps`` and
-    ``tokens``), then report ``publish_done`` or ``publish_failed``. ``final``: a closing
-    learner's last snapshot (``Learner.finalize``)."""
+    ``tokens``), then report ``publish_done`` or ``publish_failed``. ``closing``: taken
+    after closing began (the flush); ``final``: a closing learner's last snapshot
+    (``Learner.finalize``)."""
 
     fragment: int
     round: int
@@ -76,6 +77,7 @@ class Publish:
     snapshot: Tensors
     steps: int
     tokens: int
+    closing: bool = False
     final: bool = False
 
 
@@ -172,27 +174,34 @@ class Slot:
 class Closing:
     """A close with flush (``Learner.began_closing``, docs/protocol.md "The last round of a
     run"): ``models`` the live model when it began (one tuple per fragment), ``round`` the
-    newest round it was in then, ``finals`` the round each fragment's final snapshot went
-    to (empty until published), ``missed`` the fragments whose final round committed
-    without their final snapshot, ``again`` those whose final snapshot was published a
-    second time (at most once each: a learner whose final was left out because another
-    learner was still flushing meets that learner's final in the next round of the
-    fragment; one left out twice ends on the others' θ)."""
+    newest round it was in then, ``went_on`` the newest round folded since that holds a
+    snapshot of another learner that was not closing (the others trained on), ``finals``
+    the round each fragment's final snapshot went to (empty until published), ``missed``
+    the fragments whose final round committed without their final snapshot, ``again``
+    those whose final snapshot was published a second time (at most once each: a learner
+    whose final was left out because another learner was still flushing meets that
+    learner's final in the next round of the fragment; one left out twice ends on the
+    others' θ)."""
 
     models: tuple[Tensors, ...]
     round: int
+    went_on: int = -1
     finals: tuple[int, ...] = ()
     missed: frozenset[int] = frozenset()
     again: frozenset[int] = frozenset()
 
     def folded(self, record: RoundRecord, name: str) -> "Closing":
-        """``record`` was folded: note a final round of this learner's that left it out."""
+        """``record`` was folded: note whether others trained on in it, and a final round of
+        this learner's that left it out."""
+        state = self
+        if any(p.learner != name and p.closing is not True for p in record.participants):
+            state = replace(state, went_on=max(state.went_on, record.round))
         fragment = record.fragment
-        if not self.finals or record.round != self.finals[fragment]:
-            return self
+        if not state.finals or record.round != state.finals[fragment]:
+            return state
         if any(p.learner == name for p in record.participants):
-            return self
-        return replace(self, missed=self.missed | {fragment})
+            return state
+        return replace(state, missed=state.missed | {fragment})
 
     def done(self, slots: tuple[Slot, ...]) -> bool:
         """Every final round applied, and no left-out final waiting to go out again."""
@@ -202,13 +211,15 @@ class Closing:
             for slot, round in zip(slots, self.finals, strict=False)
         )
 
-    def jobs(self, slots: tuple[Slot, ...], newest_round: int) -> tuple["Closing", list[Publish]]:
+    def jobs(self, slots: tuple[Slot, ...]) -> tuple["Closing", list[Publish]]:
         """The final snapshots to publish now (see ``Learner.finalize``)."""
         fragments = len(slots)
         if not self.finals:
-            if newest_round > self.round + fragments:
-                # Others went on for a whole cycle of rounds while this flush settled: the
+            if self.went_on > self.round + fragments:
+                # Others trained on for a whole cycle of rounds while this flush settled: the
                 # model closing began with is behind theirs, and must not pull the run back.
+                # Their flush rounds do not count: learners closing together, each flush
+                # slow, must still end on a final round, not on a flush round's look-ahead.
                 return self, []
             wanted = list(range(fragments))
         else:
@@ -223,7 +234,9 @@ class Closing:
             slot = slots[fragment]
             round = keys.round_of(fragment, slot.version + 1, fragments)
             model = self.models[fragment]
-            jobs.append(Publish(fragment, round, slot.version, slot.base, model, 0, 0, final=True))
+            jobs.append(
+                Publish(fragment, round, slot.version, slot.base, model, 0, 0, True, final=True)
+            )
             finals[fragment] = round
         again = self.again | {job.fragment for job in jobs} if self.finals else self.again
         return replace(self, finals=tuple(finals), again=again), jobs

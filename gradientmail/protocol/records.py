@@ -262,11 +262,13 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     ``tokens`` are not range-checked when decoding: a round rejects implausible ones with the
     reason ``tokens``, which names the learner.
 
-    ``final`` True marks a closing learner's last snapshot: its delta is the model it held
-    when it began closing minus θ of ``base_version``, with 0 steps and tokens; a round made
-    only of final snapshots averages them without an outer step (docs/protocol.md, "The
-    last round of a run"). Absent (not encoded) on every other snapshot, so records written
-    before the field existed read and verify as they did."""
+    ``closing`` True marks a snapshot taken after its learner began closing (its flush, and
+    its final snapshot): learners closing together judge by it whether the others trained
+    on. ``final`` True marks a closing learner's last snapshot: its delta is the model it
+    held when it began closing minus θ of ``base_version``, with 0 steps and tokens; a round
+    made only of final snapshots averages them without an outer step (docs/protocol.md,
+    "The last round of a run"). Both are absent (not encoded) when false, so records written
+    before the fields existed read and verify as they did."""
 
     learner: str
     round: Count
@@ -276,6 +278,7 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     tokens: int
     delta: BlobRef
     norm: float | None
+    closing: bool | msgspec.UnsetType = msgspec.UNSET
     final: bool | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -286,13 +289,15 @@ class RoundClaim(_Object, frozen=True, kw_only=True):
 
 
 class Participant(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot accepted into a round with its normalized ``weight``."""
+    """A snapshot accepted into a round with its normalized ``weight``; ``closing`` as the
+    snapshot's (absent when false)."""
 
     learner: str
     weight: float
     steps: int
     tokens: int
     base_version: int
+    closing: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,10 +21,13 @@ reads, writes and sleeps as ``step`` says:
   after the round's snapshots were listed (``Again(fresh=True)`` asks for one), so that a
   learner that joined since the last listing is waited for like the others.
 
-An empty round (nobody published to it) closes once every live learner has a snapshot in
-one of the next ``fragments - 1`` rounds and that has held for ``grace`` seconds: they have
-all moved past it. A live learner that has not moved on keeps the round open, so one early
-learner cannot close its peers' rounds empty and leave the run one learner per round.
+A round closes once every live learner without a snapshot in it has one in one of the
+next ``fragments - 1`` rounds and that has held for ``grace`` seconds: they have moved past
+it, and waiting for them would wait for good (a closing learner whose steps of this
+fragment all went into an earlier round never publishes here, and its flush waits on this
+round). An empty round (nobody published to it) closes so too. A live learner that has not
+moved on keeps the round open, so one early learner cannot close its peers' rounds empty and
+leave the run one learner per round.
 
 Live learners are the nodes holding a live lease whose role is ``learner``
 (``quorum_learners``); a syncer-only node never counts toward a quorum.
@@ -196,8 +199,8 @@ def quorum_learners(live: frozenset[str], learners: frozenset[str]) -> frozenset
 class CloseView:
     """What the closer of a round knows at ``now``: who has a snapshot in it, the live
     learners, when the quorum was first reached (None: not yet), and since when every live
-    learner has had a snapshot in one of the next ``fragments - 1`` rounds while this one had
-    none (None: not so)."""
+    learner without a snapshot in it has had one in one of the next ``fragments - 1`` rounds
+    (None: not so)."""
 
     snapshots: frozenset[str]
     learners: frozenset[str]
@@ -215,14 +218,17 @@ def quorate(snapshots: frozenset[str], learners: frozenset[str], config: RunConf
 def decide_close(view: CloseView, config: RunConfig) -> Literal["waiting", "grace", "close"]:
     """``waiting`` for the quorum, in ``grace`` after it, or ``close`` now.
 
-    A round nobody published to closes empty (its fragment unchanged) once every live
-    learner has moved past it for ``grace`` seconds (``passed_at``): waiting for a learner
-    that left would stall the run. This is what lets the last node's flush rounds close when
-    its own progress skipped a fragment.
+    A round closes once every live learner without a snapshot in it has moved past it for
+    ``grace`` seconds (``passed_at``), quorum or not: they will not publish to it, and
+    waiting would stall the run (a round nobody published to closes empty, its fragment
+    unchanged; this is what lets the last node's flush rounds close when its own progress
+    skipped a fragment, and lets learners closing together finish when one of them still
+    had steps of a fragment the others had published in full).
     """
+    if view.passed_at is not None and view.now - view.passed_at >= config.grace:
+        return "close"
     if not view.snapshots:
-        passed = view.passed_at is not None and view.now - view.passed_at >= config.grace
-        return "close" if passed else "waiting"
+        return "waiting"
     if not quorate(view.snapshots, view.learners, config):
         return "waiting"
     if view.learners <= view.snapshots:
@@ -254,7 +260,7 @@ class Observation:
 class RoundState:
     """A syncer's state in round ``round``: who it follows and since when, when it first saw
     a snapshot there, and once it holds the round (``claimed_at``) when the quorum was first
-    reached and since when every live learner has moved past the empty round."""
+    reached and since when every live learner without a snapshot in it has moved past it."""
 
     round: int
     me: str
@@ -275,10 +281,11 @@ class RoundState:
         """This node won its claim on the round at ``now`` (or holds the last one)."""
         return replace(self, claimed_at=now)
 
-    def wants_later(self, snapshots: frozenset[str]) -> bool:
+    def wants_later(self, snapshots: frozenset[str], learners: frozenset[str]) -> bool:
         """Whether the next look should list the later rounds' snapshots (``later``): only
-        while closing a round nobody has published to."""
-        return self.closing and not snapshots
+        while closing a round that is empty or that some live learner (of ``learners``) has
+        not published to."""
+        return self.closing and (not snapshots or not learners <= snapshots)
 
 
 def observed(
@@ -327,11 +334,12 @@ def _closing(
     state: RoundState, view: Observation, now: float, config: RunConfig
 ) -> tuple[RoundState, Step]:
     learners = quorum_learners(view.live, view.learners)
+    missing = learners - view.snapshots
     passed_at = state.passed_at
-    if view.snapshots:
+    if view.later is None:
         passed_at = None
-    elif view.later is not None:
-        moved_on = bool(view.later) and learners <= view.later
+    else:
+        moved_on = bool(view.later) and missing <= view.later
         passed_at = (now if passed_at is None else passed_at) if moved_on else None
     quorum_at = state.quorum_at
     if quorum_at is None and view.snapshots and quorate(view.snapshots, learners, config):
@@ -342,4 +350,4 @@ def _closing(
         return state, Wait()
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
-    return state, Commit(missing=learners - view.snapshots, published=view.snapshots)
+    return state, Commit(missing=missing, published=view.snapshots)

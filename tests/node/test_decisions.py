@@ -88,6 +88,7 @@ def test_only_live_learner_leases_count_toward_the_quorum() -> None:
 
 
 CONFIG = RunConfig(quorum_min=2, quorum_fraction=0.5, grace=5.0)
+QUORUM_ALL = RunConfig(quorum_fraction=1.0, grace=2.0)
 
 
 def close(snapshots: set[str], learners: set[str], quorum_at: float | None, now: float) -> str:
@@ -245,6 +246,35 @@ def test_an_empty_round_stays_open_while_a_live_learner_has_not_moved_past_it() 
     assert (step, state.passed_at) == (Wait(), 101.0)
     state, step = observed(state, look(later=frozenset({"a", "b"})), 106.0, CONFIG)
     assert step == Commit(missing=frozenset({"a", "b"}), published=frozenset())
+
+
+def test_a_round_closes_without_live_learners_that_moved_past_it() -> None:
+    """Three learners closing together (seen under load): c's last steps of this fragment
+    missed the previous round and came here; a and b published all of theirs there, and
+    their flush snapshots of the other fragment went to the next round, which cannot
+    commit before this one. Waiting for a and b here waited for good, so every node gave
+    up and the run ended on a flush round's look-ahead, without a final round."""
+    three = frozenset({"a", "b", "c"})
+    state = RoundState(19, "a", claim_timeout=30.0).claimed(0.0)
+    c_only = {"snapshots": frozenset({"c"}), "live": three, "learners": three}
+    state, step = observed(state, look(**c_only, later=frozenset({"a"})), 0.0, QUORUM_ALL)
+    assert (step, state.passed_at) == (Wait(), None)  # b has not moved on: it may publish
+    state, step = observed(state, look(**c_only, later=frozenset({"a", "b"})), 1.0, QUORUM_ALL)
+    assert (step, state.passed_at) == (Wait(), 1.0)
+    state, step = observed(state, look(**c_only, later=frozenset({"a", "b"})), 2.9, QUORUM_ALL)
+    assert step == Wait()
+    state, step = observed(state, look(**c_only, later=frozenset({"a", "b"})), 3.0, QUORUM_ALL)
+    assert step == Commit(missing=frozenset({"a", "b"}), published=frozenset({"c"}))
+
+
+def test_later_rounds_are_listed_only_while_a_live_learner_is_missing() -> None:
+    state = RoundState(7, "a", claim_timeout=30.0)
+    both = frozenset({"a", "b"})
+    assert not state.wants_later(frozenset(), both)  # not holding the round
+    state = state.claimed(0.0)
+    assert state.wants_later(frozenset(), frozenset())
+    assert state.wants_later(frozenset({"a"}), both)
+    assert not state.wants_later(both, both)
 
 
 def test_an_empty_round_closes_once_everybody_left() -> None:

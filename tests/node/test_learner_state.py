@@ -37,6 +37,7 @@ def record(
     *,
     included: tuple[str, ...] = (),
     rejected: tuple[str, ...] = (),
+    closing: tuple[str, ...] = (),
     grace: float = 0.0,
 ) -> RoundRecord:
     return RoundRecord(
@@ -47,6 +48,10 @@ def record(
         participants=tuple(
             Participant(learner=name, weight=1.0, steps=1, tokens=1, base_version=0)
             for name in included
+        )
+        + tuple(
+            Participant(learner=name, weight=1.0, steps=1, tokens=1, base_version=0, closing=True)
+            for name in closing
         ),
         rejected=tuple(
             Rejection(learner=name, reason="outlier", steps=1, tokens=1) for name in rejected
@@ -209,7 +214,8 @@ def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final(
         learner, _ = learner.publish_done(fragment, job.round)
     # Its flush rounds (0, 1), then a whole cycle of the others' rounds (2, 3) and one more.
     for round in range(5):
-        learner, _ = learner.record_seen(record(round, included=("me",) * (round < 2)), 2.0)
+        seen = record(round, included=("me",) if round < 2 else ("a",))
+        learner, _ = learner.record_seen(seen, 2.0)
         learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
         learner, _ = learner.flush(now=3.0)
         if round == 3:
@@ -218,6 +224,26 @@ def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final(
     assert learner.settled
     assert learner.finalize() == (learner, [])
     assert learner.finished
+
+
+def test_learners_closing_together_publish_finals_however_long_their_flushes_take() -> None:
+    learner, _ = fresh().stepped(5, now=0.0)
+    learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
+    learner, actions = learner.flush(now=1.0)
+    learner, jobs = take(learner, actions)
+    assert all(job.closing and not job.final for job in jobs)
+    for fragment, job in enumerate(jobs):
+        learner, _ = learner.publish_done(fragment, job.round)
+    # Its flush rounds (0, 1), then three rounds of the others' flushes only: the others
+    # closed too, each flush slow, and nobody trained on.
+    for round in range(5):
+        seen = record(round, included=("me",) * (round < 2), closing=("a", "b"))
+        learner, _ = learner.record_seen(seen, 2.0)
+        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
+        learner, _ = learner.flush(now=3.0)
+    assert learner.settled
+    learner, finals = learner.finalize()
+    assert [(j.fragment, j.final, j.closing) for j in finals] == [(0, True, True), (1, True, True)]
 
 
 def test_a_corrupt_update_falls_back_to_theta_and_an_unusable_theta_is_reported_once() -> None:

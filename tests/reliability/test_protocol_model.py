@@ -59,6 +59,7 @@ from gradientmail.protocol.rounds import (
     TakeOver,
     Wait,
     observed,
+    quorum_learners,
 )
 
 NODES = ("n0", "n1", "n2")
@@ -232,8 +233,9 @@ class ProtocolModel(RuleBasedStateMachine):
         claims = () if held.closing else self._claims(round, lag)
         published = frozenset(self._published(round, lag)) if held.closing or claims else None
         syncer.watch = syncer.watch.observed(self._beats(lag), self.now)
+        live = syncer.watch.live(self.now)
         later = None
-        if held.wants_later(published or frozenset()):
+        if held.wants_later(published or frozenset(), quorum_learners(live, syncer.watch.learners)):
             later = frozenset(
                 learner
                 for ahead in range(round + 1, round + CONFIG.fragments)
@@ -243,7 +245,7 @@ class ProtocolModel(RuleBasedStateMachine):
             record=record,
             claims=claims,
             snapshots=published or frozenset(),
-            live=syncer.watch.live(self.now),
+            live=live,
             learners=syncer.watch.learners,
             snapshots_at=self.now,
             leases_at=self.now,
