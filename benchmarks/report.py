@@ -940,11 +940,10 @@ def text(page: Page, by_size: dict[str, Any] | None) -> None:
     if "full" not in by_size:
         page.add(
             "_The full size (a 1M-parameter GPT, 1,000 steps, every arm) is not measured: "
-            "`nox -s bench-text` runs it. A full-size step costs about 17 medium ones (1.76 s "
-            "against 0.105 s for one learner on one thread, measured under load), so on two "
+            "`nox -s bench-text` runs it. A full-size step costs about 22 medium ones (one "
+            "learner alone: 126 s against 5.6 s for 1,000 steps on an idle core), so on two "
             "idle cores the headline arms (data-parallel, single, gradientmail and torchft "
-            "at fp32 H=100) take about an hour and a half and the two kill arms about 40 "
-            "minutes more; every arm, about eight hours._",
+            "at fp32 H=100) take 22 minutes and every arm about an hour and a half._",
             "",
         )
         page.target(
@@ -954,9 +953,30 @@ def text(page: Page, by_size: dict[str, Any] | None) -> None:
             None,
             "nox -s bench-text; see section 6",
         )
+    else:
+        p = by_size["full"]["parameters"]
+        every = _text_arms(p)
+        left = [arm for arm in every if arm not in p["arms"]]
+        page.target(
+            "real text (full size): every arm, the torchft ratios and the failure side by side",
+            "measured",
+            f"{len(every) - len(left)} of {len(every)} arms"
+            + (f"; not run: {', '.join(left)}" if left else ""),
+            not left,
+            "nox -s bench-text; see section 6",
+        )
     for size, result in by_size.items():
         page.add(f"### Size `{size}`", "")
         _text_size(page, result)
+
+
+def _text_arms(p: dict[str, Any]) -> list[str]:
+    """Every arm of a size, from its result's parameters (``bench_text.arms``)."""
+    names = ["dp", "single"]
+    names += [f"gm-{e}-H{s}" for e in p["encodings"] for s in p["sync_every"]]
+    names += [f"torchft-fp32-H{s}" for s in p["torchft"]]
+    kill = p["kill_sync_every"]
+    return [*names, f"gm-fp32-H{kill}-kill", f"torchft-fp32-H{kill}-kill"]
 
 
 def _text_size(page: Page, result: dict[str, Any]) -> None:
