@@ -236,10 +236,10 @@ class Learner:
         ``round_of(f, version + 1)``. None from a learner that never stepped (its model is
         θ), nor from one that saw others train on (a snapshot of another learner that was not
         closing) more than ``F`` rounds past the rounds it was in when closing began (its
-        model is behind theirs). A fragment whose
-        final round committed without it publishes it once more, for its next round, once
-        that round's θ is applied (``Closing``). They carry no steps, so the ledger is
-        untouched whatever the rounds do."""
+        model is behind theirs). A fragment whose final round committed without it
+        publishes it once more, for its next round, once that round's θ is applied
+        (``Closing``). They carry no steps, so the ledger is untouched whatever the rounds
+        do."""
         if self.closing is None or not self.settled or not self.step:
             return self, []
         closing, jobs = self.closing.jobs(self.slots)

@@ -235,7 +235,9 @@ class Closing:
             round = keys.round_of(fragment, slot.version + 1, fragments)
             model = self.models[fragment]
             jobs.append(
-                Publish(fragment, round, slot.version, slot.base, model, 0, 0, True, final=True)
+                Publish(
+                    fragment, round, slot.version, slot.base, model, 0, 0, closing=True, final=True
+                )
             )
             finals[fragment] = round
         again = self.again | {job.fragment for job in jobs} if self.finals else self.again
