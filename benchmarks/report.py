@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
+import bench_text
 
 PAGE = "benchmarks.md"
 PLOTS = "benchmarks"
@@ -955,7 +956,7 @@ def text(page: Page, by_size: dict[str, Any] | None) -> None:
         )
     else:
         p = by_size["full"]["parameters"]
-        every = _text_arms(p)
+        every = bench_text.arms(p)  # the size's settings are in its parameters
         left = [arm for arm in every if arm not in p["arms"]]
         page.target(
             "real text (full size): every arm, the torchft ratios and the failure side by side",
@@ -968,15 +969,6 @@ def text(page: Page, by_size: dict[str, Any] | None) -> None:
     for size, result in by_size.items():
         page.add(f"### Size `{size}`", "")
         _text_size(page, result)
-
-
-def _text_arms(p: dict[str, Any]) -> list[str]:
-    """Every arm of a size, from its result's parameters (``bench_text.arms``)."""
-    names = ["dp", "single"]
-    names += [f"gm-{e}-H{s}" for e in p["encodings"] for s in p["sync_every"]]
-    names += [f"torchft-fp32-H{s}" for s in p["torchft"]]
-    kill = p["kill_sync_every"]
-    return [*names, f"gm-fp32-H{kill}-kill", f"torchft-fp32-H{kill}-kill"]
 
 
 def _text_size(page: Page, result: dict[str, Any]) -> None:
