@@ -29,8 +29,10 @@ Latency (``--latency``): a run of one fragment of P parameters (250M by default)
 directory; ``LEARNERS`` learner-only processes and one syncer process (its node never
 steps) step in lockstep through a file barrier, each learner writing when its snapshot's
 put returned and when it first saw each record (wall clock, one machine). A round's latency
-is from its last snapshot landing to the first learner seeing its record; the syncer's own
-peak RSS is reported beside it.
+is from its last snapshot landing (the modification time of its file in the directory, not
+the learner's event: under load an event reaches its sink late, which once put a record
+before its own snapshots) to the first learner seeing its record; the syncer's own peak RSS
+is reported beside it.
 
 Usage: ``nice -n 19 .venv/bin/python benchmarks/bench_memory.py [--quick | --large]
 [--results DIR]``; ``--large`` adds 250M and the latency run (``nox -s bench-large``).
@@ -55,6 +57,7 @@ import torch
 from gradientmail._node.commit import _fp32_blobs, _outcome
 from gradientmail._node.learner import _encode_delta, _Job
 from gradientmail.mailbox import LocalMailbox
+from gradientmail.mailbox.local import key_path
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Candidate
 from gradientmail.protocol.codec import encode_fragment, open_fragment
@@ -337,20 +340,38 @@ def latency(size: int, rounds: int) -> dict[str, Any]:
             raise RuntimeError(f"latency run at {size}: exit codes {codes}")
         outputs = [json.loads((root / f"l{i}").read_text()) for i in range(LEARNERS)]
         syncer_peak = json.loads((root / "syncer").read_text())["peak"]
-    return _latencies(outputs, syncer_peak, size)
+        landed = anyio.run(_landed, Path(run))
+    return _latencies(outputs, landed, syncer_peak, size)
 
 
-def _latencies(outputs: list[dict[str, Any]], syncer_peak: int, size: int) -> dict[str, Any]:
-    published: dict[int, list[float]] = {}
+async def _landed(directory: Path) -> dict[int, list[float]]:
+    """Per round, the modification time of each snapshot's file in ``directory``."""
+    async with LocalMailbox(directory) as mailbox:
+        found = await mailbox.list(keys.ROUNDS)
+    landed: dict[int, list[float]] = {}
+    for key in found:
+        parsed = keys.parse_snapshot(key)
+        if parsed is not None:
+            path = directory.joinpath("objects", *key_path(key))
+            landed.setdefault(parsed[0], []).append(path.stat().st_mtime)
+    return landed
+
+
+def _latencies(
+    outputs: list[dict[str, Any]], landed: dict[int, list[float]], syncer_peak: int, size: int
+) -> dict[str, Any]:
+    published: dict[int, int] = {}
     recorded: dict[int, float] = {}
     for output in outputs:
         for kind, round, at in output["log"]:
             if kind == "published":
-                published.setdefault(round, []).append(at)
+                published[round] = published.get(round, 0) + 1
             else:
                 recorded[round] = min(at, recorded.get(round, at))
-    rounds = sorted(r for r in recorded if len(published.get(r, ())) == LEARNERS)
-    values = [recorded[r] - max(published[r]) for r in rounds]
+    rounds = sorted(
+        r for r in recorded if published.get(r) == LEARNERS and len(landed.get(r, ())) == LEARNERS
+    )
+    values = [recorded[r] - max(landed[r]) for r in rounds]
     steady = values[1:] if len(values) > 1 else values
     return {
         "size": size,
