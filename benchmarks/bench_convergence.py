@@ -201,11 +201,16 @@ def run_local(arm: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
 # -- gradientmail: the worker processes (shared with bench_text.py) ---------------------
 
 
-def _options(*, syncer: bool) -> Any:
+POLL = 0.05
+"""The workers' ``poll_interval`` unless the spec names one: a step here takes milliseconds,
+so a round comes every few tenths of a second."""
+
+
+def _options(*, syncer: bool, poll: float = POLL) -> Any:
     from gradientmail._node import NodeOptions
 
     return NodeOptions(
-        poll_interval=0.05,
+        poll_interval=poll,
         lease_every=0.5,
         lease_timeout=5.0,
         claim_timeout=10.0,
@@ -314,7 +319,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
                 h.CountingMailbox(local, tally, learner),
                 learner=learner,
                 config=RunConfig(**spec["config"]),
-                options=_options(syncer=False),
+                options=_options(syncer=False, poll=spec.get("poll_interval", POLL)),
                 sinks=[count],
             ) as node,
         ):
@@ -401,7 +406,7 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 None,
                 h.CountingMailbox(mailbox, tally, "syncer"),
                 learner="syncer",
-                options=_options(syncer=True),
+                options=_options(syncer=True, poll=spec.get("poll_interval", POLL)),
                 sinks=[sink],
             ) as node,
         ):

@@ -1066,6 +1066,7 @@ def _text_versus(page: Page, versus: dict[str, Any], size: str) -> None:
                 f"{_num(gm_excess, 4)} vs {_num(ft_excess, 4)}",
                 _num(v["wall_ratio"], 2),
                 _num(v["train_ratio"], 2),
+                _num(v.get("cpu_ratio"), 2),
                 _num(v["bytes_ratio"], 2),
             ]
         )
@@ -1092,6 +1093,7 @@ def _text_versus(page: Page, versus: dict[str, Any], size: str) -> None:
                 "excess over DP (gm vs torchft)",
                 "wall ratio",
                 "train ratio",
+                "CPU ratio",
                 "bytes ratio",
             ],
             rows,
