@@ -135,10 +135,16 @@ SIZES: dict[str, dict[str, Any]] = {
 
 
 def arms(size: dict[str, Any]) -> list[str]:
-    """Every arm of ``size``, in the order they run."""
+    """Every arm of ``size``, in the order they run: each torchft arm right after the
+    gradientmail arm it is compared with, so that a machine whose speed drifts over the
+    hour-and-a-half of a full run skews a ratio as little as it can."""
     names = ["dp", "single"]
-    names += [f"gm-{e}-H{s}" for e in size["encodings"] for s in size["sync_every"]]
-    names += [f"torchft-fp32-H{s}" for s in size["torchft"]]
+    for s in size["sync_every"] if "fp32" in size["encodings"] else []:
+        names.append(f"gm-fp32-H{s}")
+        if s in size["torchft"]:
+            names.append(f"torchft-fp32-H{s}")
+    names += [f"torchft-fp32-H{s}" for s in size["torchft"] if s not in size["sync_every"]]
+    names += [f"gm-{e}-H{s}" for e in size["encodings"] if e != "fp32" for s in size["sync_every"]]
     kill = size["kill_sync_every"]
     names += [f"gm-fp32-H{kill}-kill", f"torchft-fp32-H{kill}-kill"]
     return names

@@ -1003,7 +1003,11 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "**computed** (ring all-reduce of fp32: 2(p − 1)/p × 4 bytes × elements, per "
         "gradient step for data-parallel, per fragment sync and its participants p for "
         "torchft). Wall time is the arm's, process start to the last exit, on this shared "
-        f"machine; train time the learners' mean from first to last step.{scale}",
+        "machine; train time the learners' mean from first to last step; CPU the user and "
+        "system time of every process of the arm (gradientmail's learners and syncer, "
+        "torchft's learners; not its lighthouse, which took 1% of a core during a medium "
+        "run). gradientmail's nodes poll "
+        f"every {p.get('poll_interval', 0.05)} s.{scale}",
         "",
         f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
         f"in {figures['total_seconds'] / 60:.1f} minutes (`nox -s bench-text` runs every arm "
