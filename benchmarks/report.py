@@ -1005,8 +1005,7 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "torchft). Wall time is the arm's, process start to the last exit, on this shared "
         "machine; train time the learners' mean from first to last step; CPU the user and "
         "system time of every process of the arm (gradientmail's learners and syncer, "
-        "torchft's learners; not its lighthouse, which took 1% of a core during a medium "
-        "run). gradientmail's nodes poll "
+        "torchft's learners, not its lighthouse process). gradientmail's nodes poll "
         f"every {p.get('poll_interval', 0.05)} s.{scale}",
         "",
         f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
