@@ -204,15 +204,21 @@ def run_local(arm: str, seed: int, settings: dict[str, Any]) -> dict[str, Any]:
 POLL = 0.05
 """The workers' ``poll_interval`` unless the spec names one: a step here takes milliseconds,
 so a round comes every few tenths of a second."""
+LEASE_EVERY = 0.5
+LEASE_TIMEOUT = 5.0
+"""The workers' lease pacing unless the spec names one: a killed learner counts as gone
+within seconds of this benchmark's short runs."""
 
 
-def _options(*, syncer: bool, poll: float = POLL) -> Any:
+def _options(*, syncer: bool, spec: dict[str, Any]) -> Any:
+    """The nodes' options: the spec's pacing (``poll_interval``, ``lease_every``,
+    ``lease_timeout``) where it names one, else this benchmark's."""
     from gradientmail._node import NodeOptions
 
     return NodeOptions(
-        poll_interval=poll,
-        lease_every=0.5,
-        lease_timeout=5.0,
+        poll_interval=spec.get("poll_interval", POLL),
+        lease_every=spec.get("lease_every", LEASE_EVERY),
+        lease_timeout=spec.get("lease_timeout", LEASE_TIMEOUT),
         claim_timeout=10.0,
         creation_timeout=20.0,
         close_timeout=30.0,
@@ -319,7 +325,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
                 h.CountingMailbox(local, tally, learner),
                 learner=learner,
                 config=RunConfig(**spec["config"]),
-                options=_options(syncer=False, poll=spec.get("poll_interval", POLL)),
+                options=_options(syncer=False, spec=spec),
                 sinks=[count],
             ) as node,
         ):
@@ -406,7 +412,7 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 None,
                 h.CountingMailbox(mailbox, tally, "syncer"),
                 learner="syncer",
-                options=_options(syncer=True, poll=spec.get("poll_interval", POLL)),
+                options=_options(syncer=True, spec=spec),
                 sinks=[sink],
             ) as node,
         ):

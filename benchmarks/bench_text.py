@@ -21,12 +21,14 @@ new stream of its shard.
 - ``gm-{encoding}-H{H}``: ``K`` learner processes and a dedicated syncer process on a
   ``LocalMailbox`` (``bench_convergence``'s workers), ``F`` fragments. Bytes are measured by
   each learner's node (written and read, from when all joined to the end of its flush).
-  The nodes poll every 0.05 s, 0.25 s at the full size (``poll_interval``), where a step
-  takes about 0.3 s on two cores: polling every 0.05 s costs an idle node 1.8% of a core
-  (0.55% at 0.25 s; a syncer 3.2% and 0.9%; measured with no steps on a ``LocalMailbox``),
-  so the arm's five processes took about 5% of the machine from training at 0.05 s and
-  1.5% at 0.25 s; the full size's gm-fp32-H100 at 0.25 s ended on 2.234 bits/byte against
-  2.263 at 0.05 s. Every process's CPU time (user and system, all threads) is reported.
+  The nodes poll every 0.05 s and beat their lease every 0.5 s (gone after 5 s); the
+  full size, where a step takes about 0.3 s on two cores, polls every 0.5 s and leases on
+  the product's defaults (2 s, gone after 10 s). Polling costs an idle node CPU that on two
+  shared cores comes out of training: 1.8% of a core at 0.05 s, 0.55% at 0.25 s, 0.35% at
+  1 s (a syncer 3.2%, 0.9%, 0.4%; ``bench_overhead.py``'s idle arm measures it), and the
+  full size's gm-fp32-H100 ran 1.02× torchft's wall time polling every 0.25 s with a
+  0.5 s lease, 0.96× on the product's pacing (1 s, 2 s), at 2.234 and 2.271 bits/byte.
+  Every process's CPU time (user and system, all threads) is reported.
 - ``torchft-fp32-H{H}``: ``K`` processes, each its own replica group of one, with
   ``torchft.local_sgd.DiLoCo`` over the same fragments (``bench_text_torchft.py``), its
   lighthouse process and gloo process groups on 127.0.0.1. Bytes: the ring
@@ -129,7 +131,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "eval": (4, 32),
         "final_eval": (32, 32),
         "eval_every": 200,
-        "poll_interval": 0.25,
+        "pacing": {"poll_interval": 0.5, "lease_every": 2.0, "lease_timeout": 10.0},
     },
 }
 
@@ -290,14 +292,20 @@ def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spec(size_name: str, seed: int, scratch: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "size": size_name,
-        "seed": seed,
-        "steps": SIZES[size_name]["steps"],
-        "poll_interval": SIZES[size_name].get("poll_interval", bc.POLL),
-        "learners": K,
-        "scratch": str(scratch),
-    } | extra
+    return (
+        {
+            "size": size_name,
+            "seed": seed,
+            "steps": SIZES[size_name]["steps"],
+            "poll_interval": bc.POLL,
+            "lease_every": bc.LEASE_EVERY,
+            "lease_timeout": bc.LEASE_TIMEOUT,
+            "learners": K,
+            "scratch": str(scratch),
+        }
+        | SIZES[size_name].get("pacing", {})
+        | extra
+    )
 
 
 def _kill(size: dict[str, Any], killed: bool) -> bc.Kill | None:

@@ -984,6 +984,7 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "full-size losses.**"
     )
     model = p["model"]
+    pacing = p.get("pacing", {"poll_interval": p.get("poll_interval", 0.05)})
     page.add(
         _provenance(result),
         "",
@@ -1006,7 +1007,9 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "machine; train time the learners' mean from first to last step; CPU the user and "
         "system time of every process of the arm (gradientmail's learners and syncer, "
         "torchft's learners, not its lighthouse process). gradientmail's nodes poll "
-        f"every {p.get('poll_interval', 0.05)} s.{scale}",
+        f"every {pacing['poll_interval']} s and beat their lease every "
+        f"{pacing.get('lease_every', 0.5)} s (gone after {pacing.get('lease_timeout', 5.0)} "
+        f"s).{scale}",
         "",
         f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
         f"in {figures['total_seconds'] / 60:.1f} minutes (`nox -s bench-text` runs every arm "
