@@ -23,6 +23,13 @@ Beside it, ``facade_ratio_of_calls`` is the ratio the medians of the two arms' `
 calls imply for one median training step: (train + handle call) / (train + facade call),
 which load that drifts between segments does not move.
 
+A third arm measures what a node costs while nothing happens: the CPU time (user and system,
+every thread of the process) of a learner node that takes no steps (``syncer=False``, on a
+fresh ``LocalMailbox``), and of that learner with a dedicated syncer node beside it in the
+same process, over ``idle_seconds`` of wall time at each ``poll_interval`` (the product's
+lease pacing), less the process's own CPU over as long with no node (measured in the same
+run). The figure is percent of one core; the syncer's is the pair's less the learner's.
+
 Usage: ``.venv/bin/python benchmarks/bench_overhead.py [--quick] [--results DIR]``.
 """
 
@@ -39,7 +46,7 @@ import anyio
 import torch
 
 import gradientmail.sync
-from gradientmail._node import StepHandle
+from gradientmail._node import NodeOptions, StepHandle
 from gradientmail._node import node as join_run
 from gradientmail.demo.data import synthetic
 from gradientmail.demo.model import GPT, GPTConfig
@@ -56,8 +63,22 @@ BATCH = 4
 
 def plan(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"model": "small", "sync_every": 8, "segment_steps": 8, "sessions": 1}
-    return {"model": "medium", "sync_every": 50, "segment_steps": 60, "sessions": 3}
+        return {
+            "model": "small",
+            "sync_every": 8,
+            "segment_steps": 8,
+            "sessions": 1,
+            "idle_polls": [0.25],
+            "idle_seconds": 2.0,
+        }
+    return {
+        "model": "medium",
+        "sync_every": 50,
+        "segment_steps": 60,
+        "sessions": 3,
+        "idle_polls": [0.05, 0.25, 0.5, 1.0],
+        "idle_seconds": 10.0,
+    }
 
 
 def _trainer(model: GPT, batches: Iterator[torch.Tensor]) -> Callable[[], float]:
@@ -137,23 +158,28 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
         node_seconds += middle
         ratios += [first / middle[0], last / middle[1]]
     facade = await _facade_arm(settings, scratch, model, step, config)
+    idle = await _idle_arm(settings, scratch, model, config)
     bare_rate = [n / s for s in bare_seconds]
     node_rate = [n / s for s in node_seconds]
     ms = [t * 1e3 for t in step_times]
-    return {
-        "steps_per_s_bare": h.summary(bare_rate),
-        "steps_per_s_node": h.summary(node_rate),
-        "ratio": h.summary(ratios),
-        "step_ms_p50": h.percentile(ms, 50),
-        "step_ms_p99": h.percentile(ms, 99),
-        "step_ms_max": max(ms),
-        "step_ms_mean": sum(ms) / len(ms),
-        "train_ms_p50": h.percentile([t * 1e3 for t in train_times], 50),
-        "rounds_committed": committed,
-        "bytes_published": published,
-        "bytes_downloaded": downloaded,
-        "params": model.num_parameters(),
-    } | facade
+    return (
+        {
+            "steps_per_s_bare": h.summary(bare_rate),
+            "steps_per_s_node": h.summary(node_rate),
+            "ratio": h.summary(ratios),
+            "step_ms_p50": h.percentile(ms, 50),
+            "step_ms_p99": h.percentile(ms, 99),
+            "step_ms_max": max(ms),
+            "step_ms_mean": sum(ms) / len(ms),
+            "train_ms_p50": h.percentile([t * 1e3 for t in train_times], 50),
+            "rounds_committed": committed,
+            "bytes_published": published,
+            "bytes_downloaded": downloaded,
+            "params": model.num_parameters(),
+        }
+        | facade
+        | idle
+    )
 
 
 async def _facade_arm(
@@ -213,6 +239,38 @@ async def _facade_arm(
     }
 
 
+async def _idle_arm(
+    settings: dict[str, Any], scratch: Path, model: GPT, config: RunConfig
+) -> dict[str, Any]:
+    """What an idle learner and a dedicated syncer cost, at each poll interval (module
+    docstring)."""
+    seconds = settings["idle_seconds"]
+
+    async def cpu_over_window() -> float:
+        await anyio.sleep(1.0)  # past the joins' own work
+        started, cpu = time.perf_counter(), time.process_time()
+        await anyio.sleep(seconds)
+        return 100 * (time.process_time() - cpu) / (time.perf_counter() - started)
+
+    baseline = await cpu_over_window()
+    by_poll: dict[str, dict[str, float]] = {}
+    for poll in settings["idle_polls"]:
+        learner = NodeOptions(poll_interval=poll, syncer=False)
+        syncer = NodeOptions(poll_interval=poll, syncer=True)
+        async with (
+            LocalMailbox(scratch / f"idle-{poll}") as mailbox,
+            join_run(model, mailbox, learner="solo", config=config, options=learner),
+        ):
+            alone = await cpu_over_window()
+            async with join_run(None, mailbox, learner="syncer", options=syncer):
+                pair = await cpu_over_window()
+        by_poll[str(poll)] = {
+            "learner_core_percent": alone - baseline,
+            "syncer_core_percent": pair - alone,
+        }
+    return {"idle_baseline_core_percent": baseline, "idle": by_poll}
+
+
 def run(results: Path, quick: bool) -> Path:
     settings = plan(quick)
     torch.set_num_threads(1)
@@ -253,6 +311,11 @@ def main() -> None:
         f"{figures['facade_ratio_of_calls']:.4f}, step() p50 facade "
         f"{figures['facade_step_ms_p50']:.3f} ms, handle {figures['handle_step_ms_p50']:.3f} ms"
     )
+    for poll, idle in figures["idle"].items():
+        print(
+            f"idle at poll {poll} s: learner {idle['learner_core_percent']:.2f}% of a core, "
+            f"syncer {idle['syncer_core_percent']:.2f}%"
+        )
     print(f"wrote {path}")
 
 

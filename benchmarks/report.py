@@ -520,6 +520,28 @@ def step_overhead(page: Page, result: dict[str, Any] | None) -> None:
             "shared machine's load moved between segments.",
             "",
         )
+    if "idle" in f:
+        page.add(
+            "What a node costs while nothing happens (no steps; the product's lease pacing, "
+            "every 2 s): the CPU time of every thread of the process over "
+            f"{_num(p['idle_seconds'], 0)} s, less the same process's with no node "
+            f"({_num(f['idle_baseline_core_percent'], 2)}% of a core), in percent of one "
+            "core. The learner lists the round records at every poll; the syncer reads the "
+            "round it is closing (its record, its snapshots, and the next rounds' while it is "
+            "empty). On a machine where training has every core, this is what it loses.",
+            "",
+            *_table(
+                ["poll interval", "learner", "dedicated syncer"],
+                [
+                    [
+                        f"{poll} s",
+                        f"{_num(idle['learner_core_percent'], 2)}%",
+                        f"{_num(idle['syncer_core_percent'], 2)}%",
+                    ]
+                    for poll, idle in f["idle"].items()
+                ],
+            ),
+        )
     page.target(
         "step overhead: steps/s with node ÷ bare",
         f"≥ {result['target_ratio']}",

@@ -89,6 +89,7 @@ def test_the_figures_are_measured_not_empty(quick_run: tuple[Path, Path, str]) -
     assert len(memory["latency"]["values_s"]) >= 2
     assert all(value > 0 for value in memory["latency"]["values_s"])
     assert overhead["rounds_committed"] > 0
+    assert all(idle["learner_core_percent"] > 0 for idle in overhead["idle"].values())
 
 
 def test_the_page_and_plots_are_generated(quick_run: tuple[Path, Path, str]) -> None:
