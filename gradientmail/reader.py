@@ -33,9 +33,9 @@ from gradientmail.errors import CorruptBlob, NoRun, RecordError, RunMismatch, Us
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import checkpoint, keys
-from gradientmail.protocol.codec import decode_fragment
+from gradientmail.protocol.codec import decode_fragment, open_delta, tensors_of
 from gradientmail.protocol.fragments import mismatch, signature
-from gradientmail.protocol.records import FragmentSpec, Manifest, RoundRecord
+from gradientmail.protocol.records import FragmentSpec, Manifest, RoundRecord, Snapshot
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
@@ -344,13 +344,13 @@ class RunReader:
         for snapshot, problem in await self.store.snapshots(record.round):
             if snapshot.learner not in wanted or problem is not None:
                 continue
-            data = await self.store.get_blob(snapshot.delta)
-            if data is None:
+            datas = await self.store.delta_blobs(snapshot)
+            if datas is None:
                 raise RecordError(
                     f"the delta of {snapshot.learner!r} in round {record.round}, which the "
                     "record counts, is gone: its momentum cannot be replayed"
                 )
-            delta = await anyio.to_thread.run_sync(decode_fragment, data, spec)
+            delta = await anyio.to_thread.run_sync(_decoded_delta, datas, snapshot, spec)
             found.append((snapshot, delta))
         return checkpoint.mean_of(record, found, spec)
 
@@ -484,3 +484,7 @@ async def open_mailbox(url: str, *, must_exist: bool) -> AsyncIterator[Mailbox]:
         raise UsageError(f"{url}: no such directory, so no run there")
     async with box:
         yield box
+
+
+def _decoded_delta(datas: Sequence[bytes], snapshot: Snapshot, spec: FragmentSpec) -> list[Tensor]:
+    return tensors_of(open_delta(datas, snapshot, spec))

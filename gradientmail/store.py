@@ -336,6 +336,18 @@ class Store:
             )
         return data
 
+    async def delta_blobs(self, snapshot: Snapshot) -> list[bytes] | None:
+        """The verified bytes of every blob of ``snapshot``'s delta (``Snapshot.blobs``), in
+        order; None when one of them is gone. Raises ``CorruptBlob`` for one that does not
+        hash to its address."""
+        found = []
+        for ref in snapshot.blobs:
+            data = await self.get_blob(ref)
+            if data is None:
+                return None
+            found.append(data)
+        return found
+
     # -- the manifest and creation ----------------------------------------------------------
 
     async def manifest(self) -> Manifest | None:

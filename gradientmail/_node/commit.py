@@ -32,7 +32,7 @@ from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomple
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
 from gradientmail.protocol.checkpoint import Retained, is_checkpoint, retained, step
-from gradientmail.protocol.codec import CodecError, encode_fragment, open_fragment
+from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
 from gradientmail.protocol.outer import committed_update
 from gradientmail.protocol.records import (
     FragmentSpec,
@@ -144,7 +144,7 @@ async def commit(
     rt.emit(RoundCommitted(rt.learner, landed, rt.clock.now() - started))
     now_held = Rebuilt(version, tuple(theta), tuple(momentum), outer=True)
     committed = FragmentState(version, landed, now_held)
-    deltas = {**state.deltas, round: frozenset(s.delta.sha256 for s, _ in snapshots)}
+    deltas = {**state.deltas, round: frozenset(b.sha256 for s, _ in snapshots for b in s.blobs)}
     state = replace(state.adopted(landed, config, committed), deltas=deltas)
     return await collect_garbage(rt, state, round), landed, True
 
@@ -197,14 +197,14 @@ async def _candidate(
         detail = f"names fragment {snapshot.fragment}, but the round is of fragment {fragment}"
         return Candidate(snapshot=snapshot, delta=None, problem=("shape", detail))
     try:
-        data = await rt.store.get_blob(snapshot.delta)
+        datas = await rt.store.delta_blobs(snapshot)
     except CorruptBlob as exc:
         return Candidate(snapshot=snapshot, delta=None, problem=("corrupt", str(exc)))
-    if data is None:
+    if datas is None:
         return Candidate(snapshot=snapshot, delta=None, problem=("corrupt", "the blob is gone"))
     try:
         # Checked now, decoded a piece at a time by the aggregation.
-        delta = await anyio.to_thread.run_sync(open_fragment, data, spec)
+        delta = await anyio.to_thread.run_sync(open_delta, datas, snapshot, spec)
     except CodecError as exc:
         return Candidate(snapshot=snapshot, delta=None, problem=(exc.reason, str(exc)))
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
@@ -328,5 +328,5 @@ async def _remember(
     ahead = set(range(round + 1, round + count))
     for r in sorted(now.snapshots | gone | ahead):
         if keys.fragment_of(r, count) in fragments and (r not in deltas or r in ahead):
-            deltas[r] = frozenset(s.delta.sha256 for s, _ in await rt.store.snapshots(r))
+            deltas[r] = frozenset(b.sha256 for s, _ in await rt.store.snapshots(r) for b in s.blobs)
     return replace(state, recent=recent, deltas=deltas)

@@ -31,10 +31,11 @@ equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zer
 ``cosine`` is the mean over accepted deltas of ``cos(Δ_i, mean)`` (0 for a zero vector),
 None for fewer than two.
 
-A delta is either tensors or a ``codec.FragmentBlob`` (a checked blob, decoded piece by
-piece): every pass over the deltas (the checks and norms, then the mean with the cosines)
-takes ``pieces.CHUNK_ELEMENTS`` elements of each at a time, so the working memory beyond the
-blobs and the mean is a few pieces per snapshot, never a decoded copy of a delta.
+A delta is either tensors or a checked blob decoded piece by piece (``pieces.BlobView``:
+one ``FragmentBlob``, or the ``PartedBlob`` of a snapshot uploaded in parts): every pass over
+the deltas (the checks and norms, then the mean with the cosines) takes
+``pieces.CHUNK_ELEMENTS`` elements of each at a time, so the working memory beyond the blobs
+and the mean is a few pieces per snapshot, never a decoded copy of a delta.
 
 Pure: no I/O; runs on whatever thread calls it (the syncer runs it in a worker thread).
 """
@@ -49,7 +50,7 @@ import torch
 from torch import Tensor
 
 from gradientmail.protocol import keys
-from gradientmail.protocol.pieces import FragmentBlob, chunk_ranges
+from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
     Participant,
@@ -76,8 +77,8 @@ MAX_DELTA_RATIO = 100.0
 times the fragment's norm, or a root-mean-square change of a hundred per element."""
 
 
-Delta: TypeAlias = Sequence[Tensor] | FragmentBlob
-"""A snapshot's delta: its tensors (``spec.params`` order), or its checked blob."""
+Delta: TypeAlias = Sequence[Tensor] | FragmentBlob | PartedBlob
+"""A snapshot's delta: its tensors (``spec.params`` order), or its checked blob (or parts)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class Aggregate:
 
 def _pieces(delta: Delta) -> Iterator[Tensor]:
     """``delta`` as flat pieces of ``CHUNK_ELEMENTS`` (a parameter's last shorter), in order."""
-    if isinstance(delta, FragmentBlob):
+    if isinstance(delta, FragmentBlob | PartedBlob):
         for index, param in enumerate(delta.spec.params):
             for start, end in chunk_ranges(param.numel):
                 yield delta.piece(index, start, end)
@@ -117,7 +118,7 @@ def _pieces(delta: Delta) -> Iterator[Tensor]:
 
 def _piece(delta: Delta, index: int, start: int, end: int) -> Tensor:
     """Elements ``[start, end)`` of parameter ``index`` of ``delta``, as fp32."""
-    if isinstance(delta, FragmentBlob):
+    if isinstance(delta, FragmentBlob | PartedBlob):
         return delta.piece(index, start, end)
     return delta[index].detach().reshape(-1)[start:end].to(torch.float32)
 
@@ -212,7 +213,7 @@ class _Passed:
 
 
 def _shape_problem(delta: Delta, spec: FragmentSpec) -> str | None:
-    if isinstance(delta, FragmentBlob):
+    if isinstance(delta, FragmentBlob | PartedBlob):
         if delta.spec != spec:
             return f"the blob was opened for fragment {delta.spec.index}'s parameters"
         return None

@@ -49,7 +49,7 @@ import itertools
 import math
 import struct
 from collections.abc import Sequence
-from typing import Any, Final, get_args
+from typing import Any, Final, TypeAlias, get_args
 
 import msgspec
 import torch
@@ -63,15 +63,20 @@ from gradientmail.protocol.pieces import (
     LEVELS,
     STORED_DTYPE,
     TORCH_DTYPE,
+    BlobView,
     FragmentBlob,
+    PartedBlob,
     chunk_ranges,
     quantize_into,
+    row_count,
     target,
 )
 from gradientmail.protocol.records import (
     DECODE_FAILURES,
     Encoding,
     FragmentSpec,
+    ParamSpec,
+    Snapshot,
     decode_failure,
 )
 
@@ -81,11 +86,18 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "CodecError",
     "FragmentBlob",
+    "PartedBlob",
+    "Rows",
+    "check_parts",
     "decode_fragment",
     "digest",
     "encode_fragment",
+    "open_delta",
     "open_fragment",
+    "open_parts",
+    "part_spec",
     "spec_digest",
+    "tensors_of",
     "verify",
 ]
 
@@ -381,6 +393,75 @@ def open_fragment(data: bytes, spec: FragmentSpec) -> FragmentBlob:
     return blob
 
 
+Rows: TypeAlias = Sequence[tuple[int, int]]
+"""One ``(start, end)`` range of rows per parameter of a fragment, in ``spec.params`` order."""
+
+
+def part_spec(spec: FragmentSpec, rows: Rows) -> FragmentSpec:
+    """The fragment a part of ``spec`` holding ``rows`` is encoded as: the same parameters,
+    each cut to its rows (``(end − start, *shape[1:])``; a 0-dimensional parameter keeps its
+    shape when its one row is in, else ``(0,)``). ``rows`` must fit (``check_parts``)."""
+    params = []
+    for param, (start, end) in zip(spec.params, rows, strict=True):
+        if param.shape:
+            shape: tuple[int, ...] = (end - start, *param.shape[1:])
+        else:
+            shape = () if end > start else (0,)
+        params.append(ParamSpec(name=param.name, shape=shape, dtype=param.dtype))
+    return FragmentSpec(index=spec.index, params=tuple(params))
+
+
+def check_parts(spec: FragmentSpec, parts: Sequence[Rows]) -> str | None:
+    """None when ``parts`` (each one ``Rows``) hold every row of every parameter of ``spec``
+    once, in order: part ``k``'s range of a parameter starts where part ``k − 1``'s ended
+    (at 0 for the first) and the last part's ends at the parameter's rows. Else what is
+    wrong, for the ``shape`` rejection of the snapshot."""
+    count = len(spec.params)
+    for k, rows in enumerate(parts):
+        if len(rows) != count:
+            return f"part {k} names rows of {len(rows)} parameters, the fragment has {count}"
+    for index, param in enumerate(spec.params):
+        at = 0
+        for k, rows in enumerate(parts):
+            start, end = rows[index]
+            if start != at or end < start:
+                return (
+                    f"part {k} holds rows [{start}, {end}) of {param.name!r}, which should "
+                    f"start at row {at}: the parts must hold every row once, in order"
+                )
+            at = end
+        if at != row_count(param):
+            return f"the parts hold {at} rows of {param.name!r}, which has {row_count(param)}"
+    return None
+
+
+def open_parts(datas: Sequence[bytes], spec: FragmentSpec, parts: Sequence[Rows]) -> PartedBlob:
+    """The blobs ``datas`` of a delta in ``parts`` (``check_parts``), each checked in full
+    as a blob of its rows (``open_fragment`` on ``part_spec``), read as one fragment of
+    ``spec``. Raises ``CodecError`` (``"shape"`` for parts that do not fit ``spec``) naming
+    the part that is wrong."""
+    problem = check_parts(spec, parts)
+    if problem is not None:
+        raise CodecError(problem, reason="shape")
+    blobs = []
+    for k, (data, rows) in enumerate(zip(datas, parts, strict=True)):
+        try:
+            blobs.append(open_fragment(data, part_spec(spec, rows)))
+        except CodecError as exc:
+            raise CodecError(f"part {k}: {exc}", reason=exc.reason) from None
+    return PartedBlob(spec, tuple(blobs), tuple(tuple(rows) for rows in parts))
+
+
+def open_delta(datas: Sequence[bytes], snapshot: Snapshot, spec: FragmentSpec) -> BlobView:
+    """``snapshot``'s delta from the bytes of its blobs (``Snapshot.blobs``, in order),
+    checked: one blob (``open_fragment``) or its parts (``open_parts``). Raises
+    ``CodecError`` naming what is wrong."""
+    if isinstance(snapshot.parts, tuple):
+        return open_parts(datas, spec, [part.rows for part in snapshot.parts])
+    (data,) = datas
+    return open_fragment(data, spec)
+
+
 def _check_quantized(blob: FragmentBlob) -> None:
     """Every block scale finite and non-negative, every value in ``[−Q, Q]``."""
     assert blob.scales is not None
@@ -405,7 +486,13 @@ def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:
     ``data`` is not a well-formed blob of this fragment; it never returns partial results.
     Memory: the tensors plus a piece at a time (``open_fragment``).
     """
-    blob = open_fragment(data, spec)
+    return tensors_of(open_fragment(data, spec))
+
+
+def tensors_of(blob: BlobView) -> list[Tensor]:
+    """Every parameter of a checked blob (or parts), decoded: fresh fp32 CPU tensors of its
+    spec's shapes."""
+    spec = blob.spec
     result = []
     for index, param in enumerate(spec.params):
         out = torch.empty(param.numel, dtype=torch.float32)

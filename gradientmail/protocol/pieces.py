@@ -12,14 +12,22 @@ thread.
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeAlias
 
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.records import Encoding, FragmentSpec
+from gradientmail.protocol.records import Encoding, FragmentSpec, ParamSpec
 
-__all__ = ["CHUNK_ELEMENTS", "FragmentBlob", "chunk_ranges"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "BlobView",
+    "FragmentBlob",
+    "PartedBlob",
+    "chunk_ranges",
+    "row_count",
+    "row_width",
+]
 
 LEVELS: Final = {"int8": 127, "int4": 7}
 STORED_DTYPE: Final = {"fp32": "F32", "bf16": "BF16", "int8": "I8", "int4": "U8"}
@@ -202,3 +210,44 @@ class FragmentBlob:
             bytearray(self.data[self.values_at + lo : self.values_at + hi]), dtype=torch.uint8
         )
         return unpack4(packed, first % 2, count)
+
+
+def row_width(param: ParamSpec) -> int:
+    """The elements of one row (of the first dimension) of ``param``: a 0-dimensional
+    parameter is one row of one element."""
+    return math.prod(param.shape[1:]) if param.shape else 1
+
+
+def row_count(param: ParamSpec) -> int:
+    """The rows of ``param``'s first dimension (1 for a 0-dimensional parameter)."""
+    return param.shape[0] if param.shape else 1
+
+
+@dataclass(frozen=True, eq=False)
+class PartedBlob:
+    """A delta in parts (``records.SnapshotPart``), read as one fragment of ``spec``: part
+    ``k`` is ``parts[k]``, a checked blob of the rows ``rows[k][i]`` of each parameter
+    ``i``; the parts hold every row once, in order (``codec.check_parts``). ``piece`` reads
+    across them, so the aggregation treats it as it treats one ``FragmentBlob``."""
+
+    spec: FragmentSpec
+    parts: tuple[FragmentBlob, ...]
+    rows: tuple[tuple[tuple[int, int], ...], ...]
+
+    def piece(self, index: int, start: int, end: int) -> Tensor:
+        """Elements ``[start, end)`` of the flattened parameter ``index``: a fresh fp32
+        CPU tensor."""
+        width = row_width(self.spec.params[index])
+        found = []
+        for blob, rows in zip(self.parts, self.rows, strict=True):
+            first, last = rows[index][0] * width, rows[index][1] * width
+            lo, hi = max(start, first), min(end, last)
+            if lo < hi:
+                found.append(blob.piece(index, lo - first, hi - first))
+        if not found:
+            return torch.empty(0, dtype=torch.float32)
+        return found[0] if len(found) == 1 else torch.cat(found)
+
+
+BlobView: TypeAlias = FragmentBlob | PartedBlob
+"""A checked delta decoded a piece at a time: one blob, or a snapshot's parts."""

@@ -23,6 +23,7 @@ __all__ = [
     "DECODE_FAILURES",
     "FORMAT_VERSION",
     "MAX_MANIFEST_BYTES",
+    "MAX_PARTS",
     "MAX_RECORD_BYTES",
     "BlobRef",
     "Count",
@@ -45,6 +46,7 @@ __all__ = [
     "RunConfig",
     "Sha256",
     "Snapshot",
+    "SnapshotPart",
     "Weighting",
     "decode",
     "decode_failure",
@@ -255,12 +257,31 @@ class LeaseBeat(_Object, frozen=True, kw_only=True):
     learner: str
 
 
+MAX_PARTS: Final = 1024
+"""The most parts a snapshot's delta may come in (``SnapshotPart``): a learner group's ranks,
+with room to spare; a syncer fetches every part, so the bound caps a forged snapshot's cost."""
+
+
+class SnapshotPart(msgspec.Struct, frozen=True, kw_only=True):
+    """One blob of a snapshot's delta uploaded in parts: the rows ``rows[i] = (start, end)``
+    of parameter ``i`` of the fragment (rows of the first dimension; a 0-dimensional parameter
+    has one row), encoded as a fragment of those rows (``codec.part_spec``). A learner group
+    whose ranks hold shards of the parameters (FSDP2) uploads one part per rank."""
+
+    delta: BlobRef
+    rows: tuple[tuple[Count, Count], ...]
+
+
 class Snapshot(_Object, frozen=True, kw_only=True):
     """``learner``'s delta of ``fragment`` for ``round``: ``steps`` local steps and ``tokens``
     tokens since it was based on ``base_version``. ``norm`` is the writer's claim of the
     delta's L2 norm (None if not finite); readers recompute it from the blob. ``steps`` and
     ``tokens`` are not range-checked when decoding: a round rejects implausible ones with the
     reason ``tokens``, which names the learner.
+
+    The delta is one blob (``delta``) or, from a learner group of sharded ranks, ``parts``
+    that together hold every row of every parameter once, in order (``codec.check_parts``);
+    exactly one of the two is set, so a whole snapshot encodes as it did before parts existed.
 
     ``closing`` True marks a snapshot taken after its learner began closing (its flush, and
     its final snapshot): learners closing together judge by it whether the others trained
@@ -276,10 +297,26 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     base_version: Count
     steps: int
     tokens: int
-    delta: BlobRef
+    delta: BlobRef | msgspec.UnsetType = msgspec.UNSET
     norm: float | None
     closing: bool | msgspec.UnsetType = msgspec.UNSET
     final: bool | msgspec.UnsetType = msgspec.UNSET
+    parts: tuple[SnapshotPart, ...] | msgspec.UnsetType = msgspec.UNSET
+
+    def __post_init__(self) -> None:
+        whole = isinstance(self.delta, BlobRef)
+        if whole == isinstance(self.parts, tuple):
+            raise ValueError("a snapshot names its delta as one blob or in parts, exactly one")
+        if isinstance(self.parts, tuple) and not 1 <= len(self.parts) <= MAX_PARTS:
+            raise ValueError(f"a snapshot's delta comes in 1 to {MAX_PARTS} parts")
+
+    @property
+    def blobs(self) -> tuple[BlobRef, ...]:
+        """The blobs of the delta: the one, or each part's in order."""
+        if isinstance(self.delta, BlobRef):
+            return (self.delta,)
+        assert isinstance(self.parts, tuple)
+        return tuple(part.delta for part in self.parts)
 
 
 class RoundClaim(_Object, frozen=True, kw_only=True):
