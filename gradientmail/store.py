@@ -41,8 +41,9 @@ import msgspec
 
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError, SignatureError
-from gradientmail.mailbox import Mailbox, ObjectRefused, retrying
+from gradientmail.mailbox import Mailbox, ObjectRefused, RangedMailbox, retrying
 from gradientmail.protocol import keys
+from gradientmail.protocol.codec import INDEX_CHUNK, chunk_index, chunks_of
 from gradientmail.protocol.records import (
     MAX_MANIFEST_BYTES,
     MAX_RECORD_BYTES,
@@ -313,12 +314,78 @@ class Store:
 
     # -- blobs ------------------------------------------------------------------------------
 
-    async def put_blob(self, data: bytes, encoding: str) -> BlobRef:
-        """Store ``data`` under its sha256 (a no-op when it is there) and return its ref."""
+    async def put_blob(self, data: bytes, encoding: str, *, indexed: bool = False) -> BlobRef:
+        """Store ``data`` under its sha256 (a no-op when it is there) and return its ref;
+        ``indexed``: with its chunk index (``BlobRef.index``), stored first, so that a ref
+        never names an index that is not there."""
         digest = await _hash(data)
+        index: str | msgspec.UnsetType = msgspec.UNSET
+        if indexed:
+            chunks = await anyio.to_thread.run_sync(chunk_index, data)
+            named = await _hash(chunks)
+            await self.create(keys.blob(named), chunks, read_back=False)
+            index = named
         # Content-addressed: whoever wrote the key wrote these bytes; nothing to read back.
         await self.create(keys.blob(digest), data, read_back=False)
-        return BlobRef(sha256=digest, size=len(data), encoding=encoding)
+        return BlobRef(sha256=digest, size=len(data), encoding=encoding, index=index)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of ``key`` (``RangedMailbox.get_range``), or None; a
+        mailbox without ranged reads answers from a whole ``get``. Retried and counted as
+        ``get`` is."""
+
+        async def op() -> bytes | None:
+            self._requests["get"] += 1
+            if isinstance(self.mailbox, RangedMailbox):
+                data = await self.mailbox.get_range(key, start, end)
+            else:
+                whole = await self.mailbox.get(key)
+                data = None if whole is None else whole[start:end]
+            if data is not None:
+                self._bytes_down += len(data)
+            return data
+
+        return await self._retry(op, None)
+
+    async def blob_ranges(
+        self, ref: BlobRef, ranges: Sequence[tuple[int, int]]
+    ) -> list[bytes] | None:
+        """The bytes of each ``[start, end)`` of ``ref`` in ``ranges`` (within its size),
+        each checked against the blob's index: the index is read and checked against its
+        address, then every chunk a range touches is read once and checked. A ref without an
+        index is read whole (``get_blob``). None when the blob or its index is gone. Raises
+        ``CorruptBlob`` for bytes that fail a check and ``ValueError`` for a range outside
+        the blob."""
+        for start, end in ranges:
+            if not 0 <= start <= end <= ref.size:
+                raise ValueError(f"range [{start}, {end}) is outside blob {ref.sha256[:16]}…")
+        if not isinstance(ref.index, str):
+            whole = await self.get_blob(ref)
+            return None if whole is None else [whole[start:end] for start, end in ranges]
+        index = await self.get(keys.blob(ref.index), max_bytes=32 * chunks_of(ref.size))
+        if index is None:
+            return None
+        if await _hash(index) != ref.index or len(index) != 32 * chunks_of(ref.size):
+            raise CorruptBlob(
+                f"the index of blob {ref.sha256[:16]}… does not hash to {ref.index[:16]}… or "
+                "has the wrong length; the store's copy is damaged"
+            )
+        chunks: dict[int, bytes] = {}
+        for first, last in _chunk_runs(ranges):
+            start, end = first * INDEX_CHUNK, min((last + 1) * INDEX_CHUNK, ref.size)
+            data = await self.get_range(keys.blob(ref.sha256), start, end)
+            if data is None:
+                return None
+            for n in range(first, last + 1):
+                chunk = data[(n - first) * INDEX_CHUNK : (n - first + 1) * INDEX_CHUNK]
+                if hashlib.sha256(chunk).digest() != index[32 * n : 32 * n + 32]:
+                    raise CorruptBlob(
+                        f"bytes [{n * INDEX_CHUNK}, {n * INDEX_CHUNK + len(chunk)}) of blob "
+                        f"{ref.sha256[:16]}… fail their digest in its index; the store's "
+                        "copy is damaged"
+                    )
+                chunks[n] = chunk
+        return [_assembled(chunks, start, end) for start, end in ranges]
 
     async def get_blob(self, ref: BlobRef) -> bytes | None:
         """The bytes of ``ref``, verified; None when the blob is gone (collected).
@@ -732,6 +799,34 @@ class Store:
         while rounds and await self.record(rounds[-1]) is None:
             rounds.pop()
         return rounds
+
+
+def _chunk_runs(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The index chunks ``ranges`` touch, as runs ``(first, last)`` of adjacent chunks."""
+    touched = sorted(
+        {
+            n
+            for start, end in ranges
+            if end > start
+            for n in range(start // INDEX_CHUNK, (end - 1) // INDEX_CHUNK + 1)
+        }
+    )
+    runs: list[tuple[int, int]] = []
+    for n in touched:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1] = (runs[-1][0], n)
+        else:
+            runs.append((n, n))
+    return runs
+
+
+def _assembled(chunks: Mapping[int, bytes], start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a blob from its checked ``chunks``."""
+    if end <= start:
+        return b""
+    first, last = start // INDEX_CHUNK, (end - 1) // INDEX_CHUNK
+    joined = b"".join(chunks[n] for n in range(first, last + 1))
+    return joined[start - first * INDEX_CHUNK : end - first * INDEX_CHUNK]
 
 
 def _from_zero(numbers: Iterable[int | None]) -> list[int]:

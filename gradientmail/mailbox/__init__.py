@@ -1,4 +1,5 @@
-"""Transport: four async operations over immutable, create-once objects, and its backends.
+"""Transport: four async operations over immutable, create-once objects (and a ranged read,
+``RangedMailbox``, that every backend here has), and its backends.
 
 ``MemoryMailbox`` (tests, one process), ``LocalMailbox`` (a directory: the embedded default)
 and ``S3Mailbox`` (any S3-compatible store), each an async context manager. ``open(url)``
@@ -18,6 +19,7 @@ from gradientmail.mailbox._base import (
     NotARegularFile,
     ObjectRefused,
     ObjectTooLarge,
+    RangedMailbox,
     check_key,
     check_prefix,
     retrying,
@@ -44,6 +46,7 @@ __all__ = [
     "NotARegularFile",
     "ObjectRefused",
     "ObjectTooLarge",
+    "RangedMailbox",
     "S3AccessError",
     "S3Mailbox",
     "check_key",

@@ -19,9 +19,11 @@ __all__ = [
     "NotARegularFile",
     "ObjectRefused",
     "ObjectTooLarge",
+    "RangedMailbox",
     "check_key",
     "check_max_bytes",
     "check_prefix",
+    "check_range",
     "retrying",
 ]
 
@@ -111,6 +113,26 @@ class Mailbox(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+@runtime_checkable
+class RangedMailbox(Mailbox, Protocol):
+    """A mailbox that also reads part of an object (every built-in backend does). The store
+    reads a blob's ranges through ``get_range`` when its mailbox has it, else the whole
+    object through ``get`` and keeps the ranges: correct, with no saving of bandwidth."""
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of the object under ``key`` (fewer when the object ends
+        before ``end``; empty when it ends at or before ``start``), or None when no such
+        object exists. Raises ``ValueError`` for a range that is not ``0 <= start < end``
+        (``check_range``), and ``NotARegularFile`` as ``get`` does."""
+        ...
+
+
+def check_range(start: int, end: int) -> None:
+    """Raise ``ValueError`` unless ``0 <= start < end`` (ints)."""
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end):
+        raise ValueError(f"a byte range needs 0 <= start < end, got [{start!r}, {end!r})")
 
 
 def _problem(key: str) -> str | None:

@@ -32,7 +32,14 @@ from typing import Self
 
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.mailbox._base import Mailbox, check_key, check_max_bytes, check_prefix
+from gradientmail.mailbox._base import (
+    Mailbox,
+    RangedMailbox,
+    check_key,
+    check_max_bytes,
+    check_prefix,
+    check_range,
+)
 
 __all__ = ["FaultCounts", "Faults", "FaultyMailbox"]
 
@@ -172,6 +179,17 @@ class FaultyMailbox:
         check_max_bytes(max_bytes)
         await self._start(f"get {key!r}")
         return await self._inner.get(key, max_bytes=max_bytes)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        """``inner``'s ``get_range`` with the faults of a ``get``; an inner mailbox without
+        one answers from its ``get``."""
+        check_key(key)
+        check_range(start, end)
+        await self._start(f"get {key!r} [{start}, {end})")
+        if isinstance(self._inner, RangedMailbox):
+            return await self._inner.get_range(key, start, end)
+        data = await self._inner.get(key)
+        return None if data is None else data[start:end]
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)

@@ -87,6 +87,7 @@ from gradientmail.mailbox._base import (
     check_key,
     check_max_bytes,
     check_prefix,
+    check_range,
 )
 
 __all__ = ["LocalAccessError", "LocalMailbox", "key_of", "key_path"]
@@ -395,15 +396,19 @@ def _read_exactly(fd: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_in_chunks(fd: int, size: int) -> bytes:
-    """The first ``size`` bytes of ``fd`` (fewer if it is shorter now), read in chunks of
-    ``_READ_CHUNK_BYTES``, one worker-thread call each, straight into the ``bytes``
-    returned; never more than ``size`` however much the file has grown."""
+async def _read_in_chunks(fd: int, size: int, *, offset: int | None = None) -> bytes:
+    """The first ``size`` bytes of ``fd`` from ``offset`` (else from where it stands),
+    fewer if it is shorter, read in chunks of ``_READ_CHUNK_BYTES``, one worker-thread call
+    each, straight into the ``bytes`` returned; never more than ``size`` however much the
+    file has grown."""
     out = Filling(size)
     at = 0
     while at < size:
         with out.view[at : min(at + _READ_CHUNK_BYTES, size)] as target:
-            count = await anyio.to_thread.run_sync(os.readv, fd, [target])
+            if offset is None:
+                count = await anyio.to_thread.run_sync(os.readv, fd, [target])
+            else:
+                count = await anyio.to_thread.run_sync(os.preadv, fd, [target], offset + at)
         if not count:
             break
         at += count
@@ -462,6 +467,21 @@ class LocalMailbox:
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(os.close, fd)
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        check_key(key)
+        check_range(start, end)
+        with self._boundary(f"get {key!r} [{start}, {end})"):
+            with anyio.CancelScope(shield=True):
+                got = await anyio.to_thread.run_sync(self._get_range, key, key_path(key), start)
+            if got is None:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                return None
+            try:
+                return await _read_in_chunks(got, end - start, offset=start)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(os.close, got)
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
@@ -698,6 +718,29 @@ class LocalMailbox:
         finally:
             if fd >= 0:
                 os.close(fd)
+
+    def _get_range(self, key: str, names: tuple[str, ...], start: int) -> int | None:
+        """The object's open file for the caller to read from ``start`` and close, or None
+        when there is none."""
+        try:
+            fd = self._open_object(names)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.EMLINK):
+                raise
+            raise NotARegularFile(f"{key!r} is a symbolic link; it was not followed") from None
+        if fd is None:
+            return None
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise NotARegularFile(
+                    f"{key!r} is not a regular file (mode {stat.filemode(status.st_mode)}); "
+                    "it was not read"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
         # Every key that starts with the prefix's whole segments lies below their

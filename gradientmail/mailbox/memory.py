@@ -5,7 +5,13 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Self
 
-from gradientmail.mailbox._base import ObjectTooLarge, check_key, check_max_bytes, check_prefix
+from gradientmail.mailbox._base import (
+    ObjectTooLarge,
+    check_key,
+    check_max_bytes,
+    check_prefix,
+    check_range,
+)
 
 __all__ = ["MemoryMailbox"]
 
@@ -40,6 +46,13 @@ class MemoryMailbox:
         if data is not None and max_bytes is not None and len(data) > max_bytes:
             raise ObjectTooLarge(key, len(data), max_bytes)
         return data
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        check_key(key)
+        check_range(start, end)
+        with self._lock:
+            data = self._objects.get(key)
+        return None if data is None else data[start:end]
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)

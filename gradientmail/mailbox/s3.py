@@ -83,6 +83,7 @@ from gradientmail.mailbox._base import (
     check_key,
     check_max_bytes,
     check_prefix,
+    check_range,
 )
 from gradientmail.mailbox._s3_parts import MIN_PART_BYTES
 
@@ -246,6 +247,19 @@ async def _read_at_most(stream: Any, key: str, max_bytes: int) -> bytes:
             raise ObjectTooLarge(key, total, max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _read_prefix(stream: Any, size: int) -> bytes:
+    """The first ``size`` bytes of a body (fewer when it is shorter); the rest is not read
+    (closing the response drops its connection)."""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in stream.iter_chunks(1 << 20):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total >= size:
+            break
+    return b"".join(chunks)[:size]
 
 
 def _error_code(exc: ClientError) -> str | None:
@@ -651,6 +665,28 @@ class S3Mailbox:
                 concurrency=self._part_concurrency,
                 first=data,
             )
+
+    async def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        full = self._full_key(key)
+        check_range(start, end)
+        client, limiter = self._open()
+        with self._boundary(f"get {key!r} [{start}, {end})"):
+            async with limiter:
+                request = {"Bucket": self._bucket, "Key": full, "Range": f"bytes={start}-{end - 1}"}
+                try:
+                    response = await client.get_object(**request)
+                except ClientError as exc:
+                    code = _error_code(exc)
+                    if code == "NoSuchKey":
+                        return None
+                    if code == "InvalidRange":
+                        return b""  # the object ends at or before ``start``
+                    raise
+                async with response["Body"] as stream:
+                    if "ContentRange" in response:
+                        return await _read_at_most(stream, key, end - start)
+                    # A store that ignores Range answers the whole object: keep the range.
+                    return (await _read_prefix(stream, end))[start:end]
 
     async def _first_response(self, full: str, ranged: bool) -> Any:
         """The response to the GET of ``full`` (its first part when ``ranged``), or None

@@ -83,12 +83,15 @@ from gradientmail.protocol.records import (
 __all__ = [
     "ENCODINGS",
     "FRAGMENT_FORMAT",
+    "INDEX_CHUNK",
     "MAX_HEADER_BYTES",
     "CodecError",
     "FragmentBlob",
     "PartedBlob",
     "Rows",
     "check_parts",
+    "chunk_index",
+    "chunks_of",
     "decode_fragment",
     "digest",
     "encode_fragment",
@@ -126,6 +129,26 @@ def verify(data: bytes, sha256: str) -> bytes:
             "the store holds damaged or foreign content under that key"
         )
     return data
+
+
+INDEX_CHUNK: Final = 1 << 16
+"""The bytes each digest of a blob's index covers (``chunk_index``): a ranged read fetches
+at most one chunk's worth more than it needs at each end of a range."""
+
+
+def chunk_index(data: bytes) -> bytes:
+    """The index of a blob: the raw sha256 of each ``INDEX_CHUNK`` bytes of ``data`` (the
+    last chunk shorter), concatenated; empty for empty ``data``."""
+    view = memoryview(data)
+    return b"".join(
+        hashlib.sha256(view[at : at + INDEX_CHUNK]).digest()
+        for at in range(0, len(data), INDEX_CHUNK)
+    )
+
+
+def chunks_of(size: int) -> int:
+    """The chunks of the index of a blob of ``size`` bytes."""
+    return -(-size // INDEX_CHUNK)
 
 
 _meta_encoder = msgspec.json.Encoder(order="deterministic")

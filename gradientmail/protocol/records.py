@@ -189,11 +189,17 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
-    """A content-addressed payload: ``blobs/{sha256}``, ``size`` bytes, in ``encoding``."""
+    """A content-addressed payload: ``blobs/{sha256}``, ``size`` bytes, in ``encoding``.
+
+    ``index`` (θ and update blobs, which ranks of a sharded learner read in ranges) names
+    the blob ``blobs/{index}`` holding the sha256 of every ``codec.INDEX_CHUNK`` bytes of
+    this one, 32 raw bytes each, in order (``codec.chunk_index``): a range is checked chunk
+    by chunk, since the address covers the whole blob. Absent (not encoded) otherwise."""
 
     sha256: Sha256
     size: Count
     encoding: str
+    index: Sha256 | msgspec.UnsetType = msgspec.UNSET
 
 
 class ParamSpec(msgspec.Struct, frozen=True, kw_only=True):

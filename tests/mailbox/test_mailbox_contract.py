@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from gradientmail.errors import RecordError
-from gradientmail.mailbox import Mailbox, ObjectTooLarge, S3Mailbox
+from gradientmail.mailbox import Mailbox, ObjectTooLarge, RangedMailbox, S3Mailbox
 
 pytestmark = pytest.mark.anyio
 
@@ -263,3 +263,30 @@ async def test_a_size_cap_refuses_larger_objects_alike(mailbox: Mailbox) -> None
     for bad in (-1, 1.5):
         with pytest.raises(ValueError, match="max_bytes must be None or a number of bytes"):
             await mailbox.get("capped", max_bytes=bad)  # type: ignore[arg-type]
+
+
+async def test_a_ranged_read_answers_the_bytes_of_the_range_alike(mailbox: Mailbox) -> None:
+    assert isinstance(mailbox, RangedMailbox)
+    data = bytes(range(256)) * 4
+    assert await mailbox.put_if_absent("ranged", data)
+    assert await mailbox.get_range("ranged", 0, 1) == data[:1]
+    assert await mailbox.get_range("ranged", 100, 612) == data[100:612]
+    assert await mailbox.get_range("ranged", 1000, 2000) == data[1000:]
+    assert await mailbox.get_range("ranged", 1024, 1025) == b""
+    assert await mailbox.get_range("ranged", 5000, 5001) == b""
+    assert await mailbox.get_range("missing", 0, 10) is None
+    for start, end in ((-1, 3), (3, 3), (4, 3), (0, 1.5)):
+        with pytest.raises(ValueError, match="a byte range needs 0 <= start < end"):
+            await mailbox.get_range("ranged", start, end)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid mailbox key"):
+        await mailbox.get_range("/bad", 0, 1)
+
+
+async def test_a_ranged_read_of_a_large_object_reads_only_its_range(mailbox: Mailbox) -> None:
+    data = os.urandom(LARGE // 4)
+    assert await mailbox.put_if_absent("large", data)
+    middle = len(data) // 2
+    assert await mailbox.get_range("large", middle - 3, middle + 5 * 2**20) == (
+        data[middle - 3 : middle + 5 * 2**20]
+    )
+    assert await mailbox.get_range("large", len(data) - 10, len(data) + 10) == data[-10:]

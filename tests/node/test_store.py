@@ -1,10 +1,14 @@
 """The typed store: verified blobs, strict records, counted requests, ambiguous writes."""
 
+import os
+
+import msgspec
 import pytest
 
 from gradientmail.errors import CorruptBlob, MailboxUnavailable
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.codec import INDEX_CHUNK, chunk_index
 from gradientmail.store import Store, sha256
 
 pytestmark = pytest.mark.anyio
@@ -97,3 +101,76 @@ async def test_listings_parse_the_layout() -> None:
         await box.put_if_absent(keys.record(round), b"{}")
     # Junk only: no round is committed.
     assert await store.record_rounds() == []
+
+
+class PlainMailbox:
+    """A mailbox with the four operations only (no ranged read), over a ``MemoryMailbox``."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryMailbox()
+        self.put_if_absent = self.inner.put_if_absent
+        self.get = self.inner.get
+        self.list = self.inner.list
+        self.delete = self.inner.delete
+
+    async def __aenter__(self) -> "PlainMailbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+RANGES = [(0, 10), (INDEX_CHUNK - 5, INDEX_CHUNK + 5), (3 * INDEX_CHUNK + 7, 3 * INDEX_CHUNK + 7)]
+
+
+async def test_ranges_of_an_indexed_blob_are_read_chunk_by_chunk_and_checked() -> None:
+    data = os.urandom(5 * INDEX_CHUNK + 123)
+    store = Store(MemoryMailbox())
+    ref = await store.put_blob(data, "fp32", indexed=True)
+    assert isinstance(ref.index, str)
+    assert await store.get(keys.blob(ref.index)) == chunk_index(data)
+    before = store.stats.bytes_down
+    wanted = [*RANGES, (len(data) - 1, len(data))]
+    assert await store.blob_ranges(ref, wanted) == [data[a:b] for a, b in wanted]
+    # The index, chunks 0 and 1 (one read), and chunk 5: never the chunks between.
+    read = store.stats.bytes_down - before
+    assert read == len(chunk_index(data)) + 2 * INDEX_CHUNK + 123
+    with pytest.raises(ValueError, match="outside blob"):
+        await store.blob_ranges(ref, [(0, len(data) + 1)])
+
+
+async def test_a_damaged_chunk_or_index_is_corrupt_and_a_missing_one_is_gone() -> None:
+    data = os.urandom(3 * INDEX_CHUNK)
+    ref = await Store(MemoryMailbox()).put_blob(data, "fp32", indexed=True)
+    assert isinstance(ref.index, str)
+    damaged = bytearray(data)
+    damaged[INDEX_CHUNK + 1] ^= 1
+    mailbox = MemoryMailbox()
+    await mailbox.put_if_absent(keys.blob(ref.sha256), bytes(damaged))
+    await mailbox.put_if_absent(keys.blob(ref.index), chunk_index(data))
+    store = Store(mailbox)
+    assert await store.blob_ranges(ref, [(0, 10)]) == [data[:10]]
+    with pytest.raises(CorruptBlob, match=f"bytes \\[{INDEX_CHUNK}, {2 * INDEX_CHUNK}\\)"):
+        await store.blob_ranges(ref, [(INDEX_CHUNK, INDEX_CHUNK + 1)])
+    forged = MemoryMailbox()
+    await forged.put_if_absent(keys.blob(ref.sha256), data)
+    await forged.put_if_absent(keys.blob(ref.index), chunk_index(bytes(damaged)))
+    with pytest.raises(CorruptBlob, match="index"):
+        await Store(forged).blob_ranges(ref, [(0, 10)])
+    gone = MemoryMailbox()
+    await gone.put_if_absent(keys.blob(ref.index), chunk_index(data))
+    assert await Store(gone).blob_ranges(ref, [(0, 10)]) is None
+    assert await Store(MemoryMailbox()).blob_ranges(ref, [(0, 10)]) is None
+
+
+async def test_a_blob_without_an_index_or_a_mailbox_without_ranges_is_read_whole() -> None:
+    data = os.urandom(2 * INDEX_CHUNK)
+    store = Store(MemoryMailbox())
+    plain = await store.put_blob(data, "fp32")
+    assert plain.index is msgspec.UNSET
+    assert await store.blob_ranges(plain, RANGES[:2]) == [data[a:b] for a, b in RANGES[:2]]
+    mailbox = PlainMailbox()
+    store = Store(mailbox)  # type: ignore[arg-type]
+    ref = await store.put_blob(data, "fp32", indexed=True)
+    assert await store.blob_ranges(ref, RANGES[:2]) == [data[a:b] for a, b in RANGES[:2]]
+    assert await store.get_range(keys.blob(ref.sha256), 5, 9) == data[5:9]
