@@ -49,6 +49,7 @@ import itertools
 import math
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, get_args
 
 import msgspec
@@ -69,6 +70,7 @@ from gradientmail.protocol.pieces import (
     chunk_ranges,
     quantize_into,
     row_count,
+    row_width,
     target,
 )
 from gradientmail.protocol.records import (
@@ -83,22 +85,27 @@ from gradientmail.protocol.records import (
 __all__ = [
     "ENCODINGS",
     "FRAGMENT_FORMAT",
+    "HEAD_BYTES",
     "INDEX_CHUNK",
     "MAX_HEADER_BYTES",
+    "BlobLayout",
     "CodecError",
     "FragmentBlob",
     "PartedBlob",
     "Rows",
+    "blob_layout",
     "check_parts",
     "chunk_index",
     "chunks_of",
     "decode_fragment",
+    "decode_rows",
     "digest",
     "encode_fragment",
     "open_delta",
     "open_fragment",
     "open_parts",
     "part_spec",
+    "row_spans",
     "spec_digest",
     "tensors_of",
     "verify",
@@ -500,6 +507,130 @@ def _check_quantized(blob: FragmentBlob) -> None:
                     f"{param.name}: an {blob.encoding} value is below -{levels}, outside "
                     f"[-{levels}, {levels}]"
                 )
+
+
+HEAD_BYTES: Final = 8 + MAX_HEADER_BYTES
+"""The most bytes of a blob's start its header can take (``blob_layout`` reads them)."""
+
+
+@dataclass(frozen=True)
+class BlobLayout:
+    """Where a blob of ``spec`` keeps each parameter, read from its header alone: a reader
+    of some rows (``row_spans``, ``decode_rows``) fetches only the bytes they take."""
+
+    spec: FragmentSpec
+    encoding: Encoding
+    block_size: int
+    values_at: int
+    scales_at: int
+    starts: tuple[int, ...]
+    block_starts: tuple[int, ...]
+
+
+def blob_layout(head: bytes, size: int, spec: FragmentSpec) -> BlobLayout:
+    """The layout of a blob of ``size`` bytes whose first bytes are ``head`` (at least its
+    header: ``HEAD_BYTES`` or the whole blob), checked as ``open_fragment`` checks the
+    header. Raises ``CodecError``."""
+    header = _header(head)
+    meta = _meta(header, spec)
+    encoding: Encoding = meta.encoding  # type: ignore[assignment]  # checked in _meta
+    expected = _expected(spec, encoding, meta.block_size)
+    _check_header(header, expected)
+    start = 8 + struct.unpack_from("<Q", head)[0]
+    _check_offsets(header, expected, size - start)
+    numels = [param.numel for param in spec.params]
+    scales_at = start + header[_SCALES]["data_offsets"][0] if encoding in LEVELS else -1
+    return BlobLayout(
+        spec=spec,
+        encoding=encoding,
+        block_size=meta.block_size,
+        values_at=start + header[_VALUES]["data_offsets"][0],
+        scales_at=scales_at,
+        starts=tuple(itertools.accumulate(numels, initial=0)),
+        block_starts=tuple(
+            itertools.accumulate((_blocks(n, meta.block_size) for n in numels), initial=0)
+        ),
+    )
+
+
+def _row_elements(
+    layout: BlobLayout, index: int, rows: tuple[int, int]
+) -> tuple[int, int, int, int]:
+    """``(start, end, lo, hi)``: elements ``[start, end)`` of parameter ``index`` are its
+    ``rows``; ``[lo, hi)`` widens them to whole blocks (the same when not quantized)."""
+    param = layout.spec.params[index]
+    width = row_width(param)
+    start, end = rows[0] * width, rows[1] * width
+    if layout.encoding not in LEVELS or end <= start:
+        return start, end, start, end
+    size = layout.block_size
+    return start, end, start // size * size, min(-(-end // size) * size, param.numel)
+
+
+def row_spans(layout: BlobLayout, rows: Rows) -> list[tuple[int, int]]:
+    """The byte ranges of the blob that hold ``rows`` (one range of rows per parameter,
+    within it): for each parameter, its values, then its block scales (an empty range when
+    not quantized or when no row is asked for)."""
+    spans = []
+    for index, part in enumerate(rows):
+        _, _, lo, hi = _row_elements(layout, index, part)
+        first = layout.starts[index]
+        if layout.encoding == "int4":
+            values = (
+                layout.values_at + (first + lo) // 2,
+                layout.values_at + -(-(first + hi) // 2),
+            )
+        else:
+            item = ITEMSIZE[STORED_DTYPE[layout.encoding]]
+            values = (
+                layout.values_at + (first + lo) * item,
+                layout.values_at + (first + hi) * item,
+            )
+        if hi <= lo:
+            values = (values[0], values[0])
+        scales = (layout.scales_at, layout.scales_at)
+        if layout.encoding in LEVELS and hi > lo:
+            block = layout.block_starts[index] + lo // layout.block_size
+            count = -(-(hi - lo) // layout.block_size)
+            scales = (layout.scales_at + 4 * block, layout.scales_at + 4 * (block + count))
+        spans.extend([values, scales])
+    return spans
+
+
+def decode_rows(layout: BlobLayout, rows: Rows, fetched: Sequence[bytes]) -> list[Tensor]:
+    """The tensors of ``part_spec(layout.spec, rows)``, fresh fp32 CPU tensors, from the
+    bytes ``fetched`` of ``row_spans(layout, rows)``, checked as ``open_fragment`` checks
+    them (every scale and quantized value of the blocks read). Raises ``CodecError``."""
+    spec = part_spec(layout.spec, rows)
+    out = []
+    for index, param in enumerate(spec.params):
+        start, end, lo, hi = _row_elements(layout, index, rows[index])
+        values, scales = fetched[2 * index], fetched[2 * index + 1]
+        name = layout.spec.params[index].name
+        if end <= start:
+            out.append(torch.empty(param.shape, dtype=torch.float32))
+            continue
+        if layout.encoding in ("fp32", "bf16"):
+            flat = torch.frombuffer(bytearray(values), dtype=TORCH_DTYPE[layout.encoding])
+            out.append(flat.to(torch.float32).view(param.shape))
+            continue
+        levels = LEVELS[layout.encoding]
+        if layout.encoding == "int8":
+            q = torch.frombuffer(bytearray(values), dtype=torch.int8)
+        else:
+            packed = torch.frombuffer(bytearray(values), dtype=torch.uint8)
+            q = pieces.unpack4(packed, (layout.starts[index] + lo) % 2, hi - lo)
+        block_scales = torch.frombuffer(bytearray(scales), dtype=torch.float32)
+        if bool((block_scales < 0).any()) or bool(torch.isinf(block_scales).any()):
+            raise CodecError(f"{name}: a block scale is negative or infinite")
+        if int(q.min()) < -levels:
+            raise CodecError(
+                f"{name}: an {layout.encoding} value is below -{levels}, outside "
+                f"[-{levels}, {levels}]"
+            )
+        decoded = pieces.dequantize(q, block_scales, hi - lo, layout.block_size)
+        out.append(decoded[start - lo : end - lo].clone().view(param.shape))
+    return out
 
 
 def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:

@@ -286,7 +286,8 @@ async def test_a_ranged_read_of_a_large_object_reads_only_its_range(mailbox: Mai
     data = os.urandom(LARGE // 4)
     assert await mailbox.put_if_absent("large", data)
     middle = len(data) // 2
-    assert await mailbox.get_range("large", middle - 3, middle + 5 * 2**20) == (
-        data[middle - 3 : middle + 5 * 2**20]
+    assert (
+        await mailbox.get_range("large", middle - 3, middle + 5 * 2**20)
+        == (data[middle - 3 : middle + 5 * 2**20])
     )
     assert await mailbox.get_range("large", len(data) - 10, len(data) + 10) == data[-10:]

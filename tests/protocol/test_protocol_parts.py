@@ -13,13 +13,17 @@ import gradientmail.protocol.pieces as pieces
 from gradientmail.errors import CodecError, RecordError
 from gradientmail.protocol.aggregation import Candidate, aggregate
 from gradientmail.protocol.codec import (
+    HEAD_BYTES,
+    blob_layout,
     check_parts,
     decode_fragment,
+    decode_rows,
     encode_fragment,
     open_delta,
     open_fragment,
     open_parts,
     part_spec,
+    row_spans,
     tensors_of,
 )
 from gradientmail.protocol.records import (
@@ -224,3 +228,54 @@ def test_open_delta_reads_a_whole_snapshot_or_its_parts() -> None:
     many = Snapshot(**base, tokens=1, parts=parts, norm=None)
     for got, want in zip(tensors_of(open_delta(datas, many, SPEC)), values, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "bf16", "int8", "int4"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_ranks_rows_decode_from_their_byte_ranges_alone(encoding: str, world: int) -> None:
+    values = tensors(6)
+    data = encode_fragment(values, SPEC, encoding, block_size=8)
+    whole = decode_fragment(data, SPEC)
+    layout = blob_layout(data[:HEAD_BYTES], len(data), SPEC)
+    for rows in shards(world):
+        spans = row_spans(layout, rows)
+        got = decode_rows(layout, rows, [data[a:b] for a, b in spans])
+        for tensor, want in zip(got, cut(whole, rows), strict=True):
+            assert tensor.shape == want.shape
+            assert torch.equal(tensor, want)
+
+
+def test_a_rank_reads_about_its_share_of_a_blob() -> None:
+    spec = FragmentSpec(
+        index=0,
+        params=(
+            ParamSpec(name="w", shape=(256, 64), dtype="float32"),
+            ParamSpec(name="b", shape=(64,), dtype="float32"),
+        ),
+    )
+    gen = torch.Generator().manual_seed(7)
+    data = encode_fragment(
+        [torch.randn(p.shape, generator=gen) for p in spec.params], spec, "int8", block_size=64
+    )
+    layout = blob_layout(data[:HEAD_BYTES], len(data), spec)
+    for rank in range(4):
+        rows = [(rank * 64, rank * 64 + 64), (rank * 16, rank * 16 + 16)]
+        read = sum(b - a for a, b in row_spans(layout, rows))
+        assert read <= len(data) / 4
+
+
+def test_bytes_that_fail_the_checks_are_refused() -> None:
+    values = tensors(8)
+    data = encode_fragment(values, SPEC, "int8", block_size=8)
+    layout = blob_layout(data, len(data), SPEC)
+    rows = shards(2)[1]
+    spans = row_spans(layout, rows)
+    fetched = [bytearray(data[a:b]) for a, b in spans]
+    fetched[0][0] = 0x80  # -128: below -127
+    with pytest.raises(CodecError, match="below -127"):
+        decode_rows(layout, rows, [bytes(f) for f in fetched])
+    other = FragmentSpec(index=0, params=SPEC.params[:2])
+    with pytest.raises(CodecError, match="another model"):
+        blob_layout(data, len(data), other)
+    with pytest.raises(CodecError, match="tensors take"):
+        blob_layout(data, len(data) + 4, SPEC)
