@@ -33,9 +33,19 @@ from gradientmail.errors import CorruptBlob, NoRun, RecordError, RunMismatch, Us
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import checkpoint, keys
-from gradientmail.protocol.codec import decode_fragment, open_delta, tensors_of
+from gradientmail.protocol.codec import (
+    HEAD_BYTES,
+    Rows,
+    blob_layout,
+    decode_fragment,
+    decode_rows,
+    open_delta,
+    row_spans,
+    tensors_of,
+)
 from gradientmail.protocol.fragments import mismatch, signature
-from gradientmail.protocol.records import FragmentSpec, Manifest, RoundRecord, Snapshot
+from gradientmail.protocol.outer import added
+from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord, Snapshot
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
@@ -307,21 +317,66 @@ class RunReader:
             moment = None if moment_list is None else tuple(moment_list)
         return Rebuilt(version, theta, moment if momentum else None, outer=momentum)
 
+    async def rows(self, ref: BlobRef, spec: FragmentSpec, rows: Rows) -> list[Tensor] | None:
+        """``rows`` of each parameter of the blob ``ref`` of ``spec`` (the tensors of
+        ``codec.part_spec``), read by ranges (``Store.blob_ranges``: its header, then the
+        bytes of those rows) and decoded in a worker thread. None when the blob is gone.
+        Raises ``CorruptBlob`` and ``CodecError`` for bytes that fail their checks."""
+        head = await self.store.blob_ranges(ref, [(0, min(ref.size, HEAD_BYTES))])
+        if head is None:
+            return None
+        layout = blob_layout(head[0], ref.size, spec)
+        fetched = await self.store.blob_ranges(ref, row_spans(layout, rows))
+        if fetched is None:
+            return None
+        return await anyio.to_thread.run_sync(decode_rows, layout, rows, fetched)
+
+    async def rebuild_rows(
+        self, fragment: int, version: int, rows: Rows, *, manifest: Manifest | None = None
+    ) -> Rebuilt | None:
+        """``rows`` of θ of ``fragment`` at ``version`` (``rebuild`` without the momentum,
+        each blob read by ranges: ``rows``): the same bits as those rows of ``rebuild``'s
+        θ. None when a blob it needs is gone; raises as ``rebuild`` does."""
+        manifest = manifest if manifest is not None else await self.manifest()
+        config, spec = manifest.config, manifest.fragments[fragment]
+        at = await self._checkpoint_at(manifest, fragment, version)
+        ref = manifest.theta0[fragment] if at[1] is None else at[1].theta
+        assert ref is not None
+        theta = await self.rows(ref, spec, rows)
+        if theta is None:
+            return None
+        for later in range(at[0] + 1, version + 1):
+            record = await self._need(keys.round_of(fragment, later, config.fragments), manifest)
+            update = await self.rows(record.update, spec, rows)
+            if update is None:
+                return None
+            theta = added(theta, update)
+        return Rebuilt(version, tuple(theta), None, outer=False)
+
+    async def _checkpoint_at(
+        self, manifest: Manifest, fragment: int, version: int
+    ) -> tuple[int, RoundRecord | None]:
+        """The version of the newest checkpoint at or below ``version`` and its record
+        (None: Θ⁰): the newest record down to the one ``checkpoint.base`` guarantees that
+        carries one (runs created before the rule carry one on every record), else Θ⁰."""
+        config = manifest.config
+        at, record = checkpoint.base(version, config), None
+        for candidate in range(version, at, -1):
+            found = await self._need(keys.round_of(fragment, candidate, config.fragments), manifest)
+            if found.checkpoint:
+                return candidate, found
+        if at > 0:
+            record = await self._need(keys.round_of(fragment, at, config.fragments), manifest)
+        return at, record
+
     async def _checkpoint(
         self, manifest: Manifest, fragment: int, version: int, momentum: bool
     ) -> Rebuilt | None:
         """The newest checkpoint at or below ``version``: the newest record down to the one
         ``checkpoint.base`` guarantees that carries one (runs created before the rule carry
         one on every record), else Θ⁰; None when a blob is gone."""
-        config, spec = manifest.config, manifest.fragments[fragment]
-        at, record = checkpoint.base(version, config), None
-        for candidate in range(version, at, -1):
-            found = await self._need(keys.round_of(fragment, candidate, config.fragments), manifest)
-            if found.checkpoint:
-                at, record = candidate, found
-                break
-        if record is None and at > 0:
-            record = await self._need(keys.round_of(fragment, at, config.fragments), manifest)
+        spec = manifest.fragments[fragment]
+        at, record = await self._checkpoint_at(manifest, fragment, version)
         refs = [manifest.theta0[fragment]] if record is None else [record.theta, record.outer]
         if not momentum:
             refs = refs[:1]

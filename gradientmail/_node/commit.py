@@ -176,12 +176,16 @@ async def _written(
 ) -> RoundRecord:
     """The record of ``draft`` once its update, and at a checkpoint θ and the momentum
     (fp32), are in the store."""
-    update_ref = await rt.store.put_blob(update, rt.config.update_encoding)
+    # θ and the update carry a chunk index: a sharded learner's ranks read them by ranges.
+    update_ref = await rt.store.put_blob(update, rt.config.update_encoding, indexed=True)
     if not is_checkpoint(draft.version, rt.config):
         return RoundRecord.committed(draft, update=update_ref)
     blobs = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec)
     theta_ref, outer_ref = await gather(
-        [partial(rt.store.put_blob, blobs[0], "fp32"), partial(rt.store.put_blob, blobs[1], "fp32")]
+        [
+            partial(rt.store.put_blob, blobs[0], "fp32", indexed=True),
+            partial(rt.store.put_blob, blobs[1], "fp32"),
+        ]
     )
     return RoundRecord.committed(draft, update=update_ref, theta=theta_ref, outer=outer_ref)
 
@@ -279,6 +283,7 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
         fragments = {keys.fragment_of(r, config.fragments) for r in gone_records | gone_rounds}
         state = await _remember(rt, state, round, now, gone_records | gone_rounds, fragments)
         keep = {ref.sha256 for ref in rt.manifest.theta0}
+        keep |= {ref.index for ref in rt.manifest.theta0 if isinstance(ref.index, str)}
         for r in now.records:
             if r in state.recent:
                 keep |= _blobs(state.recent[r])
@@ -304,7 +309,8 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
 
 
 def _blobs(record: RoundRecord) -> set[str]:
-    return {ref.sha256 for ref in (record.update, record.theta, record.outer) if ref is not None}
+    refs = [ref for ref in (record.update, record.theta, record.outer) if ref is not None]
+    return {ref.sha256 for ref in refs} | {ref.index for ref in refs if isinstance(ref.index, str)}
 
 
 async def _remember(

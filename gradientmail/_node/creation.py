@@ -145,7 +145,7 @@ async def _create(
     for spec in specs:
         tensors = [by_name[param.name] for param in spec.params]
         data = await anyio.to_thread.run_sync(_encode_fp32, tensors, spec)
-        ref = await store.put_blob(data, "fp32")
+        ref = await store.put_blob(data, "fp32", indexed=True)
         await store.put_init_marker(
             attempt, InitMarker(learner=learner, fragment=spec.index, blob=ref)
         )

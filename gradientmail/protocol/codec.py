@@ -588,7 +588,7 @@ def row_spans(layout: BlobLayout, rows: Rows) -> list[tuple[int, int]]:
             )
         if hi <= lo:
             values = (values[0], values[0])
-        scales = (layout.scales_at, layout.scales_at)
+        scales = (0, 0)
         if layout.encoding in LEVELS and hi > lo:
             block = layout.block_starts[index] + lo // layout.block_size
             count = -(-(hi - lo) // layout.block_size)

@@ -39,7 +39,7 @@ from gradientmail.protocol.codec import encode_fragment, open_fragment
 from gradientmail.protocol.pieces import chunk_ranges
 from gradientmail.protocol.records import Encoding, FragmentSpec
 
-__all__ = ["apply_update", "committed_update", "final_step", "outer_step"]
+__all__ = ["added", "apply_update", "committed_update", "final_step", "outer_step"]
 
 
 def _same_shapes(what: str, left: Sequence[Tensor], right: Sequence[Tensor]) -> None:
@@ -126,6 +126,17 @@ def apply_update(theta: Sequence[Tensor], update: bytes, spec: FragmentSpec) -> 
             out.view(-1)[start:end] = flat[start:end].add(blob.piece(index, start, end))
         result.append(out)
     return result
+
+
+def added(theta: Sequence[Tensor], update: Sequence[Tensor]) -> list[Tensor]:
+    """``θ + U`` from decoded update tensors (rows of a fragment, say): the bits
+    ``apply_update`` gives for the same elements. Raises ``ValueError`` for tensors of
+    other shapes."""
+    _same_shapes("theta and the update", theta, update)
+    return [
+        t.to(torch.promote_types(t.dtype, torch.float32)).add(u)
+        for t, u in zip(theta, update, strict=True)
+    ]
 
 
 def committed_update(
