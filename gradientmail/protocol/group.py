@@ -12,21 +12,46 @@ rank leaving by an exception) matches whatever exchange the other ranks are wait
 an abort reaches them wherever they are, and the sum says who was where.
 
 Layout (``width(fragments)`` ints): one count per message kind (``KINDS``), the sum of the
-aborting ranks, the tokens, then the leader's decision: present, ok, newest round + 1,
-aligned round + 1, the leader's tokens, one version per fragment.
+aborting ranks, the tokens, the ranks with part reports to send, per fragment the ranks whose
+wanted version of it is ready, then the leader's decision: present, ok, newest round + 1,
+aligned round + 1, the leader's tokens, the bytes of its log, one version per fragment.
+
+A sharded group (FSDP2) runs one pure learner per rank over its own rows and keeps them in
+step by the leader's *log* (``Entry``): every input the leader's learner took since the last
+exchange, in order, without tensors (a rank's input carries its own rows). The decision says
+how many bytes of log follow the exchange (``encode_log``/``decode_log``); each rank feeds
+its own learner the same entries. ``ready`` counts tell the leader which fragments' wanted
+version every rank has prepared: only then does it feed (and log) ``version_ready``.
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+import msgspec
+
+from gradientmail.protocol.learner_values import Failure, Stage
+from gradientmail.protocol.records import DECODE_FAILURES, DropReason, RoundRecord
+
 __all__ = [
     "KINDS",
+    "BeganClosing",
     "Decision",
+    "DownloadFailed",
+    "DroppedAll",
+    "Entry",
+    "Finalized",
+    "Flushed",
     "Kind",
     "Message",
+    "PublishEnded",
+    "RecordSeen",
+    "Stepped",
     "Summed",
+    "VersionReady",
     "contribution",
+    "decode_log",
+    "encode_log",
     "read",
     "verdict",
     "width",
@@ -36,22 +61,27 @@ Kind: TypeAlias = Literal["enter", "step", "close", "result", "abort"]
 KINDS: tuple[Kind, ...] = ("enter", "step", "close", "result", "abort")
 _ABORT_RANKS = len(KINDS)
 _TOKENS = _ABORT_RANKS + 1
-_DECISION = _TOKENS + 1
-_HEAD = _DECISION + 5
+_REPORTS = _TOKENS + 1
+_READY = _REPORTS + 1
+_DECIDED = 7
+"""The decision's fields before its versions: present, ok, round + 1, aligned + 1, tokens,
+log bytes (and one spare, zero, so that an older layout is never read as this one)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What the leader decided, the same on every rank once exchanged: the version of each
-    fragment the learner holds (a fragment whose version changed is re-sent from the leader),
-    the newest round seen, the newest round among the versions, the tokens the leader's step
-    counted, and whether the leader's part succeeded (its close, for a ``result``)."""
+    fragment the learner holds (a fragment whose version changed is re-sent from the leader
+    in a replicated group), the newest round seen, the newest round among the versions, the
+    tokens the leader's step counted, whether the leader's part succeeded (its close, for a
+    ``result``), and the bytes of the log that follows the exchange (a sharded group)."""
 
     versions: tuple[int, ...]
     round: int
     aligned: int
     tokens: int = 0
     ok: bool = True
+    log: int = 0
 
     def changed(self, previous: "Decision") -> tuple[int, ...]:
         """The fragments whose version differs from ``previous``'s."""
@@ -65,50 +95,68 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class Message:
     """One rank's part of an exchange: its ``kind``, its ``rank``, the tokens of its step,
-    and (the leader's only) a ``decision``."""
+    (the leader's only) a ``decision``, and in a sharded group whether it has part reports
+    to send and, per fragment, whether the version its learner wants is ready."""
 
     kind: Kind
     rank: int
     tokens: int = 0
     decision: Decision | None = None
+    reports: bool = False
+    ready: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Summed:
     """An exchange read back: how many ranks sent each kind, the sum of the aborting ranks,
-    the group's tokens, and the leader's decision (None when it sent none)."""
+    the group's tokens, the leader's decision (None when it sent none), how many ranks have
+    part reports, and per fragment how many ranks have its wanted version ready."""
 
     counts: dict[Kind, int]
     abort_ranks: int
     tokens: int
     decision: Decision | None
+    reports: int = 0
+    ready: tuple[int, ...] = ()
+
+
+def _decision_at(fragments: int) -> int:
+    return _READY + fragments
 
 
 def width(fragments: int) -> int:
     """The length of the control vector of a run of ``fragments`` fragments."""
-    return _HEAD + fragments
+    return _decision_at(fragments) + _DECIDED + fragments
 
 
 def contribution(message: Message, fragments: int) -> list[int]:
     """The ints ``message`` adds to the exchange. Raises ``ValueError`` for negative tokens
-    or a decision of another fragment count."""
-    if message.tokens < 0 or (message.decision is not None and message.decision.tokens < 0):
-        raise ValueError(f"tokens must be non-negative, got {message}")
+    or log bytes, a decision of another fragment count, or ``ready`` flags of another."""
+    decision = message.decision
+    if message.tokens < 0 or (decision is not None and min(decision.tokens, decision.log) < 0):
+        raise ValueError(f"tokens and log bytes must be non-negative, got {message}")
+    if message.ready and len(message.ready) != fragments:
+        raise ValueError(f"ready flags of a {fragments}-fragment run need {fragments} flags")
     values = [0] * width(fragments)
     values[KINDS.index(message.kind)] = 1
     if message.kind == "abort":
         values[_ABORT_RANKS] = message.rank
     values[_TOKENS] = message.tokens
-    decision = message.decision
+    values[_REPORTS] = int(message.reports)
+    for fragment, ready in enumerate(message.ready):
+        values[_READY + fragment] = int(ready)
     if decision is not None:
         if len(decision.versions) != fragments:
             raise ValueError(f"a decision of a {fragments}-fragment run needs {fragments} versions")
-        values[_DECISION : _HEAD + fragments] = [
+        at = _decision_at(fragments)
+        values[at : at + _DECIDED + fragments] = [
             1,
             int(decision.ok),
             decision.round + 1,
             decision.aligned + 1,
             decision.tokens,
+            decision.log,
+            0,
             *decision.versions,
         ]
     return values
@@ -120,19 +168,28 @@ def read(values: Sequence[int], fragments: int) -> Summed:
     if len(values) != width(fragments):
         raise ValueError(f"a control vector of {fragments} fragments has {width(fragments)} ints")
     counts = {kind: int(values[i]) for i, kind in enumerate(KINDS)}
-    present = int(values[_DECISION])
+    at = _decision_at(fragments)
+    present = int(values[at])
     if present > 1:
         raise ValueError(f"{present} ranks sent a decision; only the leader (rank 0) decides")
     decision = None
     if present:
         decision = Decision(
-            versions=tuple(int(v) for v in values[_HEAD : _HEAD + fragments]),
-            round=int(values[_DECISION + 2]) - 1,
-            aligned=int(values[_DECISION + 3]) - 1,
-            tokens=int(values[_DECISION + 4]),
-            ok=bool(values[_DECISION + 1]),
+            versions=tuple(int(v) for v in values[at + _DECIDED : at + _DECIDED + fragments]),
+            round=int(values[at + 2]) - 1,
+            aligned=int(values[at + 3]) - 1,
+            tokens=int(values[at + 4]),
+            ok=bool(values[at + 1]),
+            log=int(values[at + 5]),
         )
-    return Summed(counts, int(values[_ABORT_RANKS]), int(values[_TOKENS]), decision)
+    return Summed(
+        counts,
+        int(values[_ABORT_RANKS]),
+        int(values[_TOKENS]),
+        decision,
+        reports=int(values[_REPORTS]),
+        ready=tuple(int(v) for v in values[_READY : _READY + fragments]),
+    )
 
 
 def verdict(summed: Summed, expected: Kind, world: int) -> str | None:
@@ -159,3 +216,100 @@ def verdict(summed: Summed, expected: Kind, world: int) -> str | None:
             "batch), the same number"
         )
     return None
+
+
+# -- the log of a sharded group --------------------------------------------------------------
+
+
+class Stepped(msgspec.Struct, frozen=True, tag="step"):
+    """``Learner.stepped(tokens, now)``."""
+
+    tokens: int
+    now: float
+
+
+class Flushed(msgspec.Struct, frozen=True, tag="flush"):
+    """``Learner.flush(now)``: one turn of the closing flush."""
+
+    now: float
+
+
+class RecordSeen(msgspec.Struct, frozen=True, tag="record"):
+    """``Learner.record_seen(record, now)``."""
+
+    record: RoundRecord
+    now: float
+
+
+class VersionReady(msgspec.Struct, frozen=True, tag="ready"):
+    """``Learner.version_ready(fragment, round, θ)``, θ the rank's own rows."""
+
+    fragment: int
+    round: int
+
+
+class DownloadFailed(msgspec.Struct, frozen=True, tag="failed"):
+    """``Learner.download_failed(...)``: the leader's download, for every rank."""
+
+    fragment: int
+    round: int
+    stage: Stage
+    failure: Failure
+    detail: str
+
+
+class PublishEnded(msgspec.Struct, frozen=True, tag="published"):
+    """``Learner.publish_done`` (``ok``) or ``publish_failed`` of the snapshot of
+    ``fragment`` for ``round``: the learner's snapshot, all its parts."""
+
+    fragment: int
+    round: int
+    ok: bool
+
+
+class BeganClosing(msgspec.Struct, frozen=True, tag="closing"):
+    """``Learner.began_closing(models)``, the models each rank's own rows at that point."""
+
+
+class Finalized(msgspec.Struct, frozen=True, tag="finalize"):
+    """``Learner.finalize()``."""
+
+
+class DroppedAll(msgspec.Struct, frozen=True, tag="dropped"):
+    """``Learner.dropped_all(reason, detail)``."""
+
+    reason: DropReason
+    detail: str
+
+
+Entry: TypeAlias = (
+    Stepped
+    | Flushed
+    | RecordSeen
+    | VersionReady
+    | DownloadFailed
+    | PublishEnded
+    | BeganClosing
+    | Finalized
+    | DroppedAll
+)
+"""One input of the leader's learner, as every rank of a sharded group replays it."""
+
+_log_encoder = msgspec.json.Encoder()
+_log_decoder = msgspec.json.Decoder(list[Entry])
+
+
+def encode_log(entries: Sequence[Entry]) -> bytes:
+    """The bytes the leader broadcasts after an exchange (empty for no entry)."""
+    return _log_encoder.encode(list(entries)) if entries else b""
+
+
+def decode_log(data: bytes) -> list[Entry]:
+    """The entries of ``encode_log``'s bytes. Raises ``ValueError`` for bytes it did not
+    write (the group's own ranks send them: a failure is a bug or a version mismatch)."""
+    if not data:
+        return []
+    try:
+        return _log_decoder.decode(data)
+    except DECODE_FAILURES as exc:
+        raise ValueError(f"a learner group's log does not decode: {exc}") from exc

@@ -6,13 +6,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gradientmail.protocol.group import (
+    BeganClosing,
     Decision,
+    DownloadFailed,
+    DroppedAll,
+    Entry,
+    Finalized,
+    Flushed,
     Message,
+    PublishEnded,
+    RecordSeen,
+    Stepped,
+    VersionReady,
     contribution,
+    decode_log,
+    encode_log,
     read,
     verdict,
     width,
 )
+from gradientmail.protocol.records import BlobRef, RoundRecord
 
 
 def summed(messages: list[Message], fragments: int) -> list[int]:
@@ -78,7 +91,7 @@ def test_bad_contributions_are_refused() -> None:
         contribution(Message("step", 0, tokens=-1), 2)
     with pytest.raises(ValueError, match="needs 2 versions"):
         contribution(Message("step", 0, decision=Decision((1,), 0, 0)), 2)
-    with pytest.raises(ValueError, match="of 1 fragments has 13 ints"):
+    with pytest.raises(ValueError, match="of 1 fragments has 17 ints"):
         read([0] * 3, 1)
     two = Message("step", 0, decision=Decision((1,), 0, 0))
     with pytest.raises(ValueError, match="only the leader"):
@@ -89,3 +102,72 @@ def test_changed_fragments_are_those_whose_version_moved() -> None:
     before = Decision((3, 4, 5), 10, 10)
     assert Decision((3, 5, 6), 12, 12).changed(before) == (1, 2)
     assert before.changed(before) == ()
+
+
+@given(
+    world=st.integers(1, 8),
+    fragments=st.integers(1, 6),
+    data=st.data(),
+)
+def test_ready_flags_and_reports_are_counted_over_the_ranks(
+    world: int, fragments: int, data: st.DataObject
+) -> None:
+    flags = [
+        tuple(data.draw(st.lists(st.booleans(), min_size=fragments, max_size=fragments)))
+        for _ in range(world)
+    ]
+    reports = [data.draw(st.booleans()) for _ in range(world)]
+    log = data.draw(st.integers(0, 10**9))
+    decision = Decision((0,) * fragments, 0, 0, log=log)
+    messages = [
+        Message(
+            "step",
+            rank,
+            decision=decision if rank == 0 else None,
+            reports=reports[rank],
+            ready=flags[rank],
+        )
+        for rank in range(world)
+    ]
+    result = read(summed(messages, fragments), fragments)
+    assert result.ready == tuple(sum(f[i] for f in flags) for i in range(fragments))
+    assert result.reports == sum(reports)
+    assert result.decision == decision
+    assert verdict(result, "step", world) is None
+
+
+def test_ready_flags_of_another_fragment_count_are_refused() -> None:
+    with pytest.raises(ValueError, match="need 2 flags"):
+        contribution(Message("step", 1, ready=(True,)), 2)
+    with pytest.raises(ValueError, match="non-negative"):
+        contribution(Message("step", 0, decision=Decision((1,), 0, 0, log=-1)), 1)
+
+
+def test_the_log_carries_every_input_of_the_leaders_learner() -> None:
+    record = RoundRecord(
+        round=3,
+        fragment=1,
+        version=1,
+        committed_by="s",
+        participants=(),
+        quorum_seconds=0.0,
+        grace_seconds=0.0,
+        cosine=None,
+        update=BlobRef(sha256="a" * 64, size=10, encoding="int8", index="b" * 64),
+    )
+    entries: list[Entry] = [
+        Stepped(tokens=32, now=1.5),
+        RecordSeen(record=record, now=2.0),
+        VersionReady(fragment=1, round=3),
+        DownloadFailed(fragment=0, round=2, stage="update", failure="corrupt", detail="bad"),
+        PublishEnded(fragment=1, round=5, ok=False),
+        Flushed(now=3.0),
+        BeganClosing(),
+        Finalized(),
+        DroppedAll(reason="gave-up", detail="why"),
+    ]
+    assert decode_log(encode_log(entries)) == entries
+    assert encode_log([]) == b""
+    assert decode_log(b"") == []
+    with pytest.raises(ValueError, match="does not decode"):
+        decode_log(b'[{"type":"unknown"}]')
