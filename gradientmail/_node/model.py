@@ -1,17 +1,24 @@
-"""The model a node trains, as the named parameters the run splits into fragments."""
+"""The model a node trains, as the named parameters the run splits into fragments, and for a
+sharded learner (FSDP2) the rows of each parameter this rank holds."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["named_parameters"]
+__all__ = ["Shard", "named_parameters", "shards"]
 
 
-def named_parameters(model: torch.nn.Module | None) -> list[tuple[str, Tensor]] | None:
+def named_parameters(
+    model: torch.nn.Module | None, *, sharded: bool = False
+) -> list[tuple[str, Tensor]] | None:
     """``model``'s named parameters (None for no model). A ``DistributedDataParallel``
     wrapper is looked through, so a learner group's names are those of a single-process
-    learner's model. Raises ``TypeError``/``ValueError`` for what is not a model on one
-    device with parameters, and for sharded (``DTensor``, FSDP2) parameters, which a
-    learner does not support yet."""
+    learner's model; with ``sharded``, a sharded (``DTensor``) parameter stands for the
+    whole parameter (its global shape; ``shards`` gives this rank's rows). Raises
+    ``TypeError``/``ValueError`` for what is not a model on one device with parameters, and
+    ``TypeError`` for sharded parameters unless ``sharded``."""
     if model is None:
         return None
     if not isinstance(model, torch.nn.Module):
@@ -21,10 +28,10 @@ def named_parameters(model: torch.nn.Module | None) -> list[tuple[str, Tensor]] 
     named: list[tuple[str, Tensor]] = list(model.named_parameters())
     if not named:
         raise ValueError("model has no parameters to train together")
-    sharded = [name for name, p in named if _sharded(p)]
-    if sharded:
+    found = [name for name, p in named if _is_dtensor(p)]
+    if found and not sharded:
         raise TypeError(
-            f"parameter {sharded[0]!r} is a sharded DTensor (FSDP2): learner groups support "
+            f"parameter {found[0]!r} is a sharded DTensor (FSDP2): learner groups support "
             "replicated parameters (DDP) only; see docs/node.md, 'Learner groups'"
         )
     devices = {p.device for _, p in named}
@@ -36,9 +43,69 @@ def named_parameters(model: torch.nn.Module | None) -> list[tuple[str, Tensor]] 
     return named
 
 
-def _sharded(param: Tensor) -> bool:
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """This rank's part of one parameter: ``local``, the rows ``[start, end)`` of its first
+    dimension (a 0-dimensional parameter is one row), as a tensor written in place."""
+
+    local: Tensor
+    start: int
+    end: int
+
+
+def shards(named: Sequence[tuple[str, Tensor]], rank: int, world: int) -> list[Shard] | None:
+    """Each parameter's ``Shard`` on this rank when the parameters are sharded (``DTensor``,
+    FSDP2's ``fully_shard``), None when none is. Every sharded parameter must be cut as
+    ``fully_shard`` cuts it: ``Shard(0)`` on a one-dimensional mesh of the group's ``world``
+    ranks, ``ceil(rows / world)`` rows per rank in rank order. Raises ``TypeError`` naming
+    the first parameter that is sharded otherwise, or that is not sharded when others are."""
+    sharded = [_is_dtensor(param) for _, param in named]
+    if not any(sharded):
+        return None
+    found = []
+    for (name, param), is_sharded in zip(named, sharded, strict=True):
+        if not is_sharded:
+            raise TypeError(
+                f"parameter {name!r} is a plain tensor while others are sharded DTensors: "
+                "shard every parameter (fully_shard the whole model) or none"
+            )
+        found.append(_shard(name, param, rank, world))
+    return found
+
+
+def _is_dtensor(param: Tensor) -> bool:
     if not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor
 
     return isinstance(param, DTensor)
+
+
+def _shard(name: str, param: Tensor, rank: int, world: int) -> Shard:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import Shard as Placement
+
+    assert isinstance(param, DTensor)
+    placements = param.placements
+    if param.device_mesh.ndim != 1 or placements != (Placement(0),):
+        raise TypeError(
+            f"parameter {name!r} is sharded as {placements} on a {param.device_mesh.ndim}-D "
+            "mesh; a sharded learner needs Shard(0) on a one-dimensional mesh (fully_shard "
+            "on init_device_mesh(device, (world,)))"
+        )
+    if param.device_mesh.size() != world:
+        raise TypeError(
+            f"parameter {name!r} is sharded over {param.device_mesh.size()} ranks, the group "
+            f"has {world}: shard over the group's ranks"
+        )
+    rows = param.shape[0] if param.dim() else 1
+    size = -(-rows // world)
+    start = min(rank * size, rows)
+    end = min(start + size, rows)
+    local = param.to_local()
+    if (local.shape[0] if local.dim() else 1) != end - start:
+        raise TypeError(
+            f"parameter {name!r}: this rank holds {tuple(local.shape)}, not rows "
+            f"[{start}, {end}) of {tuple(param.shape)} as fully_shard cuts them"
+        )
+    return Shard(local, start, end)
