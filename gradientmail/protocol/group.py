@@ -12,16 +12,17 @@ rank leaving by an exception) matches whatever exchange the other ranks are wait
 an abort reaches them wherever they are, and the sum says who was where.
 
 Layout (``width(fragments)`` ints): one count per message kind (``KINDS``), the sum of the
-aborting ranks, the tokens, the ranks with part reports to send, per fragment the ranks whose
-wanted version of it is ready, then the leader's decision: present, ok, newest round + 1,
-aligned round + 1, the leader's tokens, the bytes of its log, one version per fragment.
+aborting ranks, the tokens, the ranks with part reports to send, then the leader's
+decision: present, ok, newest round + 1, aligned round + 1, the leader's tokens, the bytes
+of its log, a zero, one version per fragment.
 
 A sharded group (FSDP2) runs one pure learner per rank over its own rows and keeps them in
 step by the leader's *log* (``Entry``): every input the leader's learner took since the last
 exchange, in order, without tensors (a rank's input carries its own rows). The decision says
 how many bytes of log follow the exchange (``encode_log``/``decode_log``); each rank feeds
-its own learner the same entries. ``ready`` counts tell the leader which fragments' wanted
-version every rank has prepared: only then does it feed (and log) ``version_ready``.
+its own learner the same entries. A second all-reduce, with MIN, of each rank's
+``prepared`` rounds (``readiness``) tells the leader which version of each fragment every
+rank has prepared: only then does it feed (and log) ``version_ready``.
 """
 
 from collections.abc import Sequence
@@ -49,10 +50,12 @@ __all__ = [
     "Stepped",
     "Summed",
     "VersionReady",
+    "all_ready",
     "contribution",
     "decode_log",
     "encode_log",
     "read",
+    "readiness",
     "verdict",
     "width",
 ]
@@ -62,7 +65,6 @@ KINDS: tuple[Kind, ...] = ("enter", "step", "close", "result", "abort")
 _ABORT_RANKS = len(KINDS)
 _TOKENS = _ABORT_RANKS + 1
 _REPORTS = _TOKENS + 1
-_READY = _REPORTS + 1
 _DECIDED = 7
 """The decision's fields before its versions: present, ok, round + 1, aligned + 1, tokens,
 log bytes (and one spare, zero, so that an older layout is never read as this one)."""
@@ -96,32 +98,30 @@ class Decision:
 class Message:
     """One rank's part of an exchange: its ``kind``, its ``rank``, the tokens of its step,
     (the leader's only) a ``decision``, and in a sharded group whether it has part reports
-    to send and, per fragment, whether the version its learner wants is ready."""
+    to send."""
 
     kind: Kind
     rank: int
     tokens: int = 0
     decision: Decision | None = None
     reports: bool = False
-    ready: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Summed:
     """An exchange read back: how many ranks sent each kind, the sum of the aborting ranks,
-    the group's tokens, the leader's decision (None when it sent none), how many ranks have
-    part reports, and per fragment how many ranks have its wanted version ready."""
+    the group's tokens, the leader's decision (None when it sent none) and how many ranks
+    have part reports."""
 
     counts: dict[Kind, int]
     abort_ranks: int
     tokens: int
     decision: Decision | None
     reports: int = 0
-    ready: tuple[int, ...] = ()
 
 
 def _decision_at(fragments: int) -> int:
-    return _READY + fragments
+    return _REPORTS + 1
 
 
 def width(fragments: int) -> int:
@@ -131,20 +131,16 @@ def width(fragments: int) -> int:
 
 def contribution(message: Message, fragments: int) -> list[int]:
     """The ints ``message`` adds to the exchange. Raises ``ValueError`` for negative tokens
-    or log bytes, a decision of another fragment count, or ``ready`` flags of another."""
+    or log bytes, or a decision of another fragment count."""
     decision = message.decision
     if message.tokens < 0 or (decision is not None and min(decision.tokens, decision.log) < 0):
         raise ValueError(f"tokens and log bytes must be non-negative, got {message}")
-    if message.ready and len(message.ready) != fragments:
-        raise ValueError(f"ready flags of a {fragments}-fragment run need {fragments} flags")
     values = [0] * width(fragments)
     values[KINDS.index(message.kind)] = 1
     if message.kind == "abort":
         values[_ABORT_RANKS] = message.rank
     values[_TOKENS] = message.tokens
     values[_REPORTS] = int(message.reports)
-    for fragment, ready in enumerate(message.ready):
-        values[_READY + fragment] = int(ready)
     if decision is not None:
         if len(decision.versions) != fragments:
             raise ValueError(f"a decision of a {fragments}-fragment run needs {fragments} versions")
@@ -188,7 +184,6 @@ def read(values: Sequence[int], fragments: int) -> Summed:
         int(values[_TOKENS]),
         decision,
         reports=int(values[_REPORTS]),
-        ready=tuple(int(v) for v in values[_READY : _READY + fragments]),
     )
 
 
@@ -216,6 +211,22 @@ def verdict(summed: Summed, expected: Kind, world: int) -> str | None:
             "batch), the same number"
         )
     return None
+
+
+def readiness(prepared: Sequence[int | None]) -> list[int]:
+    """A rank's part of the MIN all-reduce of a sharded group's tick: per fragment, the
+    round of the version it has prepared (−1 for none)."""
+    return [-1 if round is None else round for round in prepared]
+
+
+def all_ready(minimum: Sequence[int], wanted: Sequence[int | None]) -> tuple[int, ...]:
+    """The fragments whose ``wanted`` round (the leader's learner's; None: none wanted)
+    every rank has prepared, from the reduced ``minimum`` of ``readiness``."""
+    return tuple(
+        fragment
+        for fragment, (least, round) in enumerate(zip(minimum, wanted, strict=True))
+        if round is not None and least == round
+    )
 
 
 # -- the log of a sharded group --------------------------------------------------------------

@@ -18,10 +18,12 @@ from gradientmail.protocol.group import (
     RecordSeen,
     Stepped,
     VersionReady,
+    all_ready,
     contribution,
     decode_log,
     encode_log,
     read,
+    readiness,
     verdict,
     width,
 )
@@ -91,7 +93,7 @@ def test_bad_contributions_are_refused() -> None:
         contribution(Message("step", 0, tokens=-1), 2)
     with pytest.raises(ValueError, match="needs 2 versions"):
         contribution(Message("step", 0, decision=Decision((1,), 0, 0)), 2)
-    with pytest.raises(ValueError, match="of 1 fragments has 17 ints"):
+    with pytest.raises(ValueError, match="of 1 fragments has 16 ints"):
         read([0] * 3, 1)
     two = Message("step", 0, decision=Decision((1,), 0, 0))
     with pytest.raises(ValueError, match="only the leader"):
@@ -104,41 +106,29 @@ def test_changed_fragments_are_those_whose_version_moved() -> None:
     assert before.changed(before) == ()
 
 
-@given(
-    world=st.integers(1, 8),
-    fragments=st.integers(1, 6),
-    data=st.data(),
-)
-def test_ready_flags_and_reports_are_counted_over_the_ranks(
-    world: int, fragments: int, data: st.DataObject
+@given(world=st.integers(1, 8), data=st.data())
+def test_part_reports_are_counted_and_the_log_bytes_reach_every_rank(
+    world: int, data: st.DataObject
 ) -> None:
-    flags = [
-        tuple(data.draw(st.lists(st.booleans(), min_size=fragments, max_size=fragments)))
-        for _ in range(world)
-    ]
     reports = [data.draw(st.booleans()) for _ in range(world)]
     log = data.draw(st.integers(0, 10**9))
-    decision = Decision((0,) * fragments, 0, 0, log=log)
+    decision = Decision((0, 0), 0, 0, log=log)
     messages = [
-        Message(
-            "step",
-            rank,
-            decision=decision if rank == 0 else None,
-            reports=reports[rank],
-            ready=flags[rank],
-        )
+        Message("step", rank, decision=decision if rank == 0 else None, reports=reports[rank])
         for rank in range(world)
     ]
-    result = read(summed(messages, fragments), fragments)
-    assert result.ready == tuple(sum(f[i] for f in flags) for i in range(fragments))
+    result = read(summed(messages, 2), 2)
     assert result.reports == sum(reports)
     assert result.decision == decision
     assert verdict(result, "step", world) is None
 
 
-def test_ready_flags_of_another_fragment_count_are_refused() -> None:
-    with pytest.raises(ValueError, match="need 2 flags"):
-        contribution(Message("step", 1, ready=(True,)), 2)
+def test_a_version_is_ready_once_every_rank_has_prepared_the_round_wanted() -> None:
+    ranks = [readiness([3, None, 7]), readiness([3, 5, 6]), readiness([4, 5, 7])]
+    minimum = [min(column) for column in zip(*ranks, strict=True)]
+    assert minimum == [3, -1, 6]
+    assert all_ready(minimum, [3, 5, 7]) == (0,)
+    assert all_ready(minimum, [None, None, 6]) == (2,)
     with pytest.raises(ValueError, match="non-negative"):
         contribution(Message("step", 0, decision=Decision((1,), 0, 0, log=-1)), 1)
 
