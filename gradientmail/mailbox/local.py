@@ -473,7 +473,7 @@ class LocalMailbox:
         check_range(start, end)
         with self._boundary(f"get {key!r} [{start}, {end})"):
             with anyio.CancelScope(shield=True):
-                got = await anyio.to_thread.run_sync(self._get_range, key, key_path(key), start)
+                got = await anyio.to_thread.run_sync(self._get_range, key, key_path(key))
             if got is None:
                 await anyio.lowlevel.checkpoint_if_cancelled()
                 return None
@@ -693,6 +693,31 @@ class LocalMailbox:
     ) -> bytes | tuple[int, int] | None:
         """The object's bytes, None when there is none, or, for one over
         ``_READ_CHUNK_BYTES``, its open file and size for the caller to read and close."""
+        opened = self._open_regular(key, names)
+        if opened is None:
+            return None
+        fd, size = opened
+        try:
+            if max_bytes is not None and size > max_bytes:
+                raise ObjectTooLarge(key, size, max_bytes)
+            if size > _READ_CHUNK_BYTES:
+                kept, fd = fd, -1
+                return kept, size
+            return _read_exactly(fd, size)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _get_range(self, key: str, names: tuple[str, ...]) -> int | None:
+        """The object's open file for the caller to read a range of and close, or None when
+        there is none."""
+        opened = self._open_regular(key, names)
+        return None if opened is None else opened[0]
+
+    def _open_regular(self, key: str, names: tuple[str, ...]) -> tuple[int, int] | None:
+        """The object's open file and its size, None when there is none. Raises
+        ``NotARegularFile`` (the file closed) for a symbolic link or anything but a regular
+        file."""
         try:
             fd = self._open_object(names)
         except OSError as error:
@@ -709,38 +734,10 @@ class LocalMailbox:
                     f"{key!r} is not a regular file (mode {stat.filemode(status.st_mode)}); "
                     "it was not read"
                 )
-            if max_bytes is not None and status.st_size > max_bytes:
-                raise ObjectTooLarge(key, status.st_size, max_bytes)
-            if status.st_size > _READ_CHUNK_BYTES:
-                opened, fd = fd, -1
-                return opened, status.st_size
-            return _read_exactly(fd, status.st_size)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def _get_range(self, key: str, names: tuple[str, ...], start: int) -> int | None:
-        """The object's open file for the caller to read from ``start`` and close, or None
-        when there is none."""
-        try:
-            fd = self._open_object(names)
-        except OSError as error:
-            if error.errno not in (errno.ELOOP, errno.EMLINK):
-                raise
-            raise NotARegularFile(f"{key!r} is a symbolic link; it was not followed") from None
-        if fd is None:
-            return None
-        try:
-            status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode):
-                raise NotARegularFile(
-                    f"{key!r} is not a regular file (mode {stat.filemode(status.st_mode)}); "
-                    "it was not read"
-                )
         except BaseException:
             os.close(fd)
             raise
-        return fd
+        return fd, status.st_size
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
         # Every key that starts with the prefix's whole segments lies below their

@@ -394,31 +394,23 @@ def open_fragment(data: bytes, spec: FragmentSpec) -> FragmentBlob:
     Raises ``CodecError`` (``reason`` ``"shape"`` or ``"corrupt"``) naming what is wrong when
     ``data`` is not a well-formed blob of this fragment.
     """
-    header = _header(data)
-    meta = _meta(header, spec)
-    encoding: Encoding = meta.encoding  # type: ignore[assignment]  # checked in _meta
-    expected = _expected(spec, encoding, meta.block_size)
-    _check_header(header, expected)
-    start = 8 + struct.unpack_from("<Q", data)[0]
-    _check_offsets(header, expected, len(data) - start)
-    numels = [param.numel for param in spec.params]
-    blocks = [_blocks(n, meta.block_size) for n in numels]
+    layout = blob_layout(data, len(data), spec)
     scales = None
-    if encoding in LEVELS:
-        begin, end = header[_SCALES]["data_offsets"]
-        raw = bytearray(data[start + begin : start + end])
+    if layout.encoding in LEVELS:
+        end = layout.scales_at + 4 * layout.block_starts[-1]
+        raw = bytearray(data[layout.scales_at : end])
         scales = torch.frombuffer(raw, dtype=torch.float32) if raw else torch.empty(0)
     blob = FragmentBlob(
         spec=spec,
-        encoding=encoding,
-        block_size=meta.block_size,
+        encoding=layout.encoding,
+        block_size=layout.block_size,
         data=data,
-        values_at=start + header[_VALUES]["data_offsets"][0],
+        values_at=layout.values_at,
         scales=scales,
-        starts=tuple(itertools.accumulate(numels, initial=0)),
-        block_starts=tuple(itertools.accumulate(blocks, initial=0)),
+        starts=layout.starts,
+        block_starts=layout.block_starts,
     )
-    if encoding in LEVELS:
+    if layout.encoding in LEVELS:
         _check_quantized(blob)
     return blob
 
