@@ -5,8 +5,10 @@ carries out the actions it answers. No protocol decision is made here.
 ``LearnerDriver`` is used on the event-loop thread only: ``step`` and ``flush_once`` by the
 user's task (``Node.step`` and the closing flush), ``run_publisher`` as a task of the node's
 task group, and ``feed`` by the receive task (``_node.receive.Receiver``, which brings the
-records and the downloaded versions). The ``Learner`` value changes only in this class, and
-every input that answers actions goes through ``feed``, which carries each of them out
+records and the downloaded versions, through ``record_seen``, ``version_ready`` and
+``download_failed``). The ``Learner`` value changes only in this class, every input has a
+method here (which, once ``record`` was called, also logs it for a sharded group's ranks),
+and every input that answers actions goes through ``feed``, which carries each of them out
 right there:
 
 - ``Apply``: ``protocol.merge.merge_into`` on the live parameters (``FragmentAligned``);
@@ -45,20 +47,35 @@ from gradientmail.events.kinds import (
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import l2_norm
 from gradientmail.protocol.codec import encode_fragment
+from gradientmail.protocol.group import (
+    BeganClosing,
+    DownloadFailed,
+    DroppedAll,
+    Entry,
+    Finalized,
+    Flushed,
+    PublishEnded,
+    RecordSeen,
+    Stepped,
+    VersionReady,
+)
 from gradientmail.protocol.learner import (
     Action,
     Apply,
     Download,
     Dropped,
+    Failure,
     Learner,
     Publish,
     Recorded,
     Resolved,
     Snapshot,
+    Stage,
     Unavailable,
 )
+from gradientmail.protocol.learner_values import Tensors
 from gradientmail.protocol.merge import merge_into
-from gradientmail.protocol.records import DropReason, FragmentSpec, RunConfig
+from gradientmail.protocol.records import DropReason, FragmentSpec, RoundRecord, RunConfig
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
 
 __all__ = ["LearnerDriver"]
@@ -92,6 +109,7 @@ class LearnerDriver:
         send, receive = anyio.create_memory_object_stream[_Job](max_buffer_size=math.inf)
         self._jobs: MemoryObjectSendStream[_Job] = send
         self._pending: MemoryObjectReceiveStream[_Job] = receive
+        self._log: list[Entry] | None = None
 
     @property
     def state(self) -> Learner:
@@ -103,28 +121,63 @@ class LearnerDriver:
         """Whether the parameters live on a GPU (prepared versions are then pinned)."""
         return self._pin
 
+    def record(self) -> list[Entry]:
+        """From now on, append every input of the learner to the list returned, in the
+        order it was fed (``protocol.group.Entry``: what the ranks of a sharded group
+        replay); an input's tensors are not kept."""
+        self._log = []
+        return self._log
+
+    def _logged(self, entry: Entry) -> None:
+        if self._log is not None:
+            self._log.append(entry)
+
     def step(self, tokens: int) -> None:
         """One local step: apply what is prepared, snapshot the fragment due."""
-        self.feed(*self._state.stepped(tokens, self._rt.clock.now()), wake=False)
+        now = self._rt.clock.now()
+        self._logged(Stepped(tokens, now))
+        self.feed(*self._state.stepped(tokens, now), wake=False)
 
     def flush_once(self) -> None:
         """One turn of the closing flush: apply what is prepared, snapshot what can be."""
-        self.feed(*self._state.flush(self._rt.clock.now()), wake=False)
+        now = self._rt.clock.now()
+        self._logged(Flushed(now))
+        self.feed(*self._state.flush(now), wake=False)
 
     def begin_close(self) -> None:
         """Closing with flush begins: keep a copy of the live model for the final snapshots."""
         models = [tuple(p.detach().to("cpu", copy=True) for p in group) for group in self._params]
+        self._logged(BeganClosing())
         self._state = self._state.began_closing(models)
 
     def finalize(self) -> None:
         """Queue the final snapshots once the flush has settled (``Learner.finalize``)."""
+        self._logged(Finalized())
         self._state, jobs = self._state.finalize()
         for job in jobs:
             self._jobs.send_nowait(_Job(job, None))
 
     def drop_all(self, reason: DropReason, detail: str) -> None:
         """Report every fragment's unpublished steps dropped, for ``reason``."""
+        self._logged(DroppedAll(reason, detail))
         self.feed(*self._state.dropped_all(reason, detail), wake=False)
+
+    def record_seen(self, record: RoundRecord, now: float) -> None:
+        """The next committed record (the receive task's); wakes the closing flush."""
+        self._logged(RecordSeen(record, now))
+        self.feed(*self._state.record_seen(record, now), wake=True)
+
+    def version_ready(self, fragment: int, round: int, theta: Tensors) -> None:
+        """The version of ``round``'s record of ``fragment`` is prepared (``theta``)."""
+        self._logged(VersionReady(fragment, round))
+        self.feed(self._state.version_ready(fragment, round, theta), (), wake=True)
+
+    def download_failed(
+        self, fragment: int, round: int, stage: Stage, failure: Failure, detail: str
+    ) -> None:
+        """Preparing that version failed (``Learner.download_failed``)."""
+        self._logged(DownloadFailed(fragment, round, stage, failure, detail))
+        self.feed(*self._state.download_failed(fragment, round, stage, failure, detail), wake=False)
 
     def close_jobs(self) -> None:
         """No more snapshots: the publisher ends once it has drained its jobs."""
@@ -212,6 +265,7 @@ class LearnerDriver:
                 except (MailboxUnavailable, RecordError) as exc:
                     self._rt.emit(PublishFailed(self._rt.learner, publish.round, exc))
                 finally:
+                    self._logged(PublishEnded(publish.fragment, publish.round, ok))
                     if ok:
                         fed = self._state.publish_done(publish.fragment, publish.round)
                     else:

@@ -1,7 +1,7 @@
 """The receive task of a learner: it brings the run's committed records and the versions
-they call for to the pure learner (``protocol.learner.Learner``), through the one feed
-point of its ``LearnerDriver``. No protocol decision is made here, and the ``Learner``
-value is never replaced here: every input goes through ``LearnerDriver.feed``.
+they call for to the pure learner (``protocol.learner.Learner``), through its
+``LearnerDriver``. No protocol decision is made here, and the ``Learner``
+value is never replaced here: every input goes through the driver's method for it.
 
 ``Receiver.run`` is one task of the node's task group, on the event-loop thread. Every
 ``poll_interval`` it lists ``records/`` after the newest round fed and feeds each record
@@ -82,7 +82,7 @@ class Receiver:
             if record is None:
                 return
             check_record(record, round, rt.config)
-            driver.feed(*driver.state.record_seen(record, rt.clock.now()), wake=True)
+            driver.record_seen(record, rt.clock.now())
 
     async def _prepare(self) -> None:
         """Download every version the learner wants, falling back to θ in the same turn
@@ -106,12 +106,11 @@ class Receiver:
             failure, detail = "corrupt", f"{type(exc).__name__}: {exc}"
         else:
             if theta is not None:
-                driver.feed(driver.state.version_ready(fragment, round, theta), (), wake=True)
+                driver.version_ready(fragment, round, theta)
                 return
             failure, detail = "gone", "the blob is gone"
         _log.info("%s: the %s of round %d: %s", self._rt.learner, stage, round, detail)
-        failed = driver.state.download_failed(fragment, round, stage, failure, detail)
-        driver.feed(*failed, wake=False)
+        driver.download_failed(fragment, round, stage, failure, detail)
 
     async def _download(self, download: Download) -> tuple[Tensor, ...] | None:
         """θ of ``download.record`` (None: the blob is gone). Raises ``CorruptBlob`` or
