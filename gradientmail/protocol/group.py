@@ -25,6 +25,7 @@ its own learner the same entries. A second all-reduce, with MIN, of each rank's
 rank has prepared: only then does it feed (and log) ``version_ready``.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -32,7 +33,12 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from gradientmail.protocol.learner_values import Failure, Stage
-from gradientmail.protocol.records import DECODE_FAILURES, DropReason, RoundRecord
+from gradientmail.protocol.records import (
+    DECODE_FAILURES,
+    DropReason,
+    RoundRecord,
+    SnapshotPart,
+)
 
 __all__ = [
     "KINDS",
@@ -43,8 +49,10 @@ __all__ = [
     "Entry",
     "Finalized",
     "Flushed",
+    "Gathered",
     "Kind",
     "Message",
+    "PartReport",
     "PublishEnded",
     "RecordSeen",
     "Stepped",
@@ -324,3 +332,58 @@ def decode_log(data: bytes) -> list[Entry]:
         return _log_decoder.decode(data)
     except DECODE_FAILURES as exc:
         raise ValueError(f"a learner group's log does not decode: {exc}") from exc
+
+
+# -- a snapshot's parts, gathered by the leader ------------------------------------------------
+
+
+class PartReport(msgspec.Struct, frozen=True):
+    """Rank ``rank``'s part of the learner's snapshot of ``fragment`` for ``round``: its blob,
+    its rows and the squared L2 norm of its delta (None when not finite)."""
+
+    rank: int
+    round: int
+    fragment: int
+    part: SnapshotPart
+    squares: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """The parts of one snapshot so far, by rank (the leader's own included)."""
+
+    world: int
+    parts: tuple[PartReport | None, ...]
+
+    @classmethod
+    def empty(cls, world: int) -> "Gathered":
+        return cls(world, (None,) * world)
+
+    def add(self, report: PartReport) -> "Gathered":
+        """With ``report``. Raises ``ValueError`` for a rank outside the group or a rank
+        that reported twice (a bug: each rank uploads its part once)."""
+        if not 0 <= report.rank < self.world:
+            raise ValueError(f"rank {report.rank} is outside a group of {self.world}")
+        if self.parts[report.rank] is not None:
+            raise ValueError(f"rank {report.rank} reported its part twice")
+        parts = list(self.parts)
+        parts[report.rank] = report
+        return Gathered(self.world, tuple(parts))
+
+    @property
+    def complete(self) -> bool:
+        return all(part is not None for part in self.parts)
+
+    def snapshot_parts(self) -> tuple[tuple[SnapshotPart, ...], float | None]:
+        """Every rank's part in rank order and the norm of the whole delta (None when a
+        part's is not finite). Raises ``ValueError`` before every rank reported."""
+        if not self.complete:
+            missing = [rank for rank, part in enumerate(self.parts) if part is None]
+            raise ValueError(f"ranks {missing} have not reported their parts")
+        reports = [part for part in self.parts if part is not None]
+        parts = tuple(report.part for report in reports)
+        squares = [report.squares for report in reports]
+        finite = [value for value in squares if value is not None]
+        if len(finite) < len(squares):
+            return parts, None
+        return parts, math.sqrt(sum(finite))

@@ -13,7 +13,9 @@ from gradientmail.protocol.group import (
     Entry,
     Finalized,
     Flushed,
+    Gathered,
     Message,
+    PartReport,
     PublishEnded,
     RecordSeen,
     Stepped,
@@ -27,7 +29,7 @@ from gradientmail.protocol.group import (
     verdict,
     width,
 )
-from gradientmail.protocol.records import BlobRef, RoundRecord
+from gradientmail.protocol.records import BlobRef, RoundRecord, SnapshotPart
 
 
 def summed(messages: list[Message], fragments: int) -> list[int]:
@@ -161,3 +163,24 @@ def test_the_log_carries_every_input_of_the_leaders_learner() -> None:
     assert decode_log(b"") == []
     with pytest.raises(ValueError, match="does not decode"):
         decode_log(b'[{"type":"unknown"}]')
+
+
+def test_the_leader_writes_a_snapshot_once_every_rank_reported_its_part() -> None:
+    def report(rank: int, squares: float | None) -> PartReport:
+        ref = BlobRef(sha256=f"{rank}" * 64, size=8, encoding="fp32")
+        rows = ((rank * 5, rank * 5 + 5),)
+        return PartReport(rank, 7, 2, SnapshotPart(delta=ref, rows=rows), squares)
+
+    gathered = Gathered.empty(3).add(report(2, 4.0)).add(report(0, 9.0))
+    assert not gathered.complete
+    with pytest.raises(ValueError, match=r"ranks \[1\] have not reported"):
+        gathered.snapshot_parts()
+    with pytest.raises(ValueError, match="twice"):
+        gathered.add(report(2, 1.0))
+    with pytest.raises(ValueError, match="outside a group of 3"):
+        gathered.add(report(3, 1.0))
+    done = gathered.add(report(1, 3.0))
+    parts, norm = done.snapshot_parts()
+    assert [part.rows for part in parts] == [((0, 5),), ((5, 10),), ((10, 15),)]
+    assert norm == 4.0
+    assert Gathered.empty(2).add(report(0, None)).add(report(1, 1.0)).snapshot_parts()[1] is None
