@@ -297,9 +297,6 @@ def _spec(size_name: str, seed: int, scratch: Path, **extra: Any) -> dict[str, A
             "size": size_name,
             "seed": seed,
             "steps": SIZES[size_name]["steps"],
-            "poll_interval": bc.POLL,
-            "lease_every": bc.LEASE_EVERY,
-            "lease_timeout": bc.LEASE_TIMEOUT,
             "learners": K,
             "scratch": str(scratch),
         }
