@@ -284,6 +284,7 @@ def run(results: Path, quick: bool) -> Path:
         "batch": BATCH,
         "encoding": "int8",
         "segments": 2 * settings["sessions"],
+        "idle_lease_every": NodeOptions().lease_every,
         "torch_threads": 1,
     }
     result = h.header(NAME, quick=quick, parameters=parameters)

@@ -24,10 +24,10 @@ new stream of its shard.
   The nodes poll every 0.05 s and beat their lease every 0.5 s (gone after 5 s); the
   full size, where a step takes about 0.3 s on two cores, polls every 0.5 s and leases on
   the product's defaults (2 s, gone after 10 s). Polling costs an idle node CPU that on two
-  shared cores comes out of training: 1.8% of a core at 0.05 s, 0.55% at 0.25 s, 0.35% at
-  1 s (a syncer 3.2%, 0.9%, 0.4%; ``bench_overhead.py``'s idle arm measures it), and the
-  full size's gm-fp32-H100 ran 1.02× torchft's wall time polling every 0.25 s with a
-  0.5 s lease, 0.96× on the product's pacing (1 s, 2 s), at 2.234 and 2.271 bits/byte.
+  shared cores comes out of training (``bench_overhead.py``'s idle arm: a learner 1.5% of
+  a core at 0.05 s, 0.4% at 0.25 s, 0.2% at 0.5 s); polling every 0.25 s with a 0.5 s
+  lease, the full size's gradientmail arms took 1.01–1.03× torchft's wall time, on this
+  pacing 0.96–1.00× (``results/text.json``).
   Every process's CPU time (user and system, all threads) is reported.
 - ``torchft-fp32-H{H}``: ``K`` processes, each its own replica group of one, with
   ``torchft.local_sgd.DiLoCo`` over the same fragments (``bench_text_torchft.py``), its
@@ -297,9 +297,6 @@ def _spec(size_name: str, seed: int, scratch: Path, **extra: Any) -> dict[str, A
             "size": size_name,
             "seed": seed,
             "steps": SIZES[size_name]["steps"],
-            "poll_interval": bc.POLL,
-            "lease_every": bc.LEASE_EVERY,
-            "lease_timeout": bc.LEASE_TIMEOUT,
             "learners": K,
             "scratch": str(scratch),
         }

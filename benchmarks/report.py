@@ -523,7 +523,8 @@ def step_overhead(page: Page, result: dict[str, Any] | None) -> None:
     if "idle" in f:
         page.add(
             "What a node costs while nothing happens (no steps; the product's lease pacing, "
-            "every 2 s): the CPU time of every thread of the process over "
+            f"every {_num(p.get('idle_lease_every', 2.0), 0)} s): the CPU time of every "
+            "thread of the process over "
             f"{_num(p['idle_seconds'], 0)} s, less the same process's with no node "
             f"({_num(f['idle_baseline_core_percent'], 2)}% of a core), in percent of one "
             "core. The learner lists the round records at every poll; the syncer reads the "
