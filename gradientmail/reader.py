@@ -216,18 +216,21 @@ class RunReader:
         clock: Clock | None = None,
         poll: float = 0.05,
         tries: int | None = _RELIST,
+        rows: Sequence[Rows] | None = None,
     ) -> Newest:
         """The newest committed θ of every fragment (with ``initial``: Θ⁰).
 
         A θ blob collected between the listing and the read means newer records exist: the
         listing is taken again after ``poll`` seconds, at most ``tries`` times (None: until
         it succeeds), then ``CorruptBlob`` says the store lacks blobs its records name.
+        With ``rows`` (one ``codec.Rows`` per fragment) the θ are those rows only, read by
+        ranges (``rebuild_rows``): a rank of a sharded learner group.
         Raises ``CorruptBlob`` / ``RecordError`` for damaged blobs.
         """
         manifest = manifest if manifest is not None else await self.manifest()
         clock = clock if clock is not None else MonotonicClock()
         for _ in itertools.count() if tries is None else range(tries):
-            newest = await self._newest_once(manifest, initial)
+            newest = await self._newest_once(manifest, initial, rows)
             if newest is not None:
                 return newest
             await clock.sleep(poll)
@@ -236,7 +239,9 @@ class RunReader:
             "its records reference"
         )
 
-    async def _newest_once(self, manifest: Manifest, initial: bool) -> Newest | None:
+    async def _newest_once(
+        self, manifest: Manifest, initial: bool, rows: Sequence[Rows] | None
+    ) -> Newest | None:
         fragments = manifest.config.fragments
         rounds = [] if initial else await self.store.record_rounds()
         newest: list[RoundRecord | None] = [None] * fragments
@@ -246,7 +251,7 @@ class RunReader:
                 return None
             newest[record.fragment] = record
         versions = tuple(0 if r is None else r.version for r in newest)
-        rebuilt = await self._rebuild_all(manifest, versions)
+        rebuilt = await self._rebuild_all(manifest, versions, rows)
         if rebuilt is None:
             return None
         return Newest(
@@ -257,7 +262,7 @@ class RunReader:
         )
 
     async def _rebuild_all(
-        self, manifest: Manifest, versions: Sequence[int]
+        self, manifest: Manifest, versions: Sequence[int], rows: Sequence[Rows] | None = None
     ) -> list[Rebuilt] | None:
         """``rebuild`` of every fragment at ``versions``, ``_CONCURRENT_REBUILDS`` at a time
         (one's reads overlap another's decoding, and replays run on two cores); None when
@@ -266,6 +271,10 @@ class RunReader:
 
         async def one(fragment: int) -> Rebuilt | None:
             async with limiter:
+                if rows is not None:
+                    return await self.rebuild_rows(
+                        fragment, versions[fragment], rows[fragment], manifest=manifest
+                    )
                 return await self.rebuild(fragment, versions[fragment], manifest=manifest)
 
         rebuilt = await gather([partial(one, fragment) for fragment in range(len(versions))])

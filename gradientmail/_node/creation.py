@@ -28,7 +28,7 @@ from gradientmail._node.options import NodeOptions
 from gradientmail.clock import Clock
 from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
-from gradientmail.protocol.codec import encode_fragment
+from gradientmail.protocol.codec import Rows, encode_fragment
 from gradientmail.protocol.fragments import signature
 from gradientmail.protocol.records import (
     BlobRef,
@@ -158,12 +158,19 @@ def _encode_fp32(tensors: Sequence[Tensor], spec: FragmentSpec) -> bytes:
     return encode_fragment(tensors, spec, "fp32", block_size=1)
 
 
-async def load_newest(store: Store, manifest: Manifest, clock: Clock, poll: float) -> Newest:
-    """Read the newest committed θ of every fragment through the one read path
-    (``gradientmail.reader``): junk skipped, signatures checked with the store's key.
+async def load_newest(
+    store: Store,
+    manifest: Manifest,
+    clock: Clock,
+    poll: float,
+    rows: Sequence[Rows] | None = None,
+) -> Newest:
+    """Read the newest committed θ of every fragment (with ``rows``: those rows of each,
+    a sharded rank's) through the one read path (``gradientmail.reader``): junk skipped,
+    signatures checked with the store's key.
 
     A θ blob collected between the listing and the read means newer records exist: the
     listing is taken again every ``poll`` seconds. Raises ``RecordError`` / ``CorruptBlob``
     for damaged objects.
     """
-    return await RunReader(store).newest(manifest, clock=clock, poll=poll, tries=None)
+    return await RunReader(store).newest(manifest, clock=clock, poll=poll, tries=None, rows=rows)

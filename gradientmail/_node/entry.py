@@ -1,7 +1,10 @@
 """Entering a run: creating or joining it (``_node.creation``), loading the newest committed
 weights into the model, and a learner group's entry (``_node.group``: its leader joins and
-brings its followers in; the followers take the leader's manifest and weights and never
-touch the store). Runs in the task entering the node, before any of its tasks starts."""
+brings its followers in; the followers take the leader's manifest and weights, or in a
+sharded group read their own rows of the leader's versions). A sharded group joins a run
+that another node created: it never holds a whole fragment to upload as Θ⁰, so its leader
+waits for the run like a syncer-only node. Runs in the task entering the node, before any
+of its tasks starts."""
 
 from dataclasses import dataclass, replace
 
@@ -9,15 +12,26 @@ import torch
 from torch import Tensor
 
 from gradientmail._node.creation import load_newest, open_run
-from gradientmail._node.group import GroupLink, GroupMember, follow, fragment_params, lead, refuse
+from gradientmail._node.group import (
+    GroupLink,
+    GroupMember,
+    Params,
+    follow,
+    fragment_params,
+    lead,
+    refuse,
+)
 from gradientmail._node.lease import Emit
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.runtime import Runtime
+from gradientmail._node.sharded import Layout
 from gradientmail.clock import Clock
+from gradientmail.errors import CorruptBlob
 from gradientmail.events import Joined
 from gradientmail.protocol.group import Decision
 from gradientmail.protocol.learner import Learner
 from gradientmail.protocol.records import Manifest, RunConfig
+from gradientmail.reader import RunReader, check_model
 from gradientmail.store import Store
 
 __all__ = ["Entered", "enter"]
@@ -45,17 +59,37 @@ async def enter(
     clock: Clock,
     emit: Emit,
     link: GroupLink | None,
+    layout: Layout | None = None,
 ) -> Entered:
     """Create or join the run (``Joined``); in a group, the leader does so and then brings
     its followers in (or tells them it could not join), and a follower waits for it.
-    Raises what ``open_run`` raises, ``RunMismatch``, and ``GroupFailed``."""
+    ``layout``: this rank's rows of a sharded group. Raises what ``open_run`` raises,
+    ``RunMismatch``, and ``GroupFailed``."""
     if link is not None and not link.leader:
         assert named is not None
-        manifest, member = await follow(link, learner, named)
-        return Entered(_runtime(store, manifest, learner, options, clock, emit), None, (), member)
+        if layout is None:
+            manifest, member = await follow(link, learner, named)
+            rt = _runtime(store, manifest, learner, options, clock, emit)
+            return Entered(rt, None, (), member)
+        started: list[Learner] = []
+
+        async def load(manifest: Manifest, versions: tuple[int, ...], round: int) -> Params:
+            assert layout is not None
+            params = layout.params(manifest)
+            thetas = await _rows_of(store, manifest, layout, versions)
+            _copy(params, thetas)
+            started.append(Learner.start(manifest.config, learner, versions, thetas, round))
+            return params
+
+        manifest, member = await follow(link, learner, named, load)
+        rt = _runtime(store, manifest, learner, options, clock, emit)
+        return Entered(rt, started[0], member.params, member)
     try:
-        manifest = await open_run(store, learner, named, config, options, clock, emit)
-        entered = await _join(store, manifest, learner, named, options, clock, emit)
+        creator = named if layout is None else None
+        manifest = await open_run(store, learner, creator, config, options, clock, emit)
+        if layout is not None and named is not None:
+            check_model(manifest, named)
+        entered = await _join(store, manifest, learner, named, options, clock, emit, layout)
     except Exception as exc:
         if link is not None:
             await refuse(link, exc)
@@ -66,7 +100,7 @@ async def enter(
     assert start is not None
     view = Decision(start.versions, start.newest_round, start.aligned_round)
     member = GroupMember(link, entered.params, view)
-    await lead(link, manifest, learner, member)
+    await lead(link, manifest, learner, member, share=layout is None)
     return replace(entered, member=member)
 
 
@@ -86,19 +120,44 @@ async def _join(
     options: NodeOptions,
     clock: Clock,
     emit: Emit,
+    layout: Layout | None = None,
 ) -> Entered:
     rt = _runtime(store, manifest, learner, options, clock, emit)
-    newest = await load_newest(store, manifest, clock, options.poll_interval)
+    rows = None if layout is None else layout.fragment_rows(manifest)
+    newest = await load_newest(store, manifest, clock, options.poll_interval, rows)
     start = None
     params: tuple[tuple[Tensor, ...], ...] = ()
     if named is not None:
-        params = fragment_params(manifest, named)
-        with torch.no_grad():
-            for group, thetas in zip(params, newest.thetas, strict=True):
-                for param, theta in zip(group, thetas, strict=True):
-                    param.copy_(theta)
+        params = fragment_params(manifest, named) if layout is None else layout.params(manifest)
+        _copy(params, newest.thetas)
         start = Learner.start(
             manifest.config, learner, newest.versions, newest.thetas, newest.round
         )
     emit(Joined(learner, manifest.created_by, manifest.config.fragments, newest.round))
     return Entered(rt, start, params)
+
+
+def _copy(params: Params, thetas: Params) -> None:
+    with torch.no_grad():
+        for group, values in zip(params, thetas, strict=True):
+            for param, theta in zip(group, values, strict=True):
+                param.copy_(theta)
+
+
+async def _rows_of(
+    store: Store, manifest: Manifest, layout: Layout, versions: tuple[int, ...]
+) -> Params:
+    """This rank's rows of each fragment at ``versions`` (the leader's), read by ranges.
+    Raises ``CorruptBlob`` when a blob they need is gone (collected since the leader read
+    it: the group's entry fails, and a restart reads newer versions)."""
+    reader = RunReader(store)
+    thetas = []
+    for fragment, rows in enumerate(layout.fragment_rows(manifest)):
+        rebuilt = await reader.rebuild_rows(fragment, versions[fragment], rows, manifest=manifest)
+        if rebuilt is None:
+            raise CorruptBlob(
+                f"a blob of version {versions[fragment]} of fragment {fragment} was collected "
+                "before this rank read it: restart the group"
+            )
+        thetas.append(rebuilt.theta)
+    return tuple(thetas)

@@ -1,14 +1,22 @@
 """A learner group: the ranks of one ``torch.distributed`` process group training one
-learner together (data-parallel, replicated parameters; ``docs/node.md``, "Learner groups").
+learner together (``docs/node.md``, "Learner groups").
 
 Rank 0 of the group (the *leader*) is the node the run sees: it joins the run, beats the
-lease, receives, publishes, and syncs when it is a syncer. The other ranks (*followers*)
-never touch the store. Every rank enters ``gradientmail.node(..., group=pg)`` and calls
-``step()`` as often as the others, with the same tokens; each ``step()`` is the leader's
-learner step, one control exchange (``protocol.group``: the leader's decision, every rank's
-place and tokens) and, when the decision changed a fragment's version, a broadcast of that
-fragment's parameters from the leader, so every rank holds the same bits after every
-``step()``.
+lease, lists the records, and syncs when it is a syncer. Every rank enters
+``gradientmail.node(..., group=pg)`` and calls ``step()`` as often as the others, with the
+same tokens.
+
+- Replicated parameters (DDP): the followers never touch the store. Each ``step()`` is the
+  leader's learner step, one control exchange (``protocol.group``: the leader's decision,
+  every rank's place and tokens) and, when the decision changed a fragment's version, a
+  broadcast of that fragment's parameters from the leader, so every rank holds the same
+  bits after every ``step()``.
+- Sharded parameters (FSDP2, ``_node.sharded``): every rank runs its own learner over its
+  own rows and moves its own rows' bytes. Each ``step()`` is a *tick*: the leader's learner
+  step, the control exchange, a MIN all-reduce of the versions each rank has prepared, the
+  leader's log broadcast (every input its learner took since the last tick, which each
+  follower replays on its own rows) and, when some rank has one, an all-gather of the
+  ranks' part reports. The close ticks too, until the leader's close has ended.
 
 Threads: ``GroupLink``'s methods block on collectives and run in ``anyio.to_thread``
 worker threads only; the leader's learner step hops back onto the event loop from there
@@ -24,24 +32,43 @@ work (entering, the leader's close) are bounded by the process group's own timeo
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+import msgspec
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.sharded import ShardedRank
 from gradientmail._node.state import NodeState
 from gradientmail.errors import GroupFailed, RunMismatch
-from gradientmail.protocol.group import Decision, Kind, Message, Summed, contribution, read, verdict
+from gradientmail.protocol.group import (
+    Decision,
+    Entry,
+    Kind,
+    Message,
+    PartReport,
+    Summed,
+    all_ready,
+    contribution,
+    decode_log,
+    encode_log,
+    read,
+    readiness,
+    verdict,
+)
 from gradientmail.protocol.records import Manifest, decode, encode
 from gradientmail.reader import check_model
 
-__all__ = ["GroupLink", "GroupMember", "fragment_params", "link_of"]
+__all__ = ["GroupLink", "GroupMember", "Outgoing", "Ticks", "fragment_params", "link_of"]
+
+_reports_decoder = msgspec.msgpack.Decoder(list[PartReport])
 
 _log = logging.getLogger("gradientmail.group")
 
@@ -138,6 +165,54 @@ class GroupLink:
                     with torch.no_grad():
                         tensor.copy_(buffer)
 
+    def minimum(self, values: Sequence[int]) -> list[int]:
+        """The element-wise minimum of every rank's ``values`` (a sharded group's
+        readiness)."""
+        tensor = torch.tensor(list(values), dtype=torch.int64)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group, async_op=True)
+        self._wait(work, True, "the readiness exchange")
+        self.sent += tensor.nbytes
+        self.received += tensor.nbytes
+        return [int(v) for v in tensor.tolist()]
+
+    def share_bytes(self, data: bytes, size: int) -> bytes:
+        """The leader's ``data`` of ``size`` bytes (the size the control exchange carried),
+        on every rank."""
+        if size == 0:
+            return b""
+        if self.leader:
+            buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            buffer = torch.empty(size, dtype=torch.uint8)
+        work = dist.broadcast(buffer, src=self.src, group=self.group, async_op=True)
+        self._wait(work, True, "the log's broadcast")
+        if self.leader:
+            self.sent += size
+            return data
+        self.received += size
+        return buffer.numpy().tobytes()
+
+    def gather_reports(self, reports: Sequence[PartReport]) -> list[PartReport]:
+        """Every rank's ``reports``, in rank order."""
+        data = msgspec.msgpack.encode(list(reports))
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        work = dist.all_gather(sizes, size, group=self.group, async_op=True)
+        self._wait(work, True, "the part reports' exchange")
+        longest = max(int(s.item()) for s in sizes)
+        buffer = torch.zeros(longest, dtype=torch.uint8)
+        buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world)]
+        work = dist.all_gather(gathered, buffer, group=self.group, async_op=True)
+        self._wait(work, True, "the part reports' exchange")
+        self.sent += len(data)
+        found: list[PartReport] = []
+        for rank, (count, part) in enumerate(zip(sizes, gathered, strict=True)):
+            if rank != self.rank:
+                self.received += int(count.item())
+            found.extend(_reports_decoder.decode(part[: int(count.item())].numpy().tobytes()))
+        return found
+
     def share_object(self, value: Any) -> Any:
         """The leader's ``value`` (picklable), on every rank; bounded by the process
         group's own timeout (the leader may still be joining the run)."""
@@ -168,7 +243,8 @@ class GroupLink:
 
 class GroupMember:
     """One rank's part in its learner group, held by its ``Node``; the leader's node
-    ``attach``es its learner before the first step."""
+    ``attach``es its learner before the first step, and in a sharded group every rank's
+    node gives its ``Ticks`` (``tick_with``)."""
 
     def __init__(self, link: GroupLink, params: Params, view: Decision) -> None:
         self.link = link
@@ -178,7 +254,17 @@ class GroupMember:
         self.tokens = 0
         self._decide: Callable[[int], Coroutine[Any, Any, Decision]] | None = None
         self._current: Callable[[], Decision] | None = None
+        self._ticks: Ticks | None = None
         self._fragments = len(view.versions)
+
+    @property
+    def sharded(self) -> bool:
+        return self._ticks is not None
+
+    def tick_with(self, ticks: "Ticks") -> None:
+        """A sharded group: each ``step()`` and each turn of the close is a tick of
+        ``ticks``."""
+        self._ticks = ticks
 
     def attach(
         self,
@@ -209,8 +295,37 @@ class GroupMember:
         self.tokens += tokens
 
     async def step(self, tokens: int) -> None:
-        """``step_in_thread`` in a worker thread."""
-        await anyio.to_thread.run_sync(self.step_in_thread, tokens)
+        """``step_in_thread`` (a sharded group: ``tick_in_thread``) in a worker thread."""
+        if self._ticks is not None:
+            await anyio.to_thread.run_sync(self.tick_in_thread, tokens)
+        else:
+            await anyio.to_thread.run_sync(self.step_in_thread, tokens)
+
+    def tick_in_thread(self, tokens: int | None, closing: bool = False) -> Decision:
+        """One tick of a sharded group, from a worker thread (see the module docstring):
+        ``tokens`` for a ``step()`` (None: a turn of the close, the leader saying whether
+        its close goes on: ``closing``). The leader's decision. Raises ``GroupFailed``
+        (every rank), or on the leader what its learner step raised."""
+        link, ticks = self.link, self._ticks
+        assert ticks is not None
+        out = anyio.from_thread.run_sync(ticks.before, tokens, closing)
+        message = Message("step", link.rank, tokens or 0, out.decision, reports=bool(out.reports))
+        summed = link.control(message, "step", self._fragments)
+        decision = summed.decision
+        assert decision is not None  # the verdict requires it
+        minimum = link.minimum(out.readiness)
+        log = link.share_bytes(out.log, decision.log)
+        reports = link.gather_reports(out.reports) if summed.reports else []
+        anyio.from_thread.run_sync(ticks.after, minimum, log, reports)
+        self.view = decision
+        if tokens is not None:
+            self.steps += 1
+            self.tokens += tokens
+        return decision
+
+    async def closing_tick(self) -> None:
+        """A turn of the sharded leader's close: tick, its close going on."""
+        await anyio.to_thread.run_sync(self.tick_in_thread, None, True)
 
     async def close(self, flush: Callable[[], Awaitable[None]]) -> None:
         """Leave together: every rank closes, the leader flushes (``flush``, the node's
@@ -222,6 +337,9 @@ class GroupMember:
         await anyio.to_thread.run_sync(
             link.control, Message("close", link.rank), "close", fragments
         )
+        if self._ticks is not None:
+            await self._close_sharded(flush, self._ticks)
+            return
         decision: Decision | None = None
         try:
             if self._current is not None:
@@ -247,6 +365,42 @@ class GroupMember:
             raise GroupFailed("learner group: the leader's close failed (see its events)")
         await anyio.to_thread.run_sync(self._adopt, summed.decision)
 
+    async def _close_sharded(self, flush: Callable[[], Awaitable[None]], ticks: "Ticks") -> None:
+        """``close`` of a sharded group: the leader flushes (its turns tick, with
+        ``closing_tick``) and ticks once more to say it has ended; a follower ticks until
+        then. No parameters travel: every rank replayed the close on its own rows."""
+        link = self.link
+        ok = False
+        try:
+            if link.leader:
+                try:
+                    await flush()
+                    ok = True
+                finally:
+                    if not link.broken:
+                        with anyio.CancelScope(shield=True):
+                            await anyio.to_thread.run_sync(self.tick_in_thread, None, False)
+            else:
+                while (await anyio.to_thread.run_sync(self.tick_in_thread, None, False)).closing:
+                    pass
+                ok = True
+        finally:
+            if not link.broken:
+                decision = ticks.current(ok) if link.leader else None
+                with anyio.CancelScope(shield=True):
+                    summed = await anyio.to_thread.run_sync(
+                        lambda: link.control(
+                            Message("result", link.rank, decision=decision),
+                            "result",
+                            self._fragments,
+                            bounded=False,
+                        )
+                    )
+                assert summed.decision is not None
+                if not summed.decision.ok and ok:
+                    link.broken = True
+                    raise GroupFailed("learner group: the leader's close failed (see its events)")
+
     async def abort(self) -> None:
         """This rank leaves by an exception: complete the others' pending exchange with an
         abort (shielded, bounded by ``group_timeout``), unless the group already failed."""
@@ -266,7 +420,7 @@ class GroupMember:
         rank), this rank and its collectives' bytes; the steps and tokens the leader's
         learner counted (``base``'s) on the leader, the decided ones on a follower."""
         view = self.view
-        leader = self._decide is not None
+        leader = self._decide is not None or self._ticks is not None
         return replace(
             base,
             round=view.round,
@@ -286,15 +440,88 @@ class GroupMember:
         self.view = decision
 
 
-async def lead(link: GroupLink, manifest: Manifest, learner: str, member: GroupMember) -> None:
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """What a rank brings to a tick: the leader's decision (None on a follower) and log
+    bytes, its part reports and its readiness (``protocol.group.readiness``)."""
+
+    decision: Decision | None
+    log: bytes
+    reports: list[PartReport]
+    readiness: list[int]
+
+
+class Ticks:
+    """The two ends of a sharded group's tick on one rank, on its event-loop thread:
+    ``before`` (the leader steps its learner and takes its log) and ``after`` (a follower
+    replays the log; the leader gathers reports and feeds the versions every rank holds).
+    ``log`` is the leader's driver's record (``LearnerDriver.record``), None on a follower."""
+
+    def __init__(self, driver: LearnerDriver, rank: ShardedRank, log: list[Entry] | None) -> None:
+        self._driver = driver
+        self._rank = rank
+        self._log = log
+
+    def before(self, tokens: int | None, closing: bool) -> Outgoing:
+        """This rank's part of a tick; on the leader, first its learner's step of ``tokens``
+        (None: a tick of the close, no step)."""
+        driver, rank = self._driver, self._rank
+        fragments = len(rank.rows)
+        ready = readiness([rank.prepared(f) for f in range(fragments)])
+        if self._log is None:
+            return Outgoing(None, b"", rank.outgoing(), ready)
+        if tokens is not None:
+            driver.step(tokens)
+        data = encode_log(self._log)
+        self._log.clear()
+        learner = driver.state
+        decision = Decision(
+            learner.versions,
+            learner.newest_round,
+            learner.aligned_round,
+            tokens or 0,
+            log=len(data),
+            closing=closing,
+        )
+        return Outgoing(decision, data, [], ready)
+
+    def after(self, minimum: Sequence[int], log: bytes, reports: Sequence[PartReport]) -> None:
+        """The tick's outcome: ``minimum`` of every rank's readiness, the leader's ``log``,
+        the reports of every rank."""
+        driver, rank = self._driver, self._rank
+        if self._log is None:
+            driver.replay(decode_log(log), rank.take)
+            return
+        rank.arrived(reports)
+        wanted: list[int | None] = [None] * len(rank.rows)
+        for download in driver.state.downloads():
+            wanted[download.fragment] = download.record.round
+        for fragment in all_ready(minimum, wanted):
+            round = wanted[fragment]
+            assert round is not None
+            driver.version_ready(fragment, round, rank.take(fragment, round))
+
+    def current(self, ok: bool) -> Decision:
+        """The leader's decision as it stands, for the result of the close."""
+        learner = self._driver.state
+        return replace(
+            Decision(learner.versions, learner.newest_round, learner.aligned_round), ok=ok
+        )
+
+
+async def lead(
+    link: GroupLink, manifest: Manifest, learner: str, member: GroupMember, *, share: bool = True
+) -> None:
     """The leader's entry, once it has joined the run: send the manifest and the decision,
-    wait for every follower's check, send every parameter."""
+    wait for every follower's check (a sharded follower's: and its rows loaded), then
+    (``share``: replicated parameters) send every parameter."""
     view = member.view
     payload = ("joined", learner, encode(manifest), view.versions, view.round, view.aligned)
     await anyio.to_thread.run_sync(link.share_object, payload)
     fragments = manifest.config.fragments
     await anyio.to_thread.run_sync(link.control, Message("enter", 0), "enter", fragments)
-    await anyio.to_thread.run_sync(link.share, [p for group in member.params for p in group])
+    if share:
+        await anyio.to_thread.run_sync(link.share, [p for group in member.params for p in group])
 
 
 async def refuse(link: GroupLink, exc: Exception) -> None:
@@ -309,12 +536,19 @@ async def refuse(link: GroupLink, exc: Exception) -> None:
             _log.warning("%s", failed)
 
 
+Load = Callable[[Manifest, tuple[int, ...], int], Awaitable[Params]]
+"""A sharded follower's loading of its rows of the leader's versions (the manifest, the
+versions, the newest round): its live rows of each fragment."""
+
+
 async def follow(
-    link: GroupLink, learner: str, named: Sequence[tuple[str, Tensor]]
+    link: GroupLink, learner: str, named: Sequence[tuple[str, Tensor]], load: Load | None = None
 ) -> tuple[Manifest, GroupMember]:
     """A follower's entry: the leader's manifest and decision, this model checked against
     it (a mismatch aborts the group's entry and raises here: ``RunMismatch``/``ValueError``),
-    then the leader's parameters copied into this model."""
+    then the leader's parameters copied into this model, or (a sharded group) this rank's
+    rows of the leader's versions read from the store by ``load`` (what it raises aborts
+    the entry too)."""
     payload = await anyio.to_thread.run_sync(link.share_object, None)
     if payload[0] == "failed":
         link.broken = True
@@ -331,12 +565,19 @@ async def follow(
         check_model(manifest, named)
     except (ValueError, RunMismatch) as exc:
         problem = exc
+    params = fragment_params(manifest, named)
+    if problem is None and load is not None:
+        try:
+            params = await load(manifest, versions, round)
+        except Exception as exc:
+            problem = exc
     fragments = manifest.config.fragments
     message = Message("abort" if problem is not None else "enter", link.rank)
     await anyio.to_thread.run_sync(link.control, message, "enter", fragments)
     if problem is not None:
         link.broken = True
         raise problem
-    member = GroupMember(link, fragment_params(manifest, named), Decision(versions, round, aligned))
-    await anyio.to_thread.run_sync(link.share, [p for group in member.params for p in group])
+    member = GroupMember(link, params, Decision(versions, round, aligned))
+    if load is None:
+        await anyio.to_thread.run_sync(link.share, [p for group in member.params for p in group])
     return manifest, member

@@ -19,6 +19,13 @@ right there:
 
 ``Download`` is not fed back: the receive task asks ``state.downloads()`` for them.
 The publisher encodes ``S − B`` in a worker thread, uploads the blob and then the snapshot.
+
+On a rank of a sharded learner group (``sharded``: FSDP2, ``_node.sharded``) the
+parameters are the rank's rows and every rank drives its own learner: the leader's is fed
+as above (and logs its inputs), a follower's only by ``replay`` of the leader's log. Each
+rank's publisher uploads its rows of a snapshot as a part (``codec.part_spec``); a follower
+reports it (the group's next tick carries it) and the leader, once every rank's part is in,
+writes the snapshot with every part and logs the publish's end, which the followers replay.
 """
 
 import math
@@ -34,6 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from torch import Tensor
 
 from gradientmail._node.runtime import Runtime
+from gradientmail._node.sharded import ShardedRank, squares
 from gradientmail.errors import MailboxUnavailable, RecordError
 from gradientmail.events.kinds import (
     FragmentAligned,
@@ -46,7 +54,7 @@ from gradientmail.events.kinds import (
 )
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import l2_norm
-from gradientmail.protocol.codec import encode_fragment
+from gradientmail.protocol.codec import encode_fragment, part_spec
 from gradientmail.protocol.group import (
     BeganClosing,
     DownloadFailed,
@@ -54,6 +62,7 @@ from gradientmail.protocol.group import (
     Entry,
     Finalized,
     Flushed,
+    PartReport,
     PublishEnded,
     RecordSeen,
     Stepped,
@@ -75,7 +84,14 @@ from gradientmail.protocol.learner import (
 )
 from gradientmail.protocol.learner_values import Tensors
 from gradientmail.protocol.merge import merge_into
-from gradientmail.protocol.records import DropReason, FragmentSpec, RoundRecord, RunConfig
+from gradientmail.protocol.records import (
+    BlobRef,
+    DropReason,
+    FragmentSpec,
+    RoundRecord,
+    RunConfig,
+    SnapshotPart,
+)
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
 
 __all__ = ["LearnerDriver"]
@@ -91,8 +107,9 @@ class _Job:
 
 
 class LearnerDriver:
-    """Drives one ``Learner`` over the live ``params`` (one tuple per fragment); see the
-    module docstring. ``wake`` is called after anything that may let a closing flush go on."""
+    """Drives one ``Learner`` over the live ``params`` (one tuple per fragment; a sharded
+    rank's rows, ``sharded``); see the module docstring. ``wake`` is called after anything
+    that may let a closing flush go on."""
 
     def __init__(
         self,
@@ -100,8 +117,10 @@ class LearnerDriver:
         learner: Learner,
         params: tuple[tuple[Tensor, ...], ...],
         wake: Callable[[], None],
+        sharded: ShardedRank | None = None,
     ) -> None:
         self._rt = rt
+        self._sharded = sharded
         self._state = learner
         self._params = params
         self._wake = wake
@@ -132,15 +151,17 @@ class LearnerDriver:
         if self._log is not None:
             self._log.append(entry)
 
-    def step(self, tokens: int) -> None:
-        """One local step: apply what is prepared, snapshot the fragment due."""
-        now = self._rt.clock.now()
+    def step(self, tokens: int, now: float | None = None) -> None:
+        """One local step (at ``now``, default the clock's): apply what is prepared,
+        snapshot the fragment due."""
+        now = self._rt.clock.now() if now is None else now
         self._logged(Stepped(tokens, now))
         self.feed(*self._state.stepped(tokens, now), wake=False)
 
-    def flush_once(self) -> None:
-        """One turn of the closing flush: apply what is prepared, snapshot what can be."""
-        now = self._rt.clock.now()
+    def flush_once(self, now: float | None = None) -> None:
+        """One turn of the closing flush (at ``now``, default the clock's): apply what is
+        prepared, snapshot what can be."""
+        now = self._rt.clock.now() if now is None else now
         self._logged(Flushed(now))
         self.feed(*self._state.flush(now), wake=False)
 
@@ -178,6 +199,31 @@ class LearnerDriver:
         """Preparing that version failed (``Learner.download_failed``)."""
         self._logged(DownloadFailed(fragment, round, stage, failure, detail))
         self.feed(*self._state.download_failed(fragment, round, stage, failure, detail), wake=False)
+
+    def replay(self, entries: Sequence[Entry], prepared: Callable[[int, int], Tensors]) -> None:
+        """A follower of a sharded group: feed ``entries`` (the leader's log), in order;
+        ``prepared(fragment, round)`` answers this rank's rows of a version the log says
+        is ready."""
+        for entry in entries:
+            match entry:
+                case Stepped(tokens=tokens, now=now):
+                    self.step(tokens, now)
+                case Flushed(now=now):
+                    self.flush_once(now)
+                case RecordSeen(record=record, now=now):
+                    self.record_seen(record, now)
+                case VersionReady(fragment=fragment, round=round):
+                    self.version_ready(fragment, round, prepared(fragment, round))
+                case DownloadFailed(fragment, round, stage, failure, detail):
+                    self.download_failed(fragment, round, stage, failure, detail)
+                case PublishEnded(fragment=fragment, round=round, ok=ok):
+                    self._publish_ended(fragment, round, ok)
+                case BeganClosing():
+                    self.begin_close()
+                case Finalized():
+                    self.finalize()
+                case DroppedAll(reason=reason, detail=detail):
+                    self.drop_all(reason, detail)
 
     def close_jobs(self) -> None:
         """No more snapshots: the publisher ends once it has drained its jobs."""
@@ -254,10 +300,23 @@ class LearnerDriver:
         store is out of reach for now (``MailboxUnavailable``) or the snapshot's key holds
         another (``RecordError``); its steps stay counted for the fragment's next snapshot.
         A ``StoreAccessError`` propagates: it fails the node at once. Ends when
-        ``close_jobs`` was called and the jobs are drained."""
+        ``close_jobs`` was called and the jobs are drained.
+
+        A follower of a sharded group only uploads its part and reports it (its
+        ``PublishFailed`` when the store refuses it: the leader's publish then fails
+        after ``group_timeout``); the end of the publish comes from the leader's log."""
+        sharded = self._sharded
         async with self._pending:
             async for job in self._pending:
                 publish = job.publish
+                if sharded is not None and not sharded.leader:
+                    try:
+                        report = await self._upload_part(job, sharded)
+                    except MailboxUnavailable as exc:
+                        self._rt.emit(PublishFailed(self._rt.learner, publish.round, exc))
+                    else:
+                        sharded.report(report)
+                    continue
                 ok = False
                 try:
                     await self._publish(job)
@@ -265,20 +324,46 @@ class LearnerDriver:
                 except (MailboxUnavailable, RecordError) as exc:
                     self._rt.emit(PublishFailed(self._rt.learner, publish.round, exc))
                 finally:
-                    self._logged(PublishEnded(publish.fragment, publish.round, ok))
-                    if ok:
-                        fed = self._state.publish_done(publish.fragment, publish.round)
-                    else:
-                        fed = self._state.publish_failed(publish.fragment, publish.round)
-                    self.feed(*fed, wake=True)
+                    self._publish_ended(publish.fragment, publish.round, ok)
+
+    def _publish_ended(self, fragment: int, round: int, ok: bool) -> None:
+        self._logged(PublishEnded(fragment, round, ok))
+        if ok:
+            fed = self._state.publish_done(fragment, round)
+        else:
+            fed = self._state.publish_failed(fragment, round)
+        self.feed(*fed, wake=True)
+
+    async def _upload_part(self, job: _Job, sharded: ShardedRank) -> PartReport:
+        """Encode and upload this rank's rows of ``job``'s snapshot: its report."""
+        rt = self._rt
+        p = job.publish
+        rows = sharded.rows[p.fragment]
+        spec = part_spec(rt.specs[p.fragment], rows)
+        data, norm = await anyio.to_thread.run_sync(_encode_delta, job, spec, rt.config)
+        ref = await rt.store.put_blob(data, rt.config.delta_encoding)
+        part = SnapshotPart(delta=ref, rows=tuple(rows))
+        return PartReport(sharded.rank, p.round, p.fragment, part, squares(norm))
 
     async def _publish(self, job: _Job) -> None:
         rt = self._rt
         p = job.publish
         started = rt.clock.now()
-        spec = rt.specs[p.fragment]
-        data, norm = await anyio.to_thread.run_sync(_encode_delta, job, spec, rt.config)
-        ref = await rt.store.put_blob(data, rt.config.delta_encoding)
+        sharded = self._sharded
+        delta: BlobRef | msgspec.UnsetType = msgspec.UNSET
+        parts: tuple[SnapshotPart, ...] | msgspec.UnsetType = msgspec.UNSET
+        if sharded is None:
+            data, norm = await anyio.to_thread.run_sync(
+                _encode_delta, job, rt.specs[p.fragment], rt.config
+            )
+            delta = await rt.store.put_blob(data, rt.config.delta_encoding)
+            size = len(data)
+        else:
+            own = await self._upload_part(job, sharded)
+            size = own.part.delta.size
+            sharded.report(own)
+            gathered = await sharded.gathered(p.round, p.fragment, rt.options.group_timeout)
+            parts, norm = gathered.snapshot_parts()
         snapshot = SnapshotRecord(
             learner=rt.learner,
             round=p.round,
@@ -286,10 +371,11 @@ class LearnerDriver:
             base_version=p.base_version,
             steps=p.steps,
             tokens=p.tokens,
-            delta=ref,
+            delta=delta,
             norm=norm,
             closing=True if p.closing else msgspec.UNSET,
             final=True if p.final else msgspec.UNSET,
+            parts=parts,
         )
         if not await rt.store.put_snapshot(snapshot):
             raise RecordError(
@@ -299,9 +385,7 @@ class LearnerDriver:
             )
         seconds = rt.clock.now() - started
         rt.emit(
-            SnapshotPublished(
-                rt.learner, p.round, p.fragment, p.steps, p.tokens, len(data), seconds
-            )
+            SnapshotPublished(rt.learner, p.round, p.fragment, p.steps, p.tokens, size, seconds)
         )
 
 

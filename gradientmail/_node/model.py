@@ -31,8 +31,9 @@ def named_parameters(
     found = [name for name, p in named if _is_dtensor(p)]
     if found and not sharded:
         raise TypeError(
-            f"parameter {found[0]!r} is a sharded DTensor (FSDP2): learner groups support "
-            "replicated parameters (DDP) only; see docs/node.md, 'Learner groups'"
+            f"parameter {found[0]!r} is a sharded DTensor (FSDP2): pass group= (a gloo "
+            "process group of the ranks it is sharded over, every rank entering the node); "
+            "see docs/node.md, 'Learner groups'"
         )
     devices = {p.device for _, p in named}
     if len(devices) > 1:

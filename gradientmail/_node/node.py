@@ -12,7 +12,9 @@ task fails, the body is cancelled at its next checkpoint and the block raises
 ``NodeFailed`` (the task's exception chained), unless the body raised an exception of its
 own, which propagates as itself. ``Node.step`` is the one place the training meets the
 node. With ``group=`` the ranks of a process group are one learner (``_node.group``):
-rank 0 is the node above, the others follow its decisions and run no task.
+rank 0 is the node above; with replicated parameters the others follow its decisions and
+run no task, with sharded ones (FSDP2) each runs its own receive and publish tasks over its
+rows (``_node.sharded``) and replays the leader's learner inputs.
 
 Leaving the block normally closes with flush (``Closing``): every fragment with steps since
 its last included snapshot is published, and the node waits until those rounds are
@@ -44,14 +46,15 @@ from anyio.abc import TaskGroup, TaskStatus
 from torch import Tensor
 
 from gradientmail._node.entry import enter
-from gradientmail._node.group import GroupLink, GroupMember, link_of
+from gradientmail._node.group import GroupLink, GroupMember, Ticks, link_of
 from gradientmail._node.handle import StepHandle
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.lease import run_lease
-from gradientmail._node.model import named_parameters
+from gradientmail._node.model import named_parameters, shards
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.receive import Receiver
 from gradientmail._node.runtime import Runtime
+from gradientmail._node.sharded import Layout, ShardedRank
 from gradientmail._node.state import NodeState
 from gradientmail._node.supervision import block_error
 from gradientmail._node.syncer import run_syncer
@@ -95,17 +98,23 @@ class Node:
         learner: Learner | None,
         params: tuple[tuple[Tensor, ...], ...],
         group: GroupMember | None = None,
+        sharded: ShardedRank | None = None,
     ) -> None:
         self._rt = rt
         self._bus = bus
         self._driver = None
         if learner is not None:
-            self._driver = LearnerDriver(rt, learner, params, self._wake)
+            self._driver = LearnerDriver(rt, learner, params, self._wake, sharded)
         self._failure: BaseException | None = None
         self._wakeup = anyio.Event()
         self._group = group
+        self._sharded = sharded
         if group is not None and self._driver is not None:
-            group.attach(self._decided, self._decision)
+            if sharded is not None:
+                log = self._driver.record() if sharded.leader else None
+                group.tick_with(Ticks(self._driver, sharded, log))
+            else:
+                group.attach(self._decided, self._decision)
 
     # -- what users see ---------------------------------------------------------------------
 
@@ -247,12 +256,19 @@ class Node:
         """Start the node's tasks in ``tg``: the lease first (its first beat lands before
         anything else runs), then receive and publish (learners) and the syncer."""
         rt = self._rt
-        if self._group is not None and not self._group.link.leader:
-            return  # a follower of a learner group: its leader is the node the run sees
-        await tg.start(self._lease)
         driver = self._driver
+        if self._group is not None and not self._group.link.leader:
+            # A follower of a learner group: its leader is the node the run sees; a sharded
+            # follower moves its own rows' bytes.
+            if driver is not None and self._sharded is not None:
+                receiver = Receiver(rt, driver, self._sharded)
+                tg.start_soon(self._supervised, "receive", receiver.run)
+                tg.start_soon(self._supervised, "publisher", driver.run_publisher)
+            return
+        await tg.start(self._lease)
         if driver is not None:
-            tg.start_soon(self._supervised, "receive", Receiver(rt, driver).run)
+            receiver = Receiver(rt, driver, self._sharded)
+            tg.start_soon(self._supervised, "receive", receiver.run)
             tg.start_soon(self._supervised, "publisher", driver.run_publisher)
         if rt.options.syncer:
             tg.start_soon(self._supervised, "syncer", lambda: run_syncer(rt))
@@ -305,6 +321,8 @@ class Node:
             self._raise_failure()
             driver.flush_once()
             driver.finalize()
+            if self._group is not None and self._group.sharded:
+                await self._group.closing_tick()
             state = driver.state
             if state.finished:
                 self._rt.emit(Closed(self.learner, state.aligned_round))
@@ -379,10 +397,21 @@ async def node(
         raise TypeError(f"options must be a NodeOptions, got {type(options).__name__}")
     if config is not None and not isinstance(config, RunConfig):
         raise TypeError(f"config must be a RunConfig or None, got {type(config).__name__}")
-    named = named_parameters(model)
+    link = link_of(group, options.group_timeout, model=model is not None)
+    named = named_parameters(model, sharded=link is not None)
     if named is None and not options.syncer:
         raise ValueError("a node without a model must be a syncer (options.syncer=True)")
-    link = link_of(group, options.group_timeout, model=named is not None)
+    layout = None
+    if link is not None and named is not None:
+        found = shards(named, link.rank, link.world)
+        if found is not None:
+            layout = Layout(
+                {name: shard.local for (name, _), shard in zip(named, found, strict=True)},
+                {
+                    name: (shard.start, shard.end)
+                    for (name, _), shard in zip(named, found, strict=True)
+                },
+            )
     clock = clock if clock is not None else MonotonicClock()
     if run_key is None:
         key = RunKey.from_env()
@@ -396,7 +425,9 @@ async def node(
         else:
             box = mailbox
         store = Store(box, clock=clock, max_retry_delay=options.max_retry_delay, run_key=key)
-        async with _running(bus, store, learner, named, config, options, clock, link) as node_:
+        async with _running(
+            bus, store, learner, named, config, options, clock, link, layout
+        ) as node_:
             yield node_
 
 
@@ -410,6 +441,7 @@ async def _running(
     options: NodeOptions,
     clock: Clock,
     link: GroupLink | None,
+    layout: Layout | None,
 ) -> AsyncIterator[Node]:
     """The event bus around joining and the node's task group (see ``_supervise``). Every
     failure leaves as one exception, never an ``ExceptionGroup`` of one."""
@@ -417,8 +449,14 @@ async def _running(
     async with anyio.create_task_group() as events_tg:
         await events_tg.start(_dispatch, bus)
         try:
-            entered = await enter(store, learner, named, config, options, clock, bus.emit, link)
-            node_ = Node(entered.rt, bus, entered.start, entered.params, entered.member)
+            entered = await enter(
+                store, learner, named, config, options, clock, bus.emit, link, layout
+            )
+            sharded = None
+            if layout is not None and link is not None:
+                rows = layout.fragment_rows(entered.rt.manifest)
+                sharded = ShardedRank(link.rank, link.world, rows)
+            node_ = Node(entered.rt, bus, entered.start, entered.params, entered.member, sharded)
             try:
                 async with anyio.create_task_group() as tg, _supervise(node_, tg) as running:
                     yield running

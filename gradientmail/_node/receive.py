@@ -16,6 +16,12 @@ failure, not one per poll). Then it prepares the versions the learner wants
 gets past a damaged update only when the record is itself a checkpoint (else the fragment
 waits for a newer record, at most ``checkpoint_every`` versions), and the other fragments
 are prepared anyway.
+
+On a rank of a sharded learner group (``_node.sharded``) it prepares the rank's rows by
+ranged reads (``RunReader.rows``: the update's rows added to the base's, or
+``RunReader.rebuild_rows``) and keeps them for the group's tick, which feeds a version once
+every rank holds it; only the leader lists records (a follower's learner replays the
+leader's) and feeds a failure (a follower's own failure is retried at its next poll).
 """
 
 import logging
@@ -26,11 +32,13 @@ from torch import Tensor
 
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.runtime import Runtime
+from gradientmail._node.sharded import ShardedRank
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import PollFailed
 from gradientmail.protocol.checkpoint import check_record
+from gradientmail.protocol.codec import Rows
 from gradientmail.protocol.learner import Download, Failure, Stage
-from gradientmail.protocol.outer import apply_update
+from gradientmail.protocol.outer import added, apply_update
 from gradientmail.protocol.records import FragmentSpec
 from gradientmail.reader import RunReader
 
@@ -42,9 +50,12 @@ _log = logging.getLogger("gradientmail.learner")
 class Receiver:
     """The receive task of the learner ``driver`` drives (see the module docstring)."""
 
-    def __init__(self, rt: Runtime, driver: LearnerDriver) -> None:
+    def __init__(
+        self, rt: Runtime, driver: LearnerDriver, sharded: ShardedRank | None = None
+    ) -> None:
         self._rt = rt
         self._driver = driver
+        self._sharded = sharded
 
     async def run(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
@@ -54,9 +65,11 @@ class Receiver:
         worked. A ``StoreAccessError`` propagates: it fails the node at once."""
         rt = self._rt
         reported: str | None = None
+        lists = self._sharded is None or self._sharded.leader
         while True:
             try:
-                await self._receive_records()
+                if lists:
+                    await self._receive_records()
                 reported = None
             except (MailboxUnavailable, RecordError) as exc:
                 if f"{type(exc).__name__}: {exc}" != reported:
@@ -88,8 +101,12 @@ class Receiver:
         """Download every version the learner wants, falling back to θ in the same turn
         when an update fails; one fragment's failure is fed back and stops no other."""
         tried: set[tuple[int, bool]] = set()
+        sharded = self._sharded
         while todo := [
-            d for d in self._driver.state.downloads() if (d.fragment, d.base is None) not in tried
+            d
+            for d in self._driver.state.downloads()
+            if (d.fragment, d.base is None) not in tried
+            and (sharded is None or sharded.prepared(d.fragment) != d.record.round)
         ]:
             for download in todo:
                 tried.add((download.fragment, download.base is None))
@@ -100,17 +117,25 @@ class Receiver:
         fragment, round = download.fragment, download.record.round
         stage: Stage = "theta" if download.base is None else "update"
         failure: Failure
+        sharded = self._sharded
         try:
-            theta = await self._download(download)
+            if sharded is None:
+                theta = await self._download(download)
+            else:
+                theta = await self._download_rows(download, sharded.rows[fragment])
         except (CorruptBlob, RecordError) as exc:
             failure, detail = "corrupt", f"{type(exc).__name__}: {exc}"
         else:
+            if theta is not None and sharded is not None:
+                sharded.prepare(fragment, round, theta)
+                return
             if theta is not None:
                 driver.version_ready(fragment, round, theta)
                 return
             failure, detail = "gone", "the blob is gone"
         _log.info("%s: the %s of round %d: %s", self._rt.learner, stage, round, detail)
-        driver.download_failed(fragment, round, stage, failure, detail)
+        if sharded is None or sharded.leader:
+            driver.download_failed(fragment, round, stage, failure, detail)
 
     async def _download(self, download: Download) -> tuple[Tensor, ...] | None:
         """θ of ``download.record`` (None: the blob is gone). Raises ``CorruptBlob`` or
@@ -128,6 +153,29 @@ class Receiver:
             download.fragment, record.version, manifest=rt.manifest
         )
         return None if rebuilt is None else _pinned(rebuilt.theta, pin)
+
+    async def _download_rows(self, download: Download, rows: Rows) -> tuple[Tensor, ...] | None:
+        """``rows`` of θ of ``download.record`` (None: a blob is gone), read by ranges.
+        Raises as ``_download`` does."""
+        rt = self._rt
+        record = download.record
+        reader = RunReader(rt.store)
+        if download.base is not None:
+            update = await reader.rows(record.update, rt.specs[download.fragment], rows)
+            if update is None:
+                return None
+            return await anyio.to_thread.run_sync(_added, download.base, update)
+        rebuilt = await reader.rebuild_rows(
+            download.fragment, record.version, rows, manifest=rt.manifest
+        )
+        return None if rebuilt is None else rebuilt.theta
+
+
+def _added(base: Sequence[Tensor], update: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    try:
+        return tuple(added(base, update))
+    except ValueError as exc:
+        raise RecordError(f"the update does not fit this rank's rows: {exc}") from exc
 
 
 def _pinned(tensors: Sequence[Tensor], pin: bool) -> tuple[Tensor, ...]:

@@ -14,7 +14,7 @@ an abort reaches them wherever they are, and the sum says who was where.
 Layout (``width(fragments)`` ints): one count per message kind (``KINDS``), the sum of the
 aborting ranks, the tokens, the ranks with part reports to send, then the leader's
 decision: present, ok, newest round + 1, aligned round + 1, the leader's tokens, the bytes
-of its log, a zero, one version per fragment.
+of its log, whether its close goes on, one version per fragment.
 
 A sharded group (FSDP2) runs one pure learner per rank over its own rows and keeps them in
 step by the leader's *log* (``Entry``): every input the leader's learner took since the last
@@ -75,7 +75,7 @@ _TOKENS = _ABORT_RANKS + 1
 _REPORTS = _TOKENS + 1
 _DECIDED = 7
 """The decision's fields before its versions: present, ok, round + 1, aligned + 1, tokens,
-log bytes (and one spare, zero, so that an older layout is never read as this one)."""
+log bytes, closing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,8 @@ class Decision:
     fragment the learner holds (a fragment whose version changed is re-sent from the leader
     in a replicated group), the newest round seen, the newest round among the versions, the
     tokens the leader's step counted, whether the leader's part succeeded (its close, for a
-    ``result``), and the bytes of the log that follows the exchange (a sharded group)."""
+    ``result``), the bytes of the log that follows the exchange and, while a sharded group
+    closes, whether the leader's close goes on (``closing``: the ranks tick again)."""
 
     versions: tuple[int, ...]
     round: int
@@ -92,6 +93,7 @@ class Decision:
     tokens: int = 0
     ok: bool = True
     log: int = 0
+    closing: bool = False
 
     def changed(self, previous: "Decision") -> tuple[int, ...]:
         """The fragments whose version differs from ``previous``'s."""
@@ -160,7 +162,7 @@ def contribution(message: Message, fragments: int) -> list[int]:
             decision.aligned + 1,
             decision.tokens,
             decision.log,
-            0,
+            int(decision.closing),
             *decision.versions,
         ]
     return values
@@ -185,6 +187,7 @@ def read(values: Sequence[int], fragments: int) -> Summed:
             tokens=int(values[at + 4]),
             ok=bool(values[at + 1]),
             log=int(values[at + 5]),
+            closing=bool(values[at + 6]),
         )
     return Summed(
         counts,

@@ -7,11 +7,13 @@ trio), ``sync-asyncio`` (``gradientmail.sync``) or ``async-asyncio`` / ``async-t
 ``SCENARIO``: ``train`` (train until the node has seen round ``UNTIL``, close with flush),
 ``raise`` (rank 1 raises before its 6th step), ``hang`` (rank 1 stops stepping after 5
 steps), ``kill`` (rank 1 writes ``OUT/LEARNER.stepping`` after 5 steps and waits to be
-killed), ``fsdp`` (the model is sharded with FSDP2's ``fully_shard``). A group's ranks
-train a DDP model (gloo, CPU) on different batches; after every ``step()`` every rank
-compares its parameters with rank 0's. Writes ``OUT/LEARNER.RANK.json`` (state, drops,
-mismatches, what was raised and when) and, unless it raised, ``OUT/LEARNER.RANK.safetensors``
-(its final weights).
+killed). A group's ranks train a DDP model (gloo, CPU) on different batches; after every
+``step()`` every rank compares its parameters with rank 0's. With ``GM_FSDP=1`` a group's
+model is sharded with FSDP2's ``fully_shard`` on a CPU mesh instead (the ranks hold
+different rows: nothing to compare per step), and ``GM_HIDDEN`` sets the model's hidden
+width. Writes ``OUT/LEARNER.RANK.json`` (state, drops, mismatches, what was raised and when)
+and, unless it raised, ``OUT/LEARNER.RANK.safetensors`` (its final weights, gathered whole
+from a sharded model).
 """
 
 import dataclasses
@@ -42,6 +44,8 @@ OPTIONS = dataclasses.replace(
     FAST, group_timeout=GROUP_TIMEOUT, syncer=os.environ.get("GM_SYNCER", "1") == "1"
 )
 STEP_LIMIT = 2000
+FSDP = os.environ.get("GM_FSDP", "0") == "1"
+HIDDEN = int(os.environ.get("GM_HIDDEN", "16"))
 
 
 class Rank:
@@ -50,12 +54,14 @@ class Rank:
     def __init__(self, args: dict[str, Any]) -> None:
         self.args = args
         self.rank, self.world = args["rank"], args["world"]
-        self.model = tiny_model(args["seed"])
+        self.model = tiny_model(args["seed"], HIDDEN)
         self.trained = self.model
-        if args["scenario"] == "fsdp":
+        self.sharded = FSDP and self.world > 1
+        if self.sharded:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            self.trained = fully_shard(self.model)
+            self.trained = fully_shard(self.model, mesh=init_device_mesh("cpu", (self.world,)))
         elif self.world > 1:
             self.trained = DistributedDataParallel(self.model)
         self.trainer = Trainer(self.trained, args["seed"] * 10 + self.rank)
@@ -79,7 +85,7 @@ class Rank:
 
     def after_step(self) -> None:
         self.steps += 1
-        if self.world == 1:
+        if self.world == 1 or self.sharded:
             return
         flat = torch.cat([p.detach().flatten() for p in self.model.parameters()])
         gathered = [torch.empty_like(flat) for _ in range(self.world)]
@@ -119,7 +125,10 @@ def report(rank: Rank, raised: BaseException | None) -> None:
     (args["out"] / f"{name}.json").write_text(json.dumps(body))
     if raised is not None:
         return
-    weights = {n: p.detach().contiguous() for n, p in rank.model.named_parameters()}
+    weights = {
+        n: (p.full_tensor() if rank.sharded else p).detach().contiguous()  # type: ignore[operator]
+        for n, p in rank.model.named_parameters()
+    }
     safetensors.torch.save_file(weights, str(args["out"] / f"{name}.safetensors"))
 
 

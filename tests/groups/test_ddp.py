@@ -130,18 +130,3 @@ def test_a_killed_rank_fails_its_group_which_restarts_and_rejoins(ranks: Ranks) 
             await assert_holds_committed(box, model, again[rank]["versions"])
 
     anyio.run(rejoined)
-
-
-def test_sharded_fsdp2_parameters_are_refused_with_a_clear_error(ranks: Ranks) -> None:
-    ranks.start("g1", 2, "async-trio", scenario="fsdp")
-    deadline = time.monotonic() + DEADLINE
-    for rank in range(2):
-        report = ranks.wait(f"g1.{rank}", deadline)
-        assert report["raised"] == "TypeError"
-        assert "is a sharded DTensor (FSDP2)" in report["message"]
-
-    async def keys() -> list[str]:
-        async with LocalMailbox(ranks.run) as box:
-            return list(await box.list(""))
-
-    assert anyio.run(keys) == [], "a refused group touched the store"

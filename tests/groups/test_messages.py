@@ -114,7 +114,7 @@ def test_part_reports_are_counted_and_the_log_bytes_reach_every_rank(
 ) -> None:
     reports = [data.draw(st.booleans()) for _ in range(world)]
     log = data.draw(st.integers(0, 10**9))
-    decision = Decision((0, 0), 0, 0, log=log)
+    decision = Decision((0, 0), 0, 0, log=log, closing=data.draw(st.booleans()))
     messages = [
         Message("step", rank, decision=decision if rank == 0 else None, reports=reports[rank])
         for rank in range(world)
