@@ -18,7 +18,7 @@ Runs in the task entering the node, before any other task starts. Transient stor
 are retried with backoff; cancellation stops it between requests and writes nothing more.
 """
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio.to_thread
 from torch import Tensor
@@ -44,6 +44,9 @@ from gradientmail.store import Store
 __all__ = ["Newest", "check_config", "load_newest", "open_run"]
 
 NamedParams = Sequence[tuple[str, Tensor]]
+Whole = Callable[[Sequence[str]], Awaitable[list[Tensor]]]
+"""The whole tensors of the named parameters (a sharded learner group's leader gathers
+them from its ranks, one fragment at a time)."""
 
 
 def check_config(run: RunConfig, ours: RunConfig | None) -> None:
@@ -72,10 +75,12 @@ async def open_run(
     options: NodeOptions,
     clock: Clock,
     emit: Emit,
+    whole: Whole | None = None,
 ) -> Manifest:
     """The run's manifest, after creating the run if there is none (see the module docstring).
 
     A syncer-only node (``named`` None) cannot create a run: it waits for a learner to.
+    ``whole``: how to read a fragment's parameters whole, when ``named``'s are shards.
     Raises ``RunMismatch`` when the model or the config contradict the run.
     """
     watching: tuple[int, str] | None = None
@@ -113,7 +118,9 @@ async def open_run(
                     if attempt is not None:
                         emit(TookOverCreation(learner, now - progress[1]))
         if attempt is not None and named is not None:
-            manifest = await _create(store, learner, named, config or RunConfig(), attempt, emit)
+            manifest = await _create(
+                store, learner, named, config or RunConfig(), attempt, emit, whole
+            )
             check_config(manifest.config, config)
             _check_model(manifest, named)
             return manifest
@@ -137,13 +144,15 @@ async def _create(
     config: RunConfig,
     attempt: int,
     emit: Emit,
+    whole: Whole | None,
 ) -> Manifest:
     specs = signature(named, config.fragments, config.pattern)
     by_name = dict(named)
     emit(CreatingRun(learner, config.fragments))
     theta0: list[BlobRef] = []
     for spec in specs:
-        tensors = [by_name[param.name] for param in spec.params]
+        names = [param.name for param in spec.params]
+        tensors = [by_name[name] for name in names] if whole is None else await whole(names)
         data = await anyio.to_thread.run_sync(_encode_fp32, tensors, spec)
         ref = await store.put_blob(data, "fp32", indexed=True)
         await store.put_init_marker(

@@ -1,11 +1,12 @@
 """Entering a run: creating or joining it (``_node.creation``), loading the newest committed
 weights into the model, and a learner group's entry (``_node.group``: its leader joins and
 brings its followers in; the followers take the leader's manifest and weights, or in a
-sharded group read their own rows of the leader's versions). A sharded group joins a run
-that another node created: it never holds a whole fragment to upload as Θ⁰, so its leader
-waits for the run like a syncer-only node. Runs in the task entering the node, before any
-of its tasks starts."""
+sharded group read their own rows of the leader's versions). A sharded group's leader that
+creates the run gathers Θ⁰ from its ranks one fragment at a time (``group.gather_whole``):
+every rank holds one fragment whole while it is uploaded. Runs in the task entering the
+node, before any of its tasks starts."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -18,6 +19,7 @@ from gradientmail._node.group import (
     Params,
     follow,
     fragment_params,
+    gather_whole,
     lead,
     refuse,
 )
@@ -31,7 +33,7 @@ from gradientmail.events import Joined
 from gradientmail.protocol.group import Decision
 from gradientmail.protocol.learner import Learner
 from gradientmail.protocol.records import Manifest, RunConfig
-from gradientmail.reader import RunReader, check_model
+from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
 __all__ = ["Entered", "enter"]
@@ -85,10 +87,15 @@ async def enter(
         rt = _runtime(store, manifest, learner, options, clock, emit)
         return Entered(rt, started[0], member.params, member)
     try:
-        creator = named if layout is None else None
-        manifest = await open_run(store, learner, creator, config, options, clock, emit)
-        if layout is not None and named is not None:
-            check_model(manifest, named)
+        whole = None
+        if layout is not None and link is not None and named is not None:
+            sharded_named = named
+
+            async def whole(names: Sequence[str]) -> list[Tensor]:
+                assert link is not None
+                return await gather_whole(link, sharded_named, list(names))
+
+        manifest = await open_run(store, learner, named, config, options, clock, emit, whole)
         entered = await _join(store, manifest, learner, named, options, clock, emit, layout)
     except Exception as exc:
         if link is not None:

@@ -541,6 +541,21 @@ Load = Callable[[Manifest, tuple[int, ...], int], Awaitable[Params]]
 versions, the newest round): its live rows of each fragment."""
 
 
+async def gather_whole(
+    link: GroupLink, named: Sequence[tuple[str, Tensor]], names: list[str]
+) -> list[Tensor]:
+    """The leader of a sharded group creating the run: the parameters ``names`` whole,
+    gathered from every rank (``DTensor.full_tensor``, the followers taking part in
+    ``follow``), in a worker thread."""
+    await anyio.to_thread.run_sync(link.share_object, ("gather", names))
+    return await anyio.to_thread.run_sync(_full_tensors, named, names)
+
+
+def _full_tensors(named: Sequence[tuple[str, Tensor]], names: Sequence[str]) -> list[Tensor]:
+    by_name = dict(named)
+    return [by_name[name].full_tensor() for name in names]  # type: ignore[attr-defined]
+
+
 async def follow(
     link: GroupLink, learner: str, named: Sequence[tuple[str, Tensor]], load: Load | None = None
 ) -> tuple[Manifest, GroupMember]:
@@ -548,8 +563,12 @@ async def follow(
     it (a mismatch aborts the group's entry and raises here: ``RunMismatch``/``ValueError``),
     then the leader's parameters copied into this model, or (a sharded group) this rank's
     rows of the leader's versions read from the store by ``load`` (what it raises aborts
-    the entry too)."""
+    the entry too). While a sharded leader creates the run, this rank takes part in
+    gathering each fragment whole (``gather_whole``)."""
     payload = await anyio.to_thread.run_sync(link.share_object, None)
+    while payload[0] == "gather":
+        await anyio.to_thread.run_sync(_full_tensors, named, payload[1])
+        payload = await anyio.to_thread.run_sync(link.share_object, None)
     if payload[0] == "failed":
         link.broken = True
         raise GroupFailed(f"learner group: the leader (rank 0) could not join: {payload[1]}")

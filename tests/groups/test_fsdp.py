@@ -1,7 +1,7 @@
 """Learner groups of FSDP2 ranks (``fully_shard`` on a CPU mesh, gloo) in real processes on
 a real directory: two 2-rank sharded learners and a single-process learner train one model;
-each rank uploads and downloads its own rows; a killed rank fails its group, which restarts
-and rejoins."""
+each rank uploads and downloads its own rows; a sharded group creates a run; a killed rank
+fails its group, which restarts and rejoins."""
 
 import signal
 import time
@@ -98,11 +98,9 @@ async def check_parts(store: Store, rounds: int) -> None:
 
 
 def test_a_killed_sharded_rank_fails_its_group_which_restarts_and_rejoins(ranks: Ranks) -> None:
-    # A sharded group joins a run another node created: s1 creates it and leaves.
-    ranks.start("s1", 1, "async-asyncio", until=0, env=ENV)
-    deadline = time.monotonic() + DEADLINE
-    assert ranks.wait("s1.0", deadline)["raised"] is None
+    # The sharded group creates the run: Θ⁰ gathered from its ranks, fragment by fragment.
     ranks.start("g1", 2, "async-trio", scenario="kill", until=10_000, env=ENV)
+    deadline = time.monotonic() + DEADLINE
     ranks.wait_for_file(ranks.out / "g1.stepping", deadline)
     killed_at = time.time()
     ranks.processes["g1.1"].send_signal(signal.SIGKILL)
@@ -120,6 +118,9 @@ def test_a_killed_sharded_rank_fails_its_group_which_restarts_and_rejoins(ranks:
 
     async def rejoined() -> None:
         box = LocalMailbox(ranks.run)
+        manifest = await Store(box).manifest()
+        assert manifest is not None
+        assert manifest.created_by == "g1"
         history = await records(box)
         later = history[len(first_life) :]
         assert any(p.learner == "g1" for r in later for p in r.participants)
