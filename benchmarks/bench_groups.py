@@ -1,17 +1,22 @@
-"""Learner groups: two learners of two DDP ranks each against two single-process learners of
-the same global batch, on the demo's model and language (``docs/node.md``, "Learner groups").
+"""Learner groups: two learners of two ranks each (DDP, or FSDP2) against two single-process
+learners of the same global batch, on the demo's model and language (``docs/node.md``,
+"Learner groups").
 
 Each arm is one run on its own ``LocalMailbox``: two learners (each also a syncer) train the
 demo's GPT on the synthetic Markov language for the same number of steps. In the *group*
-arm a learner is two processes (DDP over gloo, CPU) that each take half of the batch the
-single-process learner of the *single* arm takes, drawn from the same stream, so the two
+arm a learner is two processes (DDP over gloo, CPU), in the *fsdp* arm two processes whose
+parameters ``fully_shard`` cuts in two (a CPU mesh, gloo); each rank takes half of the batch
+the single-process learner of the *single* arm takes, drawn from the same stream, so the
 arms see the same data and the same mean gradients (up to the order of float sums). The
-arms alternate over the repetitions (ABBA). Per rank it records: the time of each
-``step()`` on the caller (in a group: its two control exchanges and the broadcasts of the
-fragments that changed), the bytes it moved through the store and through the group's
-collectives, the wall time of publishing one fragment (``SnapshotPublished.seconds``), and
-the process's peak resident memory; per run, the evaluation loss of each learner's final
-model.
+arms rotate over the repetitions. Per rank it records: the time of each ``step()`` on the
+caller (in a DDP group: its control exchange and the broadcasts of the fragments that
+changed; in a sharded one: its tick), the bytes it moved through the store and through the
+group's collectives, the wall time of publishing one fragment (``SnapshotPublished.seconds``,
+the leader's: in a sharded group from its own part's encoding to the snapshot written with
+every rank's part), the bytes of the parameters it holds, and the process's peak resident
+memory; per run, the evaluation loss of each learner's final model and, read from the store
+after the run, the bytes of the snapshots each rank uploaded (a sharded learner's parts by
+rank, a single learner's whole deltas).
 
     .venv/bin/python benchmarks/bench_groups.py [--quick] [--results DIR]
 """
@@ -66,8 +71,16 @@ def _rank_main(spec: dict[str, Any]) -> None:
         group = dist.new_group(backend="gloo")
     corpus = synthetic(length=CONTEXT, seed=0)
     torch.manual_seed(0)
-    model = GPT(GPTConfig.tiny(vocab_size=corpus.vocab_size, context=CONTEXT))
-    trained: torch.nn.Module = DistributedDataParallel(model) if world > 1 else model
+    model = GPT(GPTConfig.small(vocab_size=corpus.vocab_size, context=CONTEXT))
+    trained: torch.nn.Module = model
+    if spec["arm"] == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    elif world > 1:
+        trained = DistributedDataParallel(model)
+    held = sum(_local(p).numel() * p.element_size() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     stream = corpus.train(LEARNERS.index(spec["learner"]), batch_size=BATCH, length=CONTEXT)
     part = BATCH // world
@@ -76,9 +89,16 @@ def _rank_main(spec: dict[str, Any]) -> None:
         model, corpus.evaluation(batches=4, batch_size=32, length=CONTEXT)
     )
     figures["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    figures["param_bytes"] = held
     Path(spec["out"]).write_text(json.dumps(figures))
     sys.stderr.flush()
     os._exit(0)  # a gloo group's teardown can wait on peers that have already left
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """The part of ``param`` this rank holds (a sharded DTensor's local rows)."""
+    to_local = getattr(param, "to_local", None)
+    return param if to_local is None else to_local()
 
 
 async def _train(
@@ -154,8 +174,9 @@ async def _train(
 
 
 def _run_arm(arm: str, steps: int, work: Path) -> dict[str, Any]:
-    """One run of ``arm`` (``group`` or ``single``); every rank's figures and the wall time."""
-    world = 2 if arm == "group" else 1
+    """One run of ``arm`` (``group``, ``fsdp`` or ``single``); every rank's figures and the
+    wall time."""
+    world = 1 if arm == "single" else 2
     run = work / "run"
     processes = []
     began = time.perf_counter()
@@ -187,14 +208,38 @@ def _run_arm(arm: str, steps: int, work: Path) -> dict[str, Any]:
         for learner in LEARNERS
         for rank in range(world)
     }
+    for name, uploaded in anyio.run(_snapshot_bytes, run).items():
+        ranks[name]["snapshot_up"] = uploaded
     return {"seconds": seconds, "ranks": ranks}
+
+
+async def _snapshot_bytes(run: Path) -> dict[str, int]:
+    """The bytes of every snapshot's delta in the run, by ``learner.rank`` (a part is its
+    rank's, a whole delta rank 0's)."""
+    from gradientmail.mailbox import LocalMailbox
+    from gradientmail.store import Store
+
+    found: dict[str, int] = {}
+    async with LocalMailbox(run) as mailbox:
+        store = Store(mailbox)
+        for round in await store.record_rounds():
+            for snapshot, _ in await store.snapshots(round):
+                if snapshot.parts:
+                    sizes = [part.delta.size for part in snapshot.parts]
+                else:
+                    assert snapshot.delta
+                    sizes = [snapshot.delta.size]
+                for rank, size in enumerate(sizes):
+                    name = f"{snapshot.learner}.{rank}"
+                    found[name] = found.get(name, 0) + size
+    return found
 
 
 def _figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per arm and role (leader: rank 0; follower: rank 1): medians over the runs."""
     figures: dict[str, Any] = {}
     for arm, results in runs.items():
-        roles = {"leader": ".0", "follower": ".1"} if arm == "group" else {"leader": ".0"}
+        roles = {"leader": ".0", "follower": ".1"} if arm != "single" else {"leader": ".0"}
         for role, suffix in roles.items():
             ranks = [
                 r for result in results for n, r in result["ranks"].items() if n.endswith(suffix)
@@ -211,6 +256,8 @@ def _figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "group_sent": statistics.median(r["group_sent"] for r in ranks),
                 "group_received": statistics.median(r["group_received"] for r in ranks),
                 "peak_rss_bytes": statistics.median(r["peak_rss_bytes"] for r in ranks),
+                "param_bytes": statistics.median(r["param_bytes"] for r in ranks),
+                "snapshot_up": statistics.median(r.get("snapshot_up", 0) for r in ranks),
             }
         losses = [
             r["eval_loss"]
@@ -229,6 +276,23 @@ def _figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         figures["group_eval_loss"]["median"], figures["single_eval_loss"]["median"]
     )
     figures["leader_store_up_ratio"] = h.ratio(group["store_up"], single["store_up"])
+    if "fsdp" in runs:
+        sharded = (figures["fsdp_leader"], figures["fsdp_follower"])
+        figures["fsdp_step_ms_added_p50"] = sharded[0]["step_ms_p50"] - single["step_ms_p50"]
+        figures["fsdp_loss_ratio"] = h.ratio(
+            figures["fsdp_eval_loss"]["median"], figures["single_eval_loss"]["median"]
+        )
+        for role, figure in zip(("leader", "follower"), sharded, strict=True):
+            figures[f"fsdp_{role}_store_up_ratio"] = h.ratio(figure["store_up"], single["store_up"])
+            figures[f"fsdp_{role}_snapshot_up_ratio"] = h.ratio(
+                figure["snapshot_up"], single["snapshot_up"]
+            )
+            figures[f"fsdp_{role}_store_down_ratio"] = h.ratio(
+                figure["store_down"], single["store_down"]
+            )
+            figures[f"fsdp_{role}_param_ratio"] = h.ratio(
+                figure["param_bytes"], single["param_bytes"]
+            )
     return figures
 
 
@@ -247,7 +311,7 @@ def main() -> None:
         "groups",
         quick=args.quick,
         parameters={
-            "model": "demo GPT tiny",
+            "model": "demo GPT small",
             "context": CONTEXT,
             "learner_batch": BATCH,
             "steps": steps,
@@ -258,9 +322,10 @@ def main() -> None:
             "repetitions": repetitions,
         },
     )
-    runs: dict[str, list[dict[str, Any]]] = {"group": [], "single": []}
+    arms = ("group", "fsdp", "single")
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for rep in range(repetitions):
-        for arm in ("group", "single") if rep % 2 == 0 else ("single", "group"):
+        for arm in arms[rep % 3 :] + arms[: rep % 3]:
             with tempfile.TemporaryDirectory() as work:
                 runs[arm].append(_run_arm(arm, steps, Path(work)))
                 print(f"{arm}: {runs[arm][-1]['seconds']:.0f} s", flush=True)

@@ -26,7 +26,7 @@ ENV = {"GM_FSDP": "1", "GM_HIDDEN": str(HIDDEN)}
 
 
 def test_two_sharded_groups_and_a_single_learner_train_one_model(ranks: Ranks) -> None:
-    learners = (("g1", 2, "thread-trio"), ("g2", 2, "async-asyncio"), ("s1", 1, "async-trio"))
+    learners = (("g1", 2, "thread-trio"), ("g2", 2, "sync-asyncio"), ("s1", 1, "async-trio"))
     for learner, world, how in learners:
         ranks.start(learner, world, how, parties=len(learners), until=UNTIL_ROUND, env=ENV)
     deadline = time.monotonic() + DEADLINE
