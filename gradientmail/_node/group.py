@@ -13,10 +13,11 @@ same tokens.
   bits after every ``step()``.
 - Sharded parameters (FSDP2, ``_node.sharded``): every rank runs its own learner over its
   own rows and moves its own rows' bytes. Each ``step()`` is a *tick*: the leader's learner
-  step, the control exchange, a MIN all-reduce of the versions each rank has prepared, the
-  leader's log broadcast (every input its learner took since the last tick, which each
-  follower replays on its own rows) and, when some rank has one, an all-gather of the
-  ranks' part reports. The close ticks too, until the leader's close has ended.
+  step, then the control exchange (which also carries the leader's step and the versions
+  each rank has prepared), then only when there is something to send, the leader's log
+  broadcast (every other input its learner took since the last tick, which each follower
+  replays on its own rows) and an all-gather of the ranks' part reports. The close ticks
+  too, until the leader's close has ended.
 
 Threads: ``GroupLink``'s methods block on collectives and run in ``anyio.to_thread``
 worker threads only; the leader's learner step hops back onto the event loop from there
@@ -54,13 +55,13 @@ from gradientmail.protocol.group import (
     Kind,
     Message,
     PartReport,
+    Stepped,
     Summed,
     all_ready,
     contribution,
     decode_log,
     encode_log,
     read,
-    readiness,
     verdict,
 )
 from gradientmail.protocol.records import Manifest, decode, encode
@@ -164,16 +165,6 @@ class GroupLink:
                 if staged:
                     with torch.no_grad():
                         tensor.copy_(buffer)
-
-    def minimum(self, values: Sequence[int]) -> list[int]:
-        """The element-wise minimum of every rank's ``values`` (a sharded group's
-        readiness)."""
-        tensor = torch.tensor(list(values), dtype=torch.int64)
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group, async_op=True)
-        self._wait(work, True, "the readiness exchange")
-        self.sent += tensor.nbytes
-        self.received += tensor.nbytes
-        return [int(v) for v in tensor.tolist()]
 
     def share_bytes(self, data: bytes, size: int) -> bytes:
         """The leader's ``data`` of ``size`` bytes (the size the control exchange carried),
@@ -309,14 +300,20 @@ class GroupMember:
         link, ticks = self.link, self._ticks
         assert ticks is not None
         out = anyio.from_thread.run_sync(ticks.before, tokens, closing)
-        message = Message("step", link.rank, tokens or 0, out.decision, reports=bool(out.reports))
+        message = Message(
+            "step",
+            link.rank,
+            tokens or 0,
+            out.decision,
+            reports=bool(out.reports),
+            prepared=out.prepared,
+        )
         summed = link.control(message, "step", self._fragments)
         decision = summed.decision
         assert decision is not None  # the verdict requires it
-        minimum = link.minimum(out.readiness)
         log = link.share_bytes(out.log, decision.log)
         reports = link.gather_reports(out.reports) if summed.reports else []
-        anyio.from_thread.run_sync(ticks.after, minimum, log, reports)
+        anyio.from_thread.run_sync(ticks.after, summed, tokens is not None, log, reports)
         self.view = decision
         if tokens is not None:
             self.steps += 1
@@ -443,12 +440,13 @@ class GroupMember:
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """What a rank brings to a tick: the leader's decision (None on a follower) and log
-    bytes, its part reports and its readiness (``protocol.group.readiness``)."""
+    bytes, its part reports and the round of the version of each fragment it has
+    prepared."""
 
     decision: Decision | None
     log: bytes
     reports: list[PartReport]
-    readiness: list[int]
+    prepared: tuple[int | None, ...]
 
 
 class Ticks:
@@ -466,12 +464,15 @@ class Ticks:
         """This rank's part of a tick; on the leader, first its learner's step of ``tokens``
         (None: a tick of the close, no step)."""
         driver, rank = self._driver, self._rank
-        fragments = len(rank.rows)
-        ready = readiness([rank.prepared(f) for f in range(fragments)])
+        prepared = tuple(rank.prepared(f) for f in range(len(rank.rows)))
         if self._log is None:
-            return Outgoing(None, b"", rank.outgoing(), ready)
+            return Outgoing(None, b"", rank.outgoing(), prepared)
+        now = 0.0
         if tokens is not None:
             driver.step(tokens)
+            stepped = self._log.pop()
+            assert isinstance(stepped, Stepped)  # the step is its learner's last input
+            now = stepped.now
         data = encode_log(self._log)
         self._log.clear()
         learner = driver.state
@@ -482,21 +483,28 @@ class Ticks:
             tokens or 0,
             log=len(data),
             closing=closing,
+            now=now,
         )
-        return Outgoing(decision, data, [], ready)
+        return Outgoing(decision, data, [], prepared)
 
-    def after(self, minimum: Sequence[int], log: bytes, reports: Sequence[PartReport]) -> None:
-        """The tick's outcome: ``minimum`` of every rank's readiness, the leader's ``log``,
-        the reports of every rank."""
+    def after(
+        self, summed: Summed, stepped: bool, log: bytes, reports: Sequence[PartReport]
+    ) -> None:
+        """The tick's outcome (``summed``; ``stepped``: a ``step()``'s tick), the leader's
+        ``log``, the reports of every rank: a follower replays the log, then the leader's
+        step; the leader gathers the reports and feeds the versions every rank holds."""
         driver, rank = self._driver, self._rank
         if self._log is None:
-            driver.replay(decode_log(log), rank.take)
+            decision = summed.decision
+            assert decision is not None
+            entries = decode_log(log)
+            driver.replay([*entries, decision.stepped] if stepped else entries, rank.take)
             return
         rank.arrived(reports)
         wanted: list[int | None] = [None] * len(rank.rows)
         for download in driver.state.downloads():
             wanted[download.fragment] = download.record.round
-        for fragment in all_ready(minimum, wanted):
+        for fragment in all_ready(summed, wanted, rank.world):
             round = wanted[fragment]
             assert round is not None
             driver.version_ready(fragment, round, rank.take(fragment, round))

@@ -14,18 +14,25 @@ an abort reaches them wherever they are, and the sum says who was where.
 Layout (``width(fragments)`` ints): one count per message kind (``KINDS``), the sum of the
 aborting ranks, the tokens, the ranks with part reports to send, then the leader's
 decision: present, ok, newest round + 1, aligned round + 1, the leader's tokens, the bytes
-of its log, whether its close goes on, one version per fragment.
+of its log, whether its close goes on, the bits of its step's clock reading (a float64),
+one version per fragment; then, per fragment, the sum of every rank's prepared round and
+the sum of their squares.
 
 A sharded group (FSDP2) runs one pure learner per rank over its own rows and keeps them in
 step by the leader's *log* (``Entry``): every input the leader's learner took since the last
 exchange, in order, without tensors (a rank's input carries its own rows). The decision says
 how many bytes of log follow the exchange (``encode_log``/``decode_log``); each rank feeds
-its own learner the same entries. A second all-reduce, with MIN, of each rank's
-``prepared`` rounds (``readiness``) tells the leader which version of each fragment every
-rank has prepared: only then does it feed (and log) ``version_ready``.
+its own learner the same entries. The step itself is not in the log: its tokens and clock
+reading travel in the decision (``Decision.stepped``), so a tick whose leader took no other
+input needs no broadcast after its one all-reduce. Each rank also adds the round of the
+version of each fragment it has prepared (−1: none) and its square: every rank holds the
+round ``w`` the leader's learner wants exactly when the sums are ``W·w`` and ``W·w²``
+(``all_ready``; Σ(r − w)² = Σr² − 2wΣr + Ww² is 0 only then), and only then does the leader
+feed (and log) ``version_ready``.
 """
 
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -63,7 +70,6 @@ __all__ = [
     "decode_log",
     "encode_log",
     "read",
-    "readiness",
     "verdict",
     "width",
 ]
@@ -73,9 +79,9 @@ KINDS: tuple[Kind, ...] = ("enter", "step", "close", "result", "abort")
 _ABORT_RANKS = len(KINDS)
 _TOKENS = _ABORT_RANKS + 1
 _REPORTS = _TOKENS + 1
-_DECIDED = 7
+_DECIDED = 8
 """The decision's fields before its versions: present, ok, round + 1, aligned + 1, tokens,
-log bytes, closing."""
+log bytes, closing, the step's clock reading."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +90,10 @@ class Decision:
     fragment the learner holds (a fragment whose version changed is re-sent from the leader
     in a replicated group), the newest round seen, the newest round among the versions, the
     tokens the leader's step counted, whether the leader's part succeeded (its close, for a
-    ``result``), the bytes of the log that follows the exchange and, while a sharded group
-    closes, whether the leader's close goes on (``closing``: the ranks tick again)."""
+    ``result``), the bytes of the log that follows the exchange, while a sharded group
+    closes whether the leader's close goes on (``closing``: the ranks tick again), and the
+    leader's clock reading at its step (``now``; a sharded group replays
+    ``stepped`` after the log)."""
 
     versions: tuple[int, ...]
     round: int
@@ -94,6 +102,12 @@ class Decision:
     ok: bool = True
     log: int = 0
     closing: bool = False
+    now: float = 0.0
+
+    @property
+    def stepped(self) -> "Stepped":
+        """The leader's step as its learner took it."""
+        return Stepped(self.tokens, self.now)
 
     def changed(self, previous: "Decision") -> tuple[int, ...]:
         """The fragments whose version differs from ``previous``'s."""
@@ -108,44 +122,68 @@ class Decision:
 class Message:
     """One rank's part of an exchange: its ``kind``, its ``rank``, the tokens of its step,
     (the leader's only) a ``decision``, and in a sharded group whether it has part reports
-    to send."""
+    to send and the round of the version of each fragment it has ``prepared`` (None: none;
+    an empty tuple for no readiness at all)."""
 
     kind: Kind
     rank: int
     tokens: int = 0
     decision: Decision | None = None
     reports: bool = False
+    prepared: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Summed:
     """An exchange read back: how many ranks sent each kind, the sum of the aborting ranks,
-    the group's tokens, the leader's decision (None when it sent none) and how many ranks
-    have part reports."""
+    the group's tokens, the leader's decision (None when it sent none), how many ranks
+    have part reports, and per fragment the sums of the ranks' prepared rounds and of their
+    squares."""
 
     counts: dict[Kind, int]
     abort_ranks: int
     tokens: int
     decision: Decision | None
     reports: int = 0
+    prepared: tuple[int, ...] = ()
+    squares: tuple[int, ...] = ()
 
 
 def _decision_at(fragments: int) -> int:
     return _REPORTS + 1
 
 
+def _prepared_at(fragments: int) -> int:
+    return _decision_at(fragments) + _DECIDED + fragments
+
+
 def width(fragments: int) -> int:
     """The length of the control vector of a run of ``fragments`` fragments."""
-    return _decision_at(fragments) + _DECIDED + fragments
+    return _prepared_at(fragments) + 2 * fragments
+
+
+def _bits(value: float) -> int:
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
+
+
+def _float(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", bits))[0])
 
 
 def contribution(message: Message, fragments: int) -> list[int]:
     """The ints ``message`` adds to the exchange. Raises ``ValueError`` for negative tokens
-    or log bytes, or a decision of another fragment count."""
+    or log bytes, or a decision or readiness of another fragment count."""
     decision = message.decision
     if message.tokens < 0 or (decision is not None and min(decision.tokens, decision.log) < 0):
         raise ValueError(f"tokens and log bytes must be non-negative, got {message}")
+    if message.prepared and len(message.prepared) != fragments:
+        raise ValueError(f"the readiness of a {fragments}-fragment run has {fragments} rounds")
     values = [0] * width(fragments)
+    at = _prepared_at(fragments)
+    for fragment, round in enumerate(message.prepared):
+        value = -1 if round is None else round
+        values[at + fragment] = value
+        values[at + fragments + fragment] = value * value
     values[KINDS.index(message.kind)] = 1
     if message.kind == "abort":
         values[_ABORT_RANKS] = message.rank
@@ -163,6 +201,7 @@ def contribution(message: Message, fragments: int) -> list[int]:
             decision.tokens,
             decision.log,
             int(decision.closing),
+            _bits(decision.now),
             *decision.versions,
         ]
     return values
@@ -188,13 +227,17 @@ def read(values: Sequence[int], fragments: int) -> Summed:
             ok=bool(values[at + 1]),
             log=int(values[at + 5]),
             closing=bool(values[at + 6]),
+            now=_float(int(values[at + 7])),
         )
+    ready = _prepared_at(fragments)
     return Summed(
         counts,
         int(values[_ABORT_RANKS]),
         int(values[_TOKENS]),
         decision,
         reports=int(values[_REPORTS]),
+        prepared=tuple(int(v) for v in values[ready : ready + fragments]),
+        squares=tuple(int(v) for v in values[ready + fragments : ready + 2 * fragments]),
     )
 
 
@@ -224,19 +267,16 @@ def verdict(summed: Summed, expected: Kind, world: int) -> str | None:
     return None
 
 
-def readiness(prepared: Sequence[int | None]) -> list[int]:
-    """A rank's part of the MIN all-reduce of a sharded group's tick: per fragment, the
-    round of the version it has prepared (−1 for none)."""
-    return [-1 if round is None else round for round in prepared]
-
-
-def all_ready(minimum: Sequence[int], wanted: Sequence[int | None]) -> tuple[int, ...]:
+def all_ready(summed: Summed, wanted: Sequence[int | None], world: int) -> tuple[int, ...]:
     """The fragments whose ``wanted`` round (the leader's learner's; None: none wanted)
-    every rank has prepared, from the reduced ``minimum`` of ``readiness``."""
+    every one of the ``world`` ranks has prepared, from the exchange's sums of the ranks'
+    prepared rounds and of their squares (see the module docstring)."""
     return tuple(
         fragment
-        for fragment, (least, round) in enumerate(zip(minimum, wanted, strict=True))
-        if round is not None and least == round
+        for fragment, (total, squares, round) in enumerate(
+            zip(summed.prepared, summed.squares, wanted, strict=True)
+        )
+        if round is not None and total == world * round and squares == world * round * round
     )
 
 

@@ -25,7 +25,6 @@ from gradientmail.protocol.group import (
     decode_log,
     encode_log,
     read,
-    readiness,
     verdict,
     width,
 )
@@ -95,7 +94,7 @@ def test_bad_contributions_are_refused() -> None:
         contribution(Message("step", 0, tokens=-1), 2)
     with pytest.raises(ValueError, match="needs 2 versions"):
         contribution(Message("step", 0, decision=Decision((1,), 0, 0)), 2)
-    with pytest.raises(ValueError, match="of 1 fragments has 16 ints"):
+    with pytest.raises(ValueError, match=f"of 1 fragments has {width(1)} ints"):
         read([0] * 3, 1)
     two = Message("step", 0, decision=Decision((1,), 0, 0))
     with pytest.raises(ValueError, match="only the leader"):
@@ -126,11 +125,37 @@ def test_part_reports_are_counted_and_the_log_bytes_reach_every_rank(
 
 
 def test_a_version_is_ready_once_every_rank_has_prepared_the_round_wanted() -> None:
-    ranks = [readiness([3, None, 7]), readiness([3, 5, 6]), readiness([4, 5, 7])]
-    minimum = [min(column) for column in zip(*ranks, strict=True)]
-    assert minimum == [3, -1, 6]
-    assert all_ready(minimum, [3, 5, 7]) == (0,)
-    assert all_ready(minimum, [None, None, 6]) == (2,)
+    prepared = [(3, None, 7), (3, 5, 6), (3, 5, 7)]
+    messages = [Message("step", rank, prepared=p) for rank, p in enumerate(prepared)]
+    result = read(summed(messages, 3), 3)
+    assert all_ready(result, [3, 5, 7], 3) == (0,)
+    assert all_ready(result, [None, None, 6], 3) == ()
+    assert all_ready(result, [3, None, 7], 2) == ()
+
+
+@given(
+    wanted=st.integers(-1, 10**6),
+    prepared=st.lists(st.one_of(st.none(), st.integers(-1, 10**6)), min_size=1, max_size=8),
+)
+def test_readiness_is_exact_whatever_the_rounds(wanted: int, prepared: list[int | None]) -> None:
+    messages = [Message("step", rank, prepared=(p,)) for rank, p in enumerate(prepared)]
+    result = read(summed(messages, 1), 1)
+    every = all((-1 if p is None else p) == wanted for p in prepared)
+    assert all_ready(result, [wanted], len(prepared)) == ((0,) if every else ())
+
+
+@given(now=st.floats(allow_nan=False), tokens=st.integers(0, 10**9))
+def test_the_leader_step_reaches_every_rank_bit_for_bit(now: float, tokens: int) -> None:
+    decision = Decision((0,), 0, 0, tokens, now=now)
+    messages = [Message("step", 0, tokens, decision), Message("step", 1, tokens)]
+    result = read(summed(messages, 1), 1)
+    assert result.decision is not None
+    assert result.decision.stepped == Stepped(tokens, now)
+
+
+def test_negative_log_bytes_and_readiness_of_another_run_are_refused() -> None:
+    with pytest.raises(ValueError, match="readiness of a 2-fragment run"):
+        contribution(Message("step", 1, prepared=(1,)), 2)
     with pytest.raises(ValueError, match="non-negative"):
         contribution(Message("step", 0, decision=Decision((1,), 0, 0, log=-1)), 1)
 
