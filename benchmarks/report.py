@@ -844,11 +844,19 @@ def events(page: Page, result: dict[str, Any] | None) -> None:
 # -- learner groups (benchmarks/bench_groups.py) ----------------------------------------
 
 
-def _group_rows(f: dict[str, Any]) -> list[list[str]]:
-    roles = ("group_leader", "group_follower", "single_leader")
+_GROUP_ROLE = {
+    "group_leader": "DDP: leader",
+    "group_follower": "DDP: follower",
+    "fsdp_leader": "FSDP2: rank 0",
+    "fsdp_follower": "FSDP2: rank 1",
+    "single_leader": "single learner",
+}
 
+
+def _group_rows(f: dict[str, Any], roles: tuple[str, ...]) -> list[list[str]]:
     def row(label: str, key: str, show: Callable[[Any], str]) -> list[str]:
-        return [label, *[show(f[role][key]) if f[role][key] is not None else "—" for role in roles]]
+        shown = [show(f[r][key]) if f[r].get(key) is not None else "—" for r in roles]
+        return [label, *shown]
 
     return [
         row("`step()` on the caller, p50", "step_ms_p50", lambda v: f"{_num(v, 2)} ms"),
@@ -860,11 +868,40 @@ def _group_rows(f: dict[str, Any]) -> list[list[str]]:
         row("group collectives, bytes received", "group_received", _bytes),
         row("publishing one fragment (median)", "publish_s_median", lambda v: f"{_num(v, 4)} s"),
         row("peak resident memory", "peak_rss_bytes", _bytes),
+        row("parameters held", "param_bytes", _bytes),
+        row("snapshot bytes uploaded (from the store)", "snapshot_up", _bytes),
+    ]
+
+
+def _sharded(f: dict[str, Any]) -> list[str]:
+    """The FSDP2 arm's sentences, when the results have it."""
+    if "fsdp_leader" not in f:
+        return []
+    return [
+        "In the *fsdp* arm each learner's parameters are cut in two by `fully_shard` (a CPU "
+        "mesh): every rank runs the learner over its own rows, uploads its rows of each "
+        "snapshot as a part and reads its rows of every version by byte ranges. Each rank "
+        f"held {_num(f['fsdp_leader_param_ratio'], 2)}× a single learner's parameter bytes "
+        f"and uploaded {_num(f['fsdp_leader_snapshot_up_ratio'], 3)}× (rank 0) and "
+        f"{_num(f['fsdp_follower_snapshot_up_ratio'], 3)}× (rank 1) a single learner's "
+        "snapshot bytes; rank 1 read "
+        f"{_num(f['fsdp_follower_store_down_ratio'], 2)}× what a single learner read (its rows "
+        "of every version, their chunk indexes and blob headers; rank 0 also reads as the "
+        "learner's syncer). A sharded `step()` (a tick: one all-reduce, plus the leader's "
+        "log and the ranks' part reports when there are any) cost "
+        f"{_num(f['fsdp_step_ms_added_p50'], 2)} ms more than a single learner's at the "
+        "median; publishing one fragment took "
+        f"{_num(f['fsdp_leader']['publish_s_median'], 4)} s on the leader (its own part "
+        "encoded and uploaded, then the other rank's report, which travels at its next "
+        "`step()`, then the snapshot written). The final loss ratio (fsdp ÷ single) is "
+        f"{_num(f['fsdp_loss_ratio'], 3)}.",
+        "",
     ]
 
 
 def groups(page: Page, result: dict[str, Any] | None) -> None:
-    """Learner groups: a 2-rank DDP learner against a 1-process learner of the same batch."""
+    """Learner groups: a 2-rank DDP learner (and, when measured, a 2-rank FSDP2 learner)
+    against a 1-process learner of the same batch."""
     page.add("## 9. Learner groups", "")
     if result is None:
         page.add(
@@ -874,6 +911,8 @@ def groups(page: Page, result: dict[str, Any] | None) -> None:
         )
         return
     p, f = result["parameters"], result["figures"]
+    arms = ["group", "fsdp", "single"] if "fsdp_leader" in f else ["group", "single"]
+    roles = tuple(r for r in _GROUP_ROLE if r.split("_")[0] in arms)
     page.add(
         _provenance(result),
         "",
@@ -881,26 +920,36 @@ def groups(page: Page, result: dict[str, Any] | None) -> None:
         f"synthetic language for {p['steps']} steps of a {p['learner_batch']}-sequence "
         f"batch each (F={p['fragments']}, H={p['sync_every']}, `LocalMailbox`, each "
         "learner also a syncer): in the *group* arm each learner is 2 processes (DDP over "
-        "gloo, CPU) taking half of the batch each, in the *single* arm one process taking "
-        "all of it, from the same stream. "
-        f"{p['repetitions']} run(s) of each arm, alternating; per-rank figures are medians "
-        "over the runs and learners (per rank: the leader is rank 0, which alone talks to "
-        "the store; the follower receives the fragments that change by broadcast).",
+        "gloo, CPU) taking half of the batch each"
+        + (
+            ", in the *fsdp* arm 2 processes whose parameters FSDP2 shards, taking half of "
+            "the batch each"
+            if "fsdp" in arms
+            else ""
+        )
+        + ", in the *single* arm one process taking all of it, from the same stream. "
+        f"{p['repetitions']} run(s) of each arm, in turn; per-rank figures are medians "
+        "over the runs and learners (per rank: a DDP group's leader is rank 0, which alone "
+        "talks to the store; its follower receives the fragments that change by broadcast).",
         "",
-        *_table(["figure", "group: leader", "group: follower", "single learner"], _group_rows(f)),
         *_table(
-            ["figure", "group", "single"],
+            [
+                "figure",
+                *[_GROUP_ROLE[role] for role in roles],
+            ],
+            _group_rows(f, roles),
+        ),
+        *_table(
+            ["figure", *arms],
             [
                 [
                     "final evaluation loss (nats), median of learners and runs",
-                    _spread(f["group_eval_loss"], 3),
-                    _spread(f["single_eval_loss"], 3),
+                    *[_spread(f[f"{arm}_eval_loss"], 3) for arm in arms],
                 ],
-                ["rounds committed", _num(f["group_rounds"], 1), _num(f["single_rounds"], 1)],
+                ["rounds committed", *[_num(f[f"{arm}_rounds"], 1) for arm in arms]],
                 [
                     "wall time of a run",
-                    f"{_num(f['group_seconds']['median'], 1)} s",
-                    f"{_num(f['single_seconds']['median'], 1)} s",
+                    *[f"{_num(f[f'{arm}_seconds']['median'], 1)} s" for arm in arms],
                 ],
             ],
         ),
@@ -913,6 +962,7 @@ def groups(page: Page, result: dict[str, Any] | None) -> None:
         f"{_num(f['loss_ratio'], 3)}: the arms see the same data and the same mean "
         "gradients, so what differs is the order of float sums and the timing of rounds.",
         "",
+        *_sharded(f),
     )
 
 
