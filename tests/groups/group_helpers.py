@@ -1,8 +1,10 @@
 """Launching the group tests' worker processes (``group_worker.py``), as torchrun would:
-one process per rank, each told its rank, the group's size and its rendezvous port."""
+one process per rank, each told its rank, the group's size and its rendezvous port; and the
+checks the DDP and FSDP2 tests share."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -10,6 +12,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import anyio
+import safetensors.torch
+from node_helpers import assert_holds_committed, assert_steps_accounted, records, tiny_model
+from torch import nn
+
+from gradientmail.events import StepsDropped
+from gradientmail.mailbox import LocalMailbox
+from gradientmail.protocol.records import RoundRecord
 
 WORKER = Path(__file__).with_name("group_worker.py")
 TESTS = Path(__file__).parents[1]
@@ -118,3 +129,71 @@ class Ranks:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def load_rank(out: Path, name: str, hidden: int = 16) -> nn.Module:
+    """The final weights ``name`` (``learner.rank``) wrote, in a fresh ``tiny_model``."""
+    model = tiny_model(hidden=hidden)
+    model.load_state_dict(safetensors.torch.load_file(str(out / f"{name}.safetensors")))
+    return model
+
+
+async def check_run(
+    run: Path, out: Path, reports: dict[str, dict[str, Any]], rounds: int, hidden: int = 16
+) -> list[RoundRecord]:
+    """The run's records (at least ``rounds``, every reporting learner among their
+    participants), each rank's final weights the committed θ of its versions, and each
+    leader's steps accounted for; the records."""
+    box = LocalMailbox(run)
+    history = await records(box)
+    assert len(history) >= rounds
+    learners = {name.split(".")[0] for name in reports}
+    assert {p.learner for r in history for p in r.participants} == learners
+    for name, report in reports.items():
+        learner = name.split(".")[0]
+        await assert_holds_committed(box, load_rank(out, name, hidden), report["versions"])
+        if name.endswith(".0"):
+            drops = [
+                StepsDropped(learner, d["fragment"], d["steps"], d["tokens"], "")
+                for d in report["drops"]
+            ]
+            assert_steps_accounted(learner, report["steps"], report["tokens"], drops, history)
+    return history
+
+
+def kill_and_rejoin(
+    ranks: Ranks, how: str, limit: float, env: dict[str, str] | None = None, hidden: int = 16
+) -> list[dict[str, Any]]:
+    """Group ``g1`` (started with ``scenario="kill"``) loses rank 1 to SIGKILL: its leader
+    fails at once; restarted, the group rejoins the run (``how``) and both ranks end on the
+    committed θ of the same versions (each life within ``limit`` seconds). The restarted
+    ranks' reports."""
+    deadline = time.monotonic() + limit
+    ranks.wait_for_file(ranks.out / "g1.stepping", deadline)
+    killed_at = time.time()
+    ranks.processes["g1.1"].send_signal(signal.SIGKILL)
+    ranks.processes["g1.1"].wait()
+    leader = ranks.wait("g1.0", deadline)
+    assert leader["raised"] == "GroupFailed", leader["message"]
+    # A dead peer closes its connections: the leader fails at once, not after the timeout.
+    assert leader["at"] - killed_at < 20.0
+    first_life = anyio.run(records, LocalMailbox(ranks.run))
+
+    ranks.start("g1", 2, how, until=len(first_life) + 4, env=env)
+    deadline = time.monotonic() + limit
+    again = [ranks.wait(f"g1.{rank}", deadline) for rank in range(2)]
+    assert [r["raised"] for r in again] == [None, None]
+    assert again[0]["versions"] == again[1]["versions"]
+    assert again[0]["mismatches"] == again[1]["mismatches"] == 0
+
+    async def rejoined() -> None:
+        box = LocalMailbox(ranks.run)
+        history = await records(box)
+        later = history[len(first_life) :]
+        assert any(p.learner == "g1" for r in later for p in r.participants)
+        for rank in range(2):
+            model = load_rank(ranks.out, f"g1.{rank}", hidden)
+            await assert_holds_committed(box, model, again[rank]["versions"])
+
+    anyio.run(rejoined)
+    return again

@@ -1,4 +1,4 @@
-"""One rank of ``test_shards.py``: a model cut by ``fully_shard`` on a CPU mesh of two ranks,
+"""One rank of ``test_fsdp_shards.py``: a model cut by ``fully_shard`` on a CPU mesh of two ranks,
 its rows read by ``_node.model.shards``; prints one JSON line of what it found."""
 
 import json

@@ -2,18 +2,13 @@
 2-rank groups and one single-process learner train one model; a rank that raises or hangs
 makes every rank of its group raise."""
 
-import signal
 import time
-from pathlib import Path
-from typing import Any
 
 import anyio
-import safetensors.torch
-from group_helpers import Ranks
-from node_helpers import assert_holds_committed, assert_steps_accounted, records, tiny_model
+from group_helpers import Ranks, check_run, kill_and_rejoin
+from node_helpers import assert_steps_accounted
 
 from gradientmail.events import StepsDropped
-from gradientmail.mailbox import LocalMailbox
 
 UNTIL_ROUND = 8
 # Five processes starting torch and a gloo rendezvous on a loaded 2-core machine.
@@ -44,25 +39,7 @@ def test_two_groups_and_a_single_learner_train_one_model(ranks: Ranks) -> None:
         assert leader["bytes_published"] > 0
         assert follower["group_received"] > leader["group_received"]
         assert leader["group_sent"] > follower["group_sent"]
-    anyio.run(check, ranks.run, ranks.out, reports)
-
-
-async def check(run: Path, out: Path, reports: dict[str, dict[str, Any]]) -> None:
-    box = LocalMailbox(run)
-    history = await records(box)
-    assert len(history) >= UNTIL_ROUND + 1
-    assert {p.learner for r in history for p in r.participants} == {"g1", "g2", "s1"}
-    for name, report in reports.items():
-        learner = name.split(".")[0]
-        model = tiny_model()
-        model.load_state_dict(safetensors.torch.load_file(str(out / f"{name}.safetensors")))
-        await assert_holds_committed(box, model, report["versions"])
-        if name.endswith(".0"):
-            drops = [
-                StepsDropped(learner, d["fragment"], d["steps"], d["tokens"], "")
-                for d in report["drops"]
-            ]
-            assert_steps_accounted(learner, report["steps"], report["tokens"], drops, history)
+    anyio.run(check_run, ranks.run, ranks.out, reports, UNTIL_ROUND + 1)
 
 
 def test_a_rank_that_raises_fails_every_rank(ranks: Ranks) -> None:
@@ -100,33 +77,4 @@ def test_a_rank_that_hangs_fails_its_group_within_the_timeout(ranks: Ranks) -> N
 
 def test_a_killed_rank_fails_its_group_which_restarts_and_rejoins(ranks: Ranks) -> None:
     ranks.start("g1", 2, "async-asyncio", scenario="kill")
-    deadline = time.monotonic() + DEADLINE
-    ranks.wait_for_file(ranks.out / "g1.stepping", deadline)
-    killed_at = time.time()
-    ranks.processes["g1.1"].send_signal(signal.SIGKILL)
-    ranks.processes["g1.1"].wait()
-    leader = ranks.wait("g1.0", deadline)
-    assert leader["raised"] == "GroupFailed", leader["message"]
-    # A dead peer closes its connections: the leader fails at once, not after the timeout.
-    assert leader["at"] - killed_at < 20.0
-    first_life = anyio.run(records, LocalMailbox(ranks.run))
-
-    ranks.start("g1", 2, "thread-trio", until=len(first_life) + 4)
-    deadline = time.monotonic() + DEADLINE
-    again = [ranks.wait(f"g1.{rank}", deadline) for rank in range(2)]
-    assert [r["raised"] for r in again] == [None, None]
-    assert again[0]["versions"] == again[1]["versions"]
-    assert again[0]["mismatches"] == again[1]["mismatches"] == 0
-
-    async def rejoined() -> None:
-        box = LocalMailbox(ranks.run)
-        history = await records(box)
-        later = history[len(first_life) :]
-        assert any(p.learner == "g1" for r in later for p in r.participants)
-        for rank in range(2):
-            model = tiny_model()
-            weights = safetensors.torch.load_file(str(ranks.out / f"g1.{rank}.safetensors"))
-            model.load_state_dict(weights)
-            await assert_holds_committed(box, model, again[rank]["versions"])
-
-    anyio.run(rejoined)
+    kill_and_rejoin(ranks, "thread-trio", DEADLINE)

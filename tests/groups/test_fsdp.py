@@ -3,17 +3,13 @@ a real directory: two 2-rank sharded learners and a single-process learner train
 each rank uploads and downloads its own rows; a sharded group creates a run; a killed rank
 fails its group, which restarts and rejoins."""
 
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
-import safetensors.torch
-from group_helpers import Ranks
-from node_helpers import assert_holds_committed, assert_steps_accounted, records, tiny_model
+from group_helpers import Ranks, check_run, kill_and_rejoin
 
-from gradientmail.events import StepsDropped
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol.records import Snapshot
 from gradientmail.store import Store
@@ -51,23 +47,9 @@ def test_two_sharded_groups_and_a_single_learner_train_one_model(ranks: Ranks) -
 
 
 async def check(run: Path, out: Path, reports: dict[str, dict[str, Any]]) -> None:
-    box = LocalMailbox(run)
-    history = await records(box)
-    assert len(history) >= UNTIL_ROUND + 1
-    assert {p.learner for r in history for p in r.participants} == {"g1", "g2", "s1"}
-    for name, report in reports.items():
-        learner = name.split(".")[0]
-        model = tiny_model(hidden=HIDDEN)
-        model.load_state_dict(safetensors.torch.load_file(str(out / f"{name}.safetensors")))
-        # The whole parameters, gathered from the ranks' shards, are the committed θ.
-        await assert_holds_committed(box, model, report["versions"])
-        if name.endswith(".0"):
-            drops = [
-                StepsDropped(learner, d["fragment"], d["steps"], d["tokens"], "")
-                for d in report["drops"]
-            ]
-            assert_steps_accounted(learner, report["steps"], report["tokens"], drops, history)
-    await check_parts(Store(box), len(history))
+    # Each rank's weights, the whole parameters gathered from its group's shards.
+    history = await check_run(run, out, reports, UNTIL_ROUND + 1, HIDDEN)
+    await check_parts(Store(LocalMailbox(run)), len(history))
 
 
 async def check_parts(store: Store, rounds: int) -> None:
@@ -100,34 +82,11 @@ async def check_parts(store: Store, rounds: int) -> None:
 def test_a_killed_sharded_rank_fails_its_group_which_restarts_and_rejoins(ranks: Ranks) -> None:
     # The sharded group creates the run: Θ⁰ gathered from its ranks, fragment by fragment.
     ranks.start("g1", 2, "async-trio", scenario="kill", until=10_000, env=ENV)
-    deadline = time.monotonic() + DEADLINE
-    ranks.wait_for_file(ranks.out / "g1.stepping", deadline)
-    killed_at = time.time()
-    ranks.processes["g1.1"].send_signal(signal.SIGKILL)
-    ranks.processes["g1.1"].wait()
-    leader = ranks.wait("g1.0", deadline)
-    assert leader["raised"] == "GroupFailed", leader["message"]
-    assert leader["at"] - killed_at < 20.0
-    first_life = anyio.run(records, LocalMailbox(ranks.run))
+    kill_and_rejoin(ranks, "thread-trio", DEADLINE, env=ENV, hidden=HIDDEN)
 
-    ranks.start("g1", 2, "thread-trio", until=len(first_life) + 4, env=ENV)
-    deadline = time.monotonic() + DEADLINE
-    again = [ranks.wait(f"g1.{rank}", deadline) for rank in range(2)]
-    assert [r["raised"] for r in again] == [None, None]
-    assert again[0]["versions"] == again[1]["versions"]
-
-    async def rejoined() -> None:
-        box = LocalMailbox(ranks.run)
-        manifest = await Store(box).manifest()
+    async def created_by() -> str:
+        manifest = await Store(LocalMailbox(ranks.run)).manifest()
         assert manifest is not None
-        assert manifest.created_by == "g1"
-        history = await records(box)
-        later = history[len(first_life) :]
-        assert any(p.learner == "g1" for r in later for p in r.participants)
-        for rank in range(2):
-            model = tiny_model(hidden=HIDDEN)
-            weights = safetensors.torch.load_file(str(ranks.out / f"g1.{rank}.safetensors"))
-            model.load_state_dict(weights)
-            await assert_holds_committed(box, model, again[rank]["versions"])
+        return manifest.created_by
 
-    anyio.run(rejoined)
+    assert anyio.run(created_by) == "g1"
