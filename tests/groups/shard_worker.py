@@ -1,8 +1,10 @@
 """One rank of ``test_fsdp_shards.py``: a model cut by ``fully_shard`` on a CPU mesh of two ranks,
-its rows read by ``_node.model.shards``; prints one JSON line of what it found."""
+its rows read by ``_node.model.shards``; writes what it found to ``OUT/RANK.json``."""
 
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -36,7 +38,9 @@ def main() -> None:
             shard.local.add_(1.0)
         moved = torch.equal(param.to_local(), full[shard.start : shard.end] + 1.0)  # type: ignore[attr-defined]
         rows.append([name, list(param.shape), shard.start, shard.end, same, moved])
-    print(json.dumps({"rank": rank, "refused": refused, "rows": rows}), flush=True)
+    # A file per rank: the ranks' prints to one pipe can interleave within a line.
+    found_by = {"rank": rank, "refused": refused, "rows": rows}
+    (Path(sys.argv[1]) / f"{rank}.json").write_text(json.dumps(found_by))
     dist.destroy_process_group()
     os._exit(0)
 
