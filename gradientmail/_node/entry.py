@@ -28,7 +28,7 @@ from gradientmail._node.options import NodeOptions
 from gradientmail._node.runtime import Runtime
 from gradientmail._node.sharded import Layout
 from gradientmail.clock import Clock
-from gradientmail.errors import CorruptBlob
+from gradientmail.errors import CorruptBlob, RunMismatch
 from gradientmail.events import Joined
 from gradientmail.protocol.group import Decision
 from gradientmail.protocol.learner import Learner
@@ -77,6 +77,13 @@ async def enter(
 
         async def load(manifest: Manifest, versions: tuple[int, ...], round: int) -> Params:
             assert layout is not None
+            # Read through this rank's own store: checked with its own key, and it learns
+            # the run (a signed run's id) it then reads records of.
+            if await store.manifest() != manifest:
+                raise RunMismatch(
+                    f"rank {link.rank} finds another run in its mailbox than its leader's: "
+                    "every rank of a group passes the same mailbox and run key"
+                )
             params = layout.params(manifest)
             thetas = await _rows_of(store, manifest, layout, versions)
             _copy(params, thetas)

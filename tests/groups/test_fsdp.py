@@ -12,6 +12,7 @@ from group_helpers import Ranks, check_run, kill_and_rejoin
 
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol.records import Snapshot
+from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
 UNTIL_ROUND = 8
@@ -80,13 +81,16 @@ async def check_parts(store: Store, rounds: int) -> None:
 
 
 def test_a_killed_sharded_rank_fails_its_group_which_restarts_and_rejoins(ranks: Ranks) -> None:
-    # The sharded group creates the run: Θ⁰ gathered from its ranks, fragment by fragment.
-    ranks.start("g1", 2, "async-trio", scenario="kill", until=10_000, env=ENV)
-    kill_and_rejoin(ranks, "thread-trio", DEADLINE, env=ENV, hidden=HIDDEN)
+    # The sharded group creates a signed run: Θ⁰ gathered from its ranks, fragment by
+    # fragment; every rank reads (and checks) the run's records with the run's key.
+    env = {**ENV, "GRADIENTMAIL_RUN_KEY": "a secret of this run"}
+    ranks.start("g1", 2, "async-trio", scenario="kill", until=10_000, env=env)
+    kill_and_rejoin(ranks, "thread-trio", DEADLINE, env=env, hidden=HIDDEN)
 
-    async def created_by() -> str:
-        manifest = await Store(LocalMailbox(ranks.run)).manifest()
+    async def created_by() -> tuple[str, bool]:
+        key = RunKey(env["GRADIENTMAIL_RUN_KEY"])
+        manifest = await Store(LocalMailbox(ranks.run), run_key=key).manifest()
         assert manifest is not None
-        return manifest.created_by
+        return manifest.created_by, isinstance(manifest.key_id, str)
 
-    assert anyio.run(created_by) == "g1"
+    assert anyio.run(created_by) == ("g1", True)
