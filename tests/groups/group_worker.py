@@ -10,10 +10,11 @@ steps), ``kill`` (rank 1 writes ``OUT/LEARNER.stepping`` after 5 steps and waits
 killed). A group's ranks train a DDP model (gloo, CPU) on different batches; after every
 ``step()`` every rank compares its parameters with rank 0's. With ``GM_FSDP=1`` a group's
 model is sharded with FSDP2's ``fully_shard`` on a CPU mesh instead (the ranks hold
-different rows: nothing to compare per step), and ``GM_HIDDEN`` sets the model's hidden
-width. Writes ``OUT/LEARNER.RANK.json`` (state, drops, mismatches, what was raised and when)
-and, unless it raised, ``OUT/LEARNER.RANK.safetensors`` (its final weights, gathered whole
-from a sharded model).
+different rows: nothing to compare per step); ``GM_HIDDEN`` sets the model's hidden width;
+``GM_FAULTS`` (the async ways only) puts a ``FaultyMailbox`` injecting every kind of fault
+at that rate between each rank's node and its directory. Writes ``OUT/LEARNER.RANK.json``
+(state, drops, mismatches, faults met, what was raised and when) and, unless it raised,
+``OUT/LEARNER.RANK.safetensors`` (its final weights, gathered whole from a sharded model).
 """
 
 import dataclasses
@@ -36,7 +37,8 @@ from torch.nn.parallel import DistributedDataParallel
 import gradientmail
 import gradientmail.sync
 from gradientmail.events import StepsDropped
-from gradientmail.mailbox import LocalMailbox
+from gradientmail.mailbox import LocalMailbox, Mailbox
+from gradientmail.mailbox.faults import Faults, FaultyMailbox
 from gradientmail.patterns import Barrier
 
 GROUP_TIMEOUT = float(os.environ.get("GM_GROUP_TIMEOUT", "60"))
@@ -45,6 +47,7 @@ OPTIONS = dataclasses.replace(
 )
 STEP_LIMIT = 2000
 FSDP = os.environ.get("GM_FSDP", "0") == "1"
+FAULTS = float(os.environ.get("GM_FAULTS", "0"))
 HIDDEN = int(os.environ.get("GM_HIDDEN", "16"))
 
 
@@ -69,6 +72,7 @@ class Rank:
         self.steps = 0
         self.sink = Recorder()
         self.node: Any = None
+        self.faults = 0
 
     def before_step(self) -> None:
         """Train one step; play the scenario's part for rank 1 (after the step's backward,
@@ -117,6 +121,7 @@ def report(rank: Rank, raised: BaseException | None) -> None:
         "group_received": state.group_bytes_received if state else 0,
         "drops": drops,
         "mismatches": rank.mismatches,
+        "faults": rank.faults,
         "local_steps": rank.steps,
         "raised": None if raised is None else type(raised).__name__,
         "message": None if raised is None else str(raised),
@@ -146,11 +151,23 @@ async def meet(rank: Rank, mailbox: LocalMailbox) -> None:
 
 async def run_async(rank: Rank, group: Any) -> None:
     args = rank.args
+    async with LocalMailbox(args["run"]) as mailbox:
+        store: Mailbox = mailbox
+        if FAULTS:
+            store = FaultyMailbox(mailbox, Faults.uniform(FAULTS), seed=args["seed"] + rank.rank)
+        await train_async(rank, group, mailbox, store)
+    if isinstance(store, FaultyMailbox):
+        rank.faults = store.counts.total
+
+
+async def train_async(rank: Rank, group: Any, mailbox: LocalMailbox, store: Mailbox) -> None:
+    """The block of ``run_async``: the node on ``store``, the learners meeting on
+    ``mailbox`` (the plain one)."""
+    args = rank.args
     async with (
-        LocalMailbox(args["run"]) as mailbox,
         gradientmail.node(
             rank.trained,
-            mailbox,
+            store,
             learner=args["learner"],
             config=CONFIG,
             options=OPTIONS,

@@ -54,10 +54,11 @@ def test_sharded_groups_of_2_and_3_ranks_and_a_single_learner_train_one_model(
 async def check(run: Path, out: Path, reports: dict[str, dict[str, Any]]) -> None:
     # Each rank's weights, the whole parameters gathered from its group's shards.
     history = await check_run(run, out, reports, UNTIL_ROUND + 1, HIDDEN)
-    await check_parts(Store(LocalMailbox(run)), len(history))
+    worlds = {name.split(".")[0]: reports[name]["world"] for name in reports}
+    await check_parts(Store(LocalMailbox(run)), len(history), worlds)
 
 
-async def check_parts(store: Store, rounds: int) -> None:
+async def check_parts(store: Store, rounds: int, worlds: dict[str, int]) -> None:
     """A sharded learner's snapshots are in parts, one per rank, each about 1/world of a
     whole snapshot of the same fragment; the single learner's are whole."""
     whole: dict[int, int] = {}
@@ -76,9 +77,10 @@ async def check_parts(store: Store, rounds: int) -> None:
                 sizes = [part.delta.size for part in snapshot.parts]
                 parts.setdefault(snapshot.learner, {})[snapshot.fragment] = sizes
     assert whole
-    assert sorted(parts) == ["g1", "g2"]
+    sharded = {learner: world for learner, world in worlds.items() if world > 1}
+    assert sorted(parts) == sorted(sharded)
     total_whole = sum(whole.values())
-    for learner, world in (("g1", 2), ("g2", 3)):
+    for learner, world in sharded.items():
         assert {len(sizes) for sizes in parts[learner].values()} == {world}
         for rank in range(world):
             share = sum(sizes[rank] for sizes in parts[learner].values()) / total_whole
@@ -100,3 +102,23 @@ def test_a_killed_sharded_rank_fails_its_group_which_restarts_and_rejoins(ranks:
         return manifest.created_by, isinstance(manifest.key_id, str)
 
     assert anyio.run(created_by) == ("g1", True)
+
+
+def test_a_sharded_group_trains_through_a_store_that_fails(ranks: Ranks) -> None:
+    # Every rank's node (its parts, its ranged reads; the leader's records and leases) sees
+    # every kind of fault a real store returns, and retries through them.
+    env = {**ENV, "GM_FAULTS": "0.05"}
+    learners = (("g1", 2, "async-trio"), ("s1", 1, "async-asyncio"))
+    for learner, world, how in learners:
+        ranks.start(learner, world, how, parties=len(learners), until=UNTIL_ROUND, env=env)
+    deadline = time.monotonic() + DEADLINE
+    reports = {
+        f"{learner}.{rank}": ranks.wait(f"{learner}.{rank}", deadline)
+        for learner, world, _ in learners
+        for rank in range(world)
+    }
+    for name, report in reports.items():
+        assert report["raised"] is None, f"{name}: {report['message']}"
+        assert report["faults"] > 0, f"{name} met no fault"
+    assert reports["g1.0"]["versions"] == reports["g1.1"]["versions"]
+    anyio.run(check, ranks.run, ranks.out, reports)
