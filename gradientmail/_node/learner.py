@@ -302,9 +302,9 @@ class LearnerDriver:
         A ``StoreAccessError`` propagates: it fails the node at once. Ends when
         ``close_jobs`` was called and the jobs are drained.
 
-        A follower of a sharded group only uploads its part and reports it (its
-        ``PublishFailed`` when the store refuses it: the leader's publish then fails
-        after ``group_timeout``); the end of the publish comes from the leader's log."""
+        A follower of a sharded group only uploads its part and reports it, or reports
+        that it failed (and its own ``PublishFailed``): the leader's publish then fails
+        too. The end of the publish comes from the leader's log."""
         sharded = self._sharded
         async with self._pending:
             async for job in self._pending:
@@ -314,8 +314,10 @@ class LearnerDriver:
                         report = await self._upload_part(job, sharded)
                     except MailboxUnavailable as exc:
                         self._rt.emit(PublishFailed(self._rt.learner, publish.round, exc))
-                    else:
-                        sharded.report(report)
+                        report = PartReport(
+                            sharded.rank, publish.round, publish.fragment, None, None
+                        )
+                    sharded.report(report)
                     continue
                 ok = False
                 try:
@@ -359,11 +361,15 @@ class LearnerDriver:
             delta = await rt.store.put_blob(data, rt.config.delta_encoding)
             size = len(data)
         else:
-            own = await self._upload_part(job, sharded)
-            size = own.part.delta.size
-            sharded.report(own)
-            gathered = await sharded.gathered(p.round, p.fragment, rt.options.group_timeout)
+            try:
+                own = await self._upload_part(job, sharded)
+                sharded.report(own)
+                gathered = await sharded.gathered(p.round, p.fragment)
+            finally:
+                sharded.end(p.round, p.fragment)
             parts, norm = gathered.snapshot_parts()
+            assert own.part is not None
+            size = own.part.delta.size
         snapshot = SnapshotRecord(
             learner=rt.learner,
             round=p.round,

@@ -85,7 +85,7 @@ class ShardedRank:
 
     def arrived(self, reports: Sequence[PartReport]) -> None:
         """Reports gathered at a tick (the leader's). One for a snapshot whose publish has
-        ended (a follower that reported after the leader gave up on it) is ignored."""
+        ended (a follower that reported after the leader's own upload failed) is ignored."""
         for report in reports:
             key = (report.round, report.fragment)
             if report.round <= self._ended.get(report.fragment, -1):
@@ -94,29 +94,30 @@ class ShardedRank:
         self._arrived.set()
         self._arrived = anyio.Event()
 
-    async def gathered(self, round: int, fragment: int, limit: float) -> Gathered:
+    async def gathered(self, round: int, fragment: int) -> Gathered:
         """Every rank's part of the snapshot of ``fragment`` for ``round``, once all have
-        reported. Raises ``MailboxUnavailable`` when some have not within ``limit``
-        seconds (their upload failed or is stuck: the snapshot's steps go out with the
-        fragment's next one). Either way the snapshot's reports are no longer kept."""
+        reported: as long as that takes, as a single learner's upload takes as long as its
+        store does (a part's report travels at its rank's next ``step()``, so a pause in
+        training pauses this too). Raises ``MailboxUnavailable`` as soon as a rank reports
+        that its upload failed (the snapshot's steps go out with the fragment's next one)."""
         key = (round, fragment)
-        try:
-            with anyio.move_on_after(limit):
-                while not self._gathering.get(key, Gathered.empty(self.world)).complete:
-                    await self._arrived.wait()
+        while True:
             found = self._gathering.get(key, Gathered.empty(self.world))
-            if not found.complete:
-                missing = [rank for rank, part in enumerate(found.parts) if part is None]
+            if found.failed:
                 raise MailboxUnavailable(
-                    f"ranks {missing} of the learner group did not report their parts of round "
-                    f"{round} (fragment {fragment}) within {limit:g} s (group_timeout): their "
-                    "uploads failed or are stuck"
+                    f"ranks {list(found.failed)} of the learner group could not upload their "
+                    f"parts of round {round} (fragment {fragment}); see their PublishFailed"
                 )
-            return found
-        finally:
-            self._ended[fragment] = max(round, self._ended.get(fragment, -1))
-            for stale in [k for k in self._gathering if k[1] == fragment and k[0] <= round]:
-                del self._gathering[stale]
+            if found.complete:
+                return found
+            await self._arrived.wait()
+
+    def end(self, round: int, fragment: int) -> None:
+        """The leader's publish of ``fragment`` for ``round`` has ended: its reports, and
+        any that arrive for it or an earlier round of the fragment, are not kept."""
+        self._ended[fragment] = max(round, self._ended.get(fragment, -1))
+        for stale in [k for k in self._gathering if k[1] == fragment and k[0] <= round]:
+            del self._gathering[stale]
 
 
 def squares(norm: float | None) -> float | None:

@@ -381,13 +381,14 @@ def decode_log(data: bytes) -> list[Entry]:
 
 
 class PartReport(msgspec.Struct, frozen=True):
-    """Rank ``rank``'s part of the learner's snapshot of ``fragment`` for ``round``: its blob,
-    its rows and the squared L2 norm of its delta (None when not finite)."""
+    """Rank ``rank``'s part of the learner's snapshot of ``fragment`` for ``round``: its blob
+    and rows (None: its upload failed) and the squared L2 norm of its delta (None when not
+    finite)."""
 
     rank: int
     round: int
     fragment: int
-    part: SnapshotPart
+    part: SnapshotPart | None
     squares: float | None
 
 
@@ -417,14 +418,22 @@ class Gathered:
     def complete(self) -> bool:
         return all(part is not None for part in self.parts)
 
+    @property
+    def failed(self) -> tuple[int, ...]:
+        """The ranks that reported their upload failed."""
+        return tuple(
+            rank for rank, report in enumerate(self.parts) if report and report.part is None
+        )
+
     def snapshot_parts(self) -> tuple[tuple[SnapshotPart, ...], float | None]:
         """Every rank's part in rank order and the norm of the whole delta (None when a
-        part's is not finite). Raises ``ValueError`` before every rank reported."""
-        if not self.complete:
+        part's is not finite). Raises ``ValueError`` before every rank reported, or when
+        some rank's upload failed."""
+        if not self.complete or self.failed:
             missing = [rank for rank, part in enumerate(self.parts) if part is None]
-            raise ValueError(f"ranks {missing} have not reported their parts")
+            raise ValueError(f"ranks {missing} have not reported, {list(self.failed)} failed")
         reports = [part for part in self.parts if part is not None]
-        parts = tuple(report.part for report in reports)
+        parts = tuple(report.part for report in reports if report.part is not None)
         squares = [report.squares for report in reports]
         finite = [value for value in squares if value is not None]
         if len(finite) < len(squares):

@@ -1,7 +1,7 @@
 """A sharded rank's bookkeeping (``_node.sharded.ShardedRank``): the leader gathers every
-rank's part of a snapshot, gives up on one whose parts do not all arrive within its limit
-(naming the ranks missing), and ignores a part reported after it gave up; a version is
-taken only at the round prepared."""
+rank's part of a snapshot for as long as that takes, fails at once when a rank reports its
+upload failed (naming it), and ignores a part reported after the publish ended; a version
+is taken only at the round prepared."""
 
 import anyio
 import pytest
@@ -17,10 +17,12 @@ pytestmark = pytest.mark.anyio
 ROWS = (((0, 2), (0, 1)), ((0, 3),))
 
 
-def report(rank: int, round: int, fragment: int = 0, squares: float | None = 4.0) -> PartReport:
+def report(rank: int, round: int, fragment: int = 0, *, ok: bool = True) -> PartReport:
+    if not ok:
+        return PartReport(rank, round, fragment, None, None)
     ref = BlobRef(sha256=f"{rank:064x}", size=10 + rank, encoding="fp32")
     part = SnapshotPart(delta=ref, rows=((rank, rank + 1),))
-    return PartReport(rank, round, fragment, part, squares)
+    return PartReport(rank, round, fragment, part, 4.0)
 
 
 async def test_the_leader_gathers_every_rank_part_in_rank_order() -> None:
@@ -29,13 +31,14 @@ async def test_the_leader_gathers_every_rank_part_in_rank_order() -> None:
 
     async def gather() -> None:
         nonlocal found
-        found = await leader.gathered(4, 0, limit=10.0)
+        found = await leader.gathered(4, 0)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(gather)
         await anyio.wait_all_tasks_blocked()
         leader.arrived([report(2, 4)])
-        await anyio.wait_all_tasks_blocked()
+        # No report for a while (the ranks not stepping): still waiting, nothing failed.
+        await anyio.sleep(0.1)
         assert found is None
         leader.report(report(0, 4))
         leader.arrived([report(1, 4)])
@@ -45,16 +48,20 @@ async def test_the_leader_gathers_every_rank_part_in_rank_order() -> None:
     assert norm == pytest.approx(12.0**0.5)
 
 
-async def test_a_snapshot_whose_parts_do_not_all_arrive_fails_naming_the_ranks() -> None:
+async def test_a_rank_whose_upload_failed_fails_the_snapshot_at_once() -> None:
     leader = ShardedRank(0, 3, ROWS)
     leader.report(report(0, 4))
-    leader.arrived([report(2, 4)])
-    with pytest.raises(MailboxUnavailable, match=r"ranks \[1\] of the learner group"):
-        await leader.gathered(4, 0, limit=0.05)
+    leader.arrived([report(2, 4, ok=False)])
+    with pytest.raises(MailboxUnavailable, match=r"ranks \[2\] of the learner group could not"):
+        await leader.gathered(4, 0)
+    leader.end(4, 0)
     # Rank 1's late part is ignored; the next snapshot of the fragment gathers afresh.
-    leader.arrived([report(1, 4), report(0, 6), report(1, 6)])
-    with pytest.raises(MailboxUnavailable, match=r"ranks \[2\]"):
-        await leader.gathered(6, 0, limit=0.05)
+    leader.arrived([report(1, 4), report(0, 6), report(1, 6), report(2, 6)])
+    with anyio.fail_after(1):
+        found = await leader.gathered(6, 0)
+    assert [p.rank for p in found.parts if p is not None] == [0, 1, 2]
+    leader.end(6, 0)
+    leader.arrived([report(1, 6)])  # after the end: not kept, no "reported twice"
 
 
 async def test_a_follower_sends_its_reports_once() -> None:
