@@ -208,18 +208,19 @@ def _run_arm(arm: str, steps: int, work: Path) -> dict[str, Any]:
         for learner in LEARNERS
         for rank in range(world)
     }
-    for name, uploaded in anyio.run(_snapshot_bytes, run).items():
+    for name, (uploaded, count) in anyio.run(_snapshot_bytes, run).items():
         ranks[name]["snapshot_up"] = uploaded
+        ranks[name]["snapshots"] = count
     return {"seconds": seconds, "ranks": ranks}
 
 
-async def _snapshot_bytes(run: Path) -> dict[str, int]:
-    """The bytes of every snapshot's delta in the run, by ``learner.rank`` (a part is its
-    rank's, a whole delta rank 0's)."""
+async def _snapshot_bytes(run: Path) -> dict[str, tuple[int, int]]:
+    """The bytes of every snapshot's delta in the run and how many snapshots, by
+    ``learner.rank`` (a part is its rank's, a whole delta rank 0's)."""
     from gradientmail.mailbox import LocalMailbox
     from gradientmail.store import Store
 
-    found: dict[str, int] = {}
+    found: dict[str, tuple[int, int]] = {}
     async with LocalMailbox(run) as mailbox:
         store = Store(mailbox)
         for round in await store.record_rounds():
@@ -231,7 +232,8 @@ async def _snapshot_bytes(run: Path) -> dict[str, int]:
                     sizes = [snapshot.delta.size]
                 for rank, size in enumerate(sizes):
                     name = f"{snapshot.learner}.{rank}"
-                    found[name] = found.get(name, 0) + size
+                    total, count = found.get(name, (0, 0))
+                    found[name] = (total + size, count + 1)
     return found
 
 
@@ -258,6 +260,7 @@ def _figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "peak_rss_bytes": statistics.median(r["peak_rss_bytes"] for r in ranks),
                 "param_bytes": statistics.median(r["param_bytes"] for r in ranks),
                 "snapshot_up": statistics.median(r.get("snapshot_up", 0) for r in ranks),
+                "snapshot_bytes": _per_snapshot(ranks),
             }
         losses = [
             r["eval_loss"]
@@ -285,7 +288,7 @@ def _figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for role, figure in zip(("leader", "follower"), sharded, strict=True):
             figures[f"fsdp_{role}_store_up_ratio"] = h.ratio(figure["store_up"], single["store_up"])
             figures[f"fsdp_{role}_snapshot_up_ratio"] = h.ratio(
-                figure["snapshot_up"], single["snapshot_up"]
+                figure["snapshot_bytes"], single["snapshot_bytes"]
             )
             figures[f"fsdp_{role}_store_down_ratio"] = h.ratio(
                 figure["store_down"], single["store_down"]
@@ -294,6 +297,12 @@ def _figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 figure["param_bytes"], single["param_bytes"]
             )
     return figures
+
+
+def _per_snapshot(ranks: list[dict[str, Any]]) -> float | None:
+    """The mean bytes of one snapshot's delta (or of a rank's part of one) over ``ranks``."""
+    count = sum(r.get("snapshots", 0) for r in ranks)
+    return sum(r.get("snapshot_up", 0) for r in ranks) / count if count else None
 
 
 def main() -> None:

@@ -870,6 +870,7 @@ def _group_rows(f: dict[str, Any], roles: tuple[str, ...]) -> list[list[str]]:
         row("peak resident memory", "peak_rss_bytes", _bytes),
         row("parameters held", "param_bytes", _bytes),
         row("snapshot bytes uploaded (from the store)", "snapshot_up", _bytes),
+        row("bytes of one snapshot (its part, from the store)", "snapshot_bytes", _bytes),
     ]
 
 
@@ -883,8 +884,8 @@ def _sharded(f: dict[str, Any]) -> list[str]:
         "snapshot as a part and reads its rows of every version by byte ranges. Each rank "
         f"held {_num(f['fsdp_leader_param_ratio'], 2)}× a single learner's parameter bytes "
         f"and uploaded {_num(f['fsdp_leader_snapshot_up_ratio'], 3)}× (rank 0) and "
-        f"{_num(f['fsdp_follower_snapshot_up_ratio'], 3)}× (rank 1) a single learner's "
-        "snapshot bytes; rank 1 read "
+        f"{_num(f['fsdp_follower_snapshot_up_ratio'], 3)}× (rank 1) the bytes of a single "
+        "learner's snapshot, for each of its snapshots; rank 1 read "
         f"{_num(f['fsdp_follower_store_down_ratio'], 2)}× what a single learner read (its rows "
         "of every version, their chunk indexes and blob headers; rank 0 also reads as the "
         "learner's syncer). A sharded `step()` (a tick: one all-reduce, plus the leader's "
