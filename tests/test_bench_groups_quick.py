@@ -7,29 +7,14 @@ Results and the page go to a temporary directory. About half a minute on two idl
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _benchmark(script: str, *args: str) -> None:
-    """Run ``benchmarks/{script}`` with ``args``; its output's end on failure."""
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-6000:]
+from bench_helpers import run_benchmark
 
 
 def test_every_arm_is_measured_per_rank_and_the_page_shows_it(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs"
-    _benchmark("bench_groups.py", "--quick", "--results", str(results))
+    run_benchmark("bench_groups.py", "--quick", "--results", str(results))
     figures = json.loads((results / "groups.json").read_text(encoding="utf-8"))["figures"]
     for arm in ("group", "fsdp", "single"):
         assert figures[f"{arm}_rounds"] > 0
@@ -47,7 +32,7 @@ def test_every_arm_is_measured_per_rank_and_the_page_shows_it(tmp_path: Path) ->
     assert 0.9 < figures["group_leader"]["snapshot_bytes"] / single["snapshot_bytes"] < 1.1
     assert figures["fsdp_leader"]["publish_s_median"] > 0
 
-    _benchmark("report.py", "--results", str(results), "--docs", str(docs))
+    run_benchmark("report.py", "--results", str(results), "--docs", str(docs))
     section = (docs / "benchmarks.md").read_text(encoding="utf-8").split("## 9. Learner groups")[1]
     section = section.split("\n## ")[0]
     assert "FSDP2: rank 1" in section

@@ -6,29 +6,14 @@ Results and the page go to a temporary directory. About half a minute on two idl
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _benchmark(script: str, *args: str) -> None:
-    """Run ``benchmarks/{script}`` with ``args``; its output's end on failure."""
-    completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-6000:]
+from bench_helpers import run_benchmark
 
 
 def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs"
-    _benchmark(
+    run_benchmark(
         "bench_text.py",
         *("--size", "quick", "--mode", "repeat", "--seeds", "0", "--results", str(results)),
     )
@@ -46,7 +31,7 @@ def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) ->
     assert config == defaults
     assert result["figures"]["over_seeds"]["gm-defaults"]["runs"] == 1
 
-    _benchmark("report.py", "--results", str(results), "--docs", str(docs))
+    run_benchmark("report.py", "--results", str(results), "--docs", str(docs))
     page = (docs / "benchmarks.md").read_text(encoding="utf-8")
     section = page.split("## 8. Real text over seeds")[1]
     assert "Repeatability" in section

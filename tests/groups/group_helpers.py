@@ -41,6 +41,9 @@ def torchrun(script: Path, *arguments: str, env: dict[str, str] | None = None) -
         "torch.distributed.run",
         "--nproc_per_node=2",
         f"--master_port={free_port()}",
+        # Each rank's output through torchrun, a line at a time (prefixed with the rank): the
+        # ranks writing to one pipe themselves can run their lines together.
+        "--tee=3",
         str(script),
         *arguments,
     ]
@@ -103,6 +106,25 @@ class Ranks:
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
                 )
+
+    def train_together(
+        self,
+        learners: tuple[tuple[str, int, str], ...],
+        until: int,
+        limit: float,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """Start every rank of every ``(learner, world, how)`` (meeting before their first
+        step), training until round ``until``; every rank's report, by ``learner.rank``,
+        once all exited 0 within ``limit`` seconds."""
+        for learner, world, how in learners:
+            self.start(learner, world, how, parties=len(learners), until=until, env=env)
+        deadline = time.monotonic() + limit
+        return {
+            f"{learner}.{rank}": self.wait(f"{learner}.{rank}", deadline)
+            for learner, world, _ in learners
+            for rank in range(world)
+        }
 
     def wait(self, name: str, deadline: float) -> dict[str, Any]:
         """Wait for ``name`` (``learner.rank``) to exit 0 by ``deadline`` (monotonic); its

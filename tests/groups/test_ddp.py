@@ -17,14 +17,7 @@ DEADLINE = 240.0
 
 def test_two_groups_and_a_single_learner_train_one_model(ranks: Ranks) -> None:
     learners = (("g1", 2, "thread-trio"), ("g2", 2, "sync-asyncio"), ("s1", 1, "async-asyncio"))
-    for learner, world, how in learners:
-        ranks.start(learner, world, how, parties=len(learners), until=UNTIL_ROUND)
-    deadline = time.monotonic() + DEADLINE
-    reports = {
-        f"{learner}.{rank}": ranks.wait(f"{learner}.{rank}", deadline)
-        for learner, world, _ in learners
-        for rank in range(world)
-    }
+    reports = ranks.train_together(learners, UNTIL_ROUND, DEADLINE)
     for name, report in reports.items():
         assert report["raised"] is None, f"{name}: {report['message']}"
         assert report["mismatches"] == 0, f"{name}: ranks differed after a step"

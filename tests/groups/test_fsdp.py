@@ -3,7 +3,6 @@ a real directory: sharded learners of 2 and 3 ranks and a single-process learner
 model, each rank uploading and downloading its own rows; a sharded group creates a signed
 run; a killed rank fails its group, which restarts and rejoins."""
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,7 @@ def test_sharded_groups_of_2_and_3_ranks_and_a_single_learner_train_one_model(
     ranks: Ranks,
 ) -> None:
     learners = (("g1", 2, "thread-trio"), ("g2", 3, "sync-asyncio"), ("s1", 1, "async-trio"))
-    for learner, world, how in learners:
-        ranks.start(learner, world, how, parties=len(learners), until=UNTIL_ROUND, env=ENV)
-    deadline = time.monotonic() + DEADLINE
-    reports = {
-        f"{learner}.{rank}": ranks.wait(f"{learner}.{rank}", deadline)
-        for learner, world, _ in learners
-        for rank in range(world)
-    }
+    reports = ranks.train_together(learners, UNTIL_ROUND, DEADLINE, env=ENV)
     for name, report in reports.items():
         assert report["raised"] is None, f"{name}: {report['message']}"
     for learner, world, _ in learners[:2]:
@@ -109,14 +101,7 @@ def test_a_sharded_group_trains_through_a_store_that_fails(ranks: Ranks) -> None
     # every kind of fault a real store returns, and retries through them.
     env = {**ENV, "GM_FAULTS": "0.05"}
     learners = (("g1", 2, "async-trio"), ("s1", 1, "async-asyncio"))
-    for learner, world, how in learners:
-        ranks.start(learner, world, how, parties=len(learners), until=UNTIL_ROUND, env=env)
-    deadline = time.monotonic() + DEADLINE
-    reports = {
-        f"{learner}.{rank}": ranks.wait(f"{learner}.{rank}", deadline)
-        for learner, world, _ in learners
-        for rank in range(world)
-    }
+    reports = ranks.train_together(learners, UNTIL_ROUND, DEADLINE, env=env)
     for name, report in reports.items():
         assert report["raised"] is None, f"{name}: {report['message']}"
         assert report["faults"] > 0, f"{name} met no fault"
