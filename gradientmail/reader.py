@@ -251,7 +251,7 @@ class RunReader:
                 return None
             newest[record.fragment] = record
         versions = tuple(0 if r is None else r.version for r in newest)
-        rebuilt = await self._rebuild_all(manifest, versions, rows)
+        rebuilt = await self.rebuild_all(manifest, versions, rows)
         if rebuilt is None:
             return None
         return Newest(
@@ -261,12 +261,13 @@ class RunReader:
             records=tuple(newest),
         )
 
-    async def _rebuild_all(
+    async def rebuild_all(
         self, manifest: Manifest, versions: Sequence[int], rows: Sequence[Rows] | None = None
     ) -> list[Rebuilt] | None:
-        """``rebuild`` of every fragment at ``versions``, ``_CONCURRENT_REBUILDS`` at a time
-        (one's reads overlap another's decoding, and replays run on two cores); None when
-        a blob is gone. A failure is raised as itself (``gather``), the others cancelled."""
+        """``rebuild`` of every fragment at ``versions`` (with ``rows``, one ``codec.Rows``
+        per fragment: ``rebuild_rows``), ``_CONCURRENT_REBUILDS`` at a time (one's reads
+        overlap another's decoding, and replays run on two cores); None when a blob is
+        gone. A failure is raised as itself (``gather``), the others cancelled."""
         limiter = anyio.CapacityLimiter(_CONCURRENT_REBUILDS)
 
         async def one(fragment: int) -> Rebuilt | None:

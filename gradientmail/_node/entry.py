@@ -112,7 +112,7 @@ async def enter(
         return entered
     start = entered.start
     assert start is not None
-    view = Decision(start.versions, start.newest_round, start.aligned_round)
+    view = Decision.of(start)
     member = GroupMember(link, entered.params, view)
     await lead(link, manifest, learner, member, share=layout is None)
     return replace(entered, member=member)
@@ -164,14 +164,11 @@ async def _rows_of(
     """This rank's rows of each fragment at ``versions`` (the leader's), read by ranges.
     Raises ``CorruptBlob`` when a blob they need is gone (collected since the leader read
     it: the group's entry fails, and a restart reads newer versions)."""
-    reader = RunReader(store)
-    thetas = []
-    for fragment, rows in enumerate(layout.fragment_rows(manifest)):
-        rebuilt = await reader.rebuild_rows(fragment, versions[fragment], rows, manifest=manifest)
-        if rebuilt is None:
-            raise CorruptBlob(
-                f"a blob of version {versions[fragment]} of fragment {fragment} was collected "
-                "before this rank read it: restart the group"
-            )
-        thetas.append(rebuilt.theta)
-    return tuple(thetas)
+    rows = layout.fragment_rows(manifest)
+    rebuilt = await RunReader(store).rebuild_all(manifest, versions, rows)
+    if rebuilt is None:
+        raise CorruptBlob(
+            f"a blob of versions {list(versions)} was collected before this rank read it: "
+            "restart the group"
+        )
+    return tuple(r.theta for r in rebuilt)

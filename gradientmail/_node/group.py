@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.model import by_fragment
 from gradientmail._node.sharded import ShardedRank
 from gradientmail._node.state import NodeState
 from gradientmail.errors import GroupFailed, RunMismatch
@@ -103,8 +104,7 @@ def link_of(group: object, timeout: float, *, model: bool) -> "GroupLink | None"
 
 def fragment_params(manifest: Manifest, named: Sequence[tuple[str, Tensor]]) -> Params:
     """The live parameters of each fragment of ``manifest``, in its ``spec.params`` order."""
-    by_name = dict(named)
-    return tuple(tuple(by_name[p.name] for p in spec.params) for spec in manifest.fragments)
+    return by_fragment(manifest, dict(named))
 
 
 class GroupLink:
@@ -347,20 +347,8 @@ class GroupMember:
                 finally:
                     decision = replace(self._current(), ok=ok)
         finally:
-            with anyio.CancelScope(shield=True):
-                summed = await anyio.to_thread.run_sync(
-                    lambda: link.control(
-                        Message("result", link.rank, decision=decision),
-                        "result",
-                        fragments,
-                        bounded=False,
-                    )
-                )
-        assert summed.decision is not None
-        if not summed.decision.ok:
-            link.broken = True
-            raise GroupFailed("learner group: the leader's close failed (see its events)")
-        await anyio.to_thread.run_sync(self._adopt, summed.decision)
+            decided = await self._result(decision)
+        await anyio.to_thread.run_sync(self._adopt, decided)
 
     async def _close_sharded(self, flush: Callable[[], Awaitable[None]], ticks: "Ticks") -> None:
         """``close`` of a sharded group: the leader flushes (its turns tick, with
@@ -382,21 +370,30 @@ class GroupMember:
                     pass
                 ok = True
         finally:
+            # A failed exchange broke the group: every rank is already raising GroupFailed.
             if not link.broken:
-                decision = ticks.current(ok) if link.leader else None
-                with anyio.CancelScope(shield=True):
-                    summed = await anyio.to_thread.run_sync(
-                        lambda: link.control(
-                            Message("result", link.rank, decision=decision),
-                            "result",
-                            self._fragments,
-                            bounded=False,
-                        )
-                    )
-                assert summed.decision is not None
-                if not summed.decision.ok and ok:
-                    link.broken = True
-                    raise GroupFailed("learner group: the leader's close failed (see its events)")
+                await self._result(ticks.current(ok) if link.leader else None)
+
+    async def _result(self, decision: Decision | None) -> Decision:
+        """The close's last exchange (shielded; bounded by the process group's own
+        timeout, as the leader's close may take long): the leader's ``decision`` (how its
+        close ended), on every rank. Raises ``GroupFailed`` on a follower whose leader's
+        close failed."""
+        link = self.link
+        with anyio.CancelScope(shield=True):
+            summed = await anyio.to_thread.run_sync(
+                lambda: link.control(
+                    Message("result", link.rank, decision=decision),
+                    "result",
+                    self._fragments,
+                    bounded=False,
+                )
+            )
+        assert summed.decision is not None
+        if not summed.decision.ok and decision is None:
+            link.broken = True
+            raise GroupFailed("learner group: the leader's close failed (see its events)")
+        return summed.decision
 
     async def abort(self) -> None:
         """This rank leaves by an exception: complete the others' pending exchange with an
@@ -475,15 +472,8 @@ class Ticks:
             now = stepped.now
         data = encode_log(self._log)
         self._log.clear()
-        learner = driver.state
-        decision = Decision(
-            learner.versions,
-            learner.newest_round,
-            learner.aligned_round,
-            tokens or 0,
-            log=len(data),
-            closing=closing,
-            now=now,
+        decision = replace(
+            Decision.of(driver.state, tokens or 0), log=len(data), closing=closing, now=now
         )
         return Outgoing(decision, data, [], prepared)
 
@@ -511,10 +501,7 @@ class Ticks:
 
     def current(self, ok: bool) -> Decision:
         """The leader's decision as it stands, for the result of the close."""
-        learner = self._driver.state
-        return replace(
-            Decision(learner.versions, learner.newest_round, learner.aligned_round), ok=ok
-        )
+        return replace(Decision.of(self._driver.state), ok=ok)
 
 
 async def lead(

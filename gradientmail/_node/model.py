@@ -1,13 +1,24 @@
 """The model a node trains, as the named parameters the run splits into fragments, and for a
 sharded learner (FSDP2) the rows of each parameter this rank holds."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["Shard", "named_parameters", "shards"]
+from gradientmail.protocol.records import Manifest
+
+__all__ = ["Shard", "by_fragment", "named_parameters", "shards"]
+
+T = TypeVar("T")
+
+
+def by_fragment(manifest: Manifest, by_name: Mapping[str, T]) -> tuple[tuple[T, ...], ...]:
+    """``by_name``'s value of each parameter of each fragment of ``manifest``, in its
+    ``spec.params`` order (the live parameters, a sharded rank's rows of them, ...)."""
+    return tuple(tuple(by_name[p.name] for p in spec.params) for spec in manifest.fragments)
 
 
 def named_parameters(

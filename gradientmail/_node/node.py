@@ -216,8 +216,7 @@ class Node:
 
     def _decision(self, tokens: int = 0) -> Decision:
         assert self._driver is not None
-        learner = self._driver.state
-        return Decision(learner.versions, learner.newest_round, learner.aligned_round, tokens)
+        return Decision.of(self._driver.state, tokens)
 
     def _node_failed(self) -> NodeFailed:
         failure = self._failure

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import anyio
 from torch import Tensor
 
+from gradientmail._node.model import by_fragment
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.protocol.codec import Rows
 from gradientmail.protocol.group import Gathered, PartReport
@@ -135,8 +136,8 @@ class Layout:
 
     def params(self, manifest: Manifest) -> tuple[tuple[Tensor, ...], ...]:
         """The local rows of each fragment's parameters, in its ``spec.params`` order."""
-        return tuple(tuple(self.local[p.name] for p in spec.params) for spec in manifest.fragments)
+        return by_fragment(manifest, self.local)
 
     def fragment_rows(self, manifest: Manifest) -> tuple[Rows, ...]:
         """This rank's ``codec.Rows`` of each fragment."""
-        return tuple(tuple(self.rows[p.name] for p in spec.params) for spec in manifest.fragments)
+        return by_fragment(manifest, self.rows)

@@ -39,6 +39,7 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
+from gradientmail.protocol.learner import Learner
 from gradientmail.protocol.learner_values import Failure, Stage
 from gradientmail.protocol.records import (
     DECODE_FAILURES,
@@ -103,6 +104,12 @@ class Decision:
     log: int = 0
     closing: bool = False
     now: float = 0.0
+
+    @classmethod
+    def of(cls, learner: Learner, tokens: int = 0) -> "Decision":
+        """What ``learner`` holds now, as the leader decides it: its versions, newest round
+        and aligned round, with the ``tokens`` of its step."""
+        return cls(learner.versions, learner.newest_round, learner.aligned_round, tokens)
 
     @property
     def stepped(self) -> "Stepped":
