@@ -6,7 +6,8 @@ their mean with no outer step), applies the outer step, checks that θ′ and th
 are finite (a round whose outer step would not be finite rejects its snapshots, reason
 ``non-finite``, and leaves the fragment unchanged), writes the update blob (and at a
 checkpoint, ``protocol.checkpoint``, the θ and outer-state blobs), and the record last
-(``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing).
+(``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing);
+each participant with when this syncer first listed its snapshot (``Participant.arrived``).
 ``load`` rebuilds a fragment's θ and momentum through ``RunReader.rebuild`` when they are not
 held (after a recovery, or a round another syncer committed).
 ``collect_garbage`` then deletes what ``checkpoint.retained`` no longer keeps, by reference:
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 import anyio.to_thread
+import msgspec
 import torch
 from torch import Tensor
 
@@ -36,6 +38,7 @@ from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
 from gradientmail.protocol.outer import committed_update
 from gradientmail.protocol.records import (
     FragmentSpec,
+    Participant,
     RoundRecord,
     RoundRecordDraft,
     RunConfig,
@@ -158,12 +161,19 @@ def _draft(rt: Runtime, held: RoundState, result: Aggregate, started: float) -> 
         fragment=keys.fragment_of(round, count),
         version=keys.version_of(round, count),
         committed_by=rt.learner,
-        participants=result.participants,
+        participants=tuple(_arrived(p, held) for p in result.participants),
         rejected=result.rejected,
         quorum_seconds=max(0.0, quorum_at - claimed),
         grace_seconds=max(0.0, started - quorum_at),
         cosine=result.cosine,
     )
+
+
+def _arrived(participant: Participant, held: RoundState) -> Participant:
+    arrived = held.arrived(participant.learner)
+    if arrived is None:
+        return participant
+    return msgspec.structs.replace(participant, arrived=round(arrived, 3))
 
 
 async def _written(

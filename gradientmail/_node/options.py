@@ -13,6 +13,13 @@ class NodeOptions:
     poll_interval
         How often the receive loop lists new round records and the syncer re-reads the
         round it is closing or following.
+    due_poll_interval
+        How often instead while a round the node waits on is due: a learner from publishing
+        a snapshot until it has seen that round's record, a syncer closing a round that has
+        a snapshot but is not ready. Every poll slept past the moment the last snapshot or
+        the record landed is lag that every learner trains through before the round
+        reaches its weights (``docs/benchmarks.md``, "Round lag"). Never slower than
+        ``poll_interval`` (``due_interval``).
     lease_every, lease_timeout
         The node beats its lease every ``lease_every``; others count it gone when its beat
         has not changed for ``lease_timeout`` (which must exceed ``lease_every``).
@@ -36,6 +43,7 @@ class NodeOptions:
     """
 
     poll_interval: float = 1.0
+    due_poll_interval: float = 0.05
     lease_every: float = 2.0
     lease_timeout: float = 10.0
     claim_timeout: float = 30.0
@@ -45,9 +53,16 @@ class NodeOptions:
     max_retry_delay: float = 30.0
     group_timeout: float = 60.0
 
+    @property
+    def due_interval(self) -> float:
+        """The pause between polls while a round is due: ``due_poll_interval``, or
+        ``poll_interval`` when that is shorter."""
+        return min(self.due_poll_interval, self.poll_interval)
+
     def __post_init__(self) -> None:
         for name in (
             "poll_interval",
+            "due_poll_interval",
             "lease_every",
             "lease_timeout",
             "claim_timeout",

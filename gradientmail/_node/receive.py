@@ -4,7 +4,8 @@ they call for to the pure learner (``protocol.learner.Learner``), through its
 value is never replaced here: every input goes through the driver's method for it.
 
 ``Receiver.run`` is one task of the node's task group, on the event-loop thread. Every
-``poll_interval`` it lists ``records/`` after the newest round fed and feeds each record
+``poll_interval`` (``due_poll_interval`` while a round is due: ``Learner.awaiting``) it
+lists ``records/`` after the newest round fed and feeds each record
 (``Learner.record_seen``); a record that does not decode or verify, or a gap in the
 records, stops the listing there (retried at every poll; one ``PollFailed`` per distinct
 failure, not one per poll). Then it prepares the versions the learner wants
@@ -59,10 +60,11 @@ class Receiver:
 
     async def run(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
-        ``poll_interval``. A listing that fails for now (``MailboxUnavailable``) or on a
-        record that does not decode or verify (``RecordError``) is retried at every poll
-        and reported (``PollFailed``) once: again only when it fails otherwise, or after it
-        worked. A ``StoreAccessError`` propagates: it fails the node at once."""
+        ``poll_interval`` (``due_poll_interval`` while a round is due). A listing that fails
+        for now (``MailboxUnavailable``) or on a record that does not decode or verify
+        (``RecordError``) is retried at every poll and reported (``PollFailed``) once: again
+        only when it fails otherwise, or after it worked. A ``StoreAccessError``
+        propagates: it fails the node at once."""
         rt = self._rt
         reported: str | None = None
         lists = self._sharded is None or self._sharded.leader
@@ -76,7 +78,8 @@ class Receiver:
                     reported = f"{type(exc).__name__}: {exc}"
                     rt.emit(PollFailed(rt.learner, exc))
             await self._prepare()
-            await rt.clock.sleep(rt.options.poll_interval)
+            due = self._driver.state.awaiting(rt.clock.now())
+            await rt.clock.sleep(rt.options.due_interval if due else rt.options.poll_interval)
 
     async def _receive_records(self) -> None:
         """Feed the records after the newest one fed, in order. Raises ``RecordError`` for

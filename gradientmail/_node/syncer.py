@@ -143,8 +143,8 @@ async def _run_round(
                     timeout = rt.options.claim_timeout
                     rt.emit(FollowingRound(rt.learner, held.round, claimants, timeout))
                 await rt.clock.sleep(rt.options.poll_interval)
-            case Wait():
-                await rt.clock.sleep(rt.options.poll_interval)
+            case Wait(due=due):
+                await rt.clock.sleep(rt.options.due_interval if due else rt.options.poll_interval)
             case Again(fresh=fresh):
                 pass
             case Commit():

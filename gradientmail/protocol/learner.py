@@ -46,7 +46,11 @@ local weights started from), the snapshot it published, and the version being pr
     The final round's θ is applied as ``late``: ``θ_new + (θ − B)``, and θ = B after a
     settled flush, so the learner ends on θ_new.
 
-**Resynchronization** (``phase``): the rule is docs/protocol.md, "A learner that falls behind".
+**Resynchronization** (``phase``): the rules are docs/protocol.md, "A learner that falls
+behind" (its snapshots missed rounds or came late in the grace: the phase moves forward) and
+"A learner that runs ahead" (a round it was in waited a step or more after its snapshot for
+the last participant's, ``Participant.arrived``: the phase moves back, at most to the step
+its last fragment came due after, so that no fragment comes due twice).
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -56,6 +60,8 @@ The step accounting is the ``Ledger``'s: for every fragment at all times
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+from msgspec import UNSET
 
 from gradientmail.protocol import keys
 from gradientmail.protocol.fragments import due
@@ -79,6 +85,7 @@ from gradientmail.protocol.learner_values import (
 )
 from gradientmail.protocol.merge import Ledger, Outcome
 from gradientmail.protocol.records import DropReason, RoundRecord, RunConfig
+from gradientmail.protocol.rounds import due_for
 
 __all__ = [
     "Action",
@@ -178,6 +185,20 @@ class Learner:
     @property
     def publishing(self) -> bool:
         return any(slot.in_flight for slot in self.slots)
+
+    def awaiting(self, now: float) -> bool:
+        """Whether a round is due for this learner at ``now``: closing is not finished, or a
+        snapshot of it went out less than ``rounds.due_for`` seconds ago and its round's
+        record has not been seen."""
+        if self.closing is not None and not self.finished:
+            return True
+        window = due_for(self.config)
+        return any(
+            slot.published is not None
+            and slot.published.outcome is None
+            and now - slot.published.at < window
+            for slot in self.slots
+        )
 
     def downloads(self) -> list[Download]:
         """The versions to fetch now, one per fragment that wants one (see ``Download``)."""
@@ -457,7 +478,8 @@ class Learner:
             state = state._realigned(record, seen_at, published, least=0.0)
         elif resolution is not None and resolution.outcome == "included":
             # Waited for, in the late half of the grace: one jitter from missing the next.
-            state = state._realigned(record, seen_at, published, least=self.config.grace / 2)
+            moved = state._realigned(record, seen_at, published, least=self.config.grace / 2)
+            state = moved if moved.phase != state.phase else state._held_back(record)
         return state, actions
 
     def _realigned(
@@ -484,6 +506,34 @@ class Learner:
             return self
         shift = math.ceil((lag + self.config.grace / 2) / tau)
         return replace(self, phase=(self.phase + shift) % self.config.sync_every)
+
+    def _held_back(self, record: RoundRecord) -> "Learner":
+        """Delay the phase when the round waited a step or more after this learner's
+        snapshot for its last participant's (see the module docstring)."""
+        tau = self.step_time
+        if tau is None or tau <= 0 or not math.isfinite(tau):
+            return self
+        arrived = {p.learner: p.arrived for p in record.participants if p.arrived is not UNSET}
+        mine = arrived.get(self.name)
+        if mine is None:
+            return self
+        early = max(arrived.values()) - mine
+        # A wait of a period or more is a pause of the others, not a phase.
+        if early < tau or early >= tau * self.config.sync_every:
+            return self
+        shift = min(int(early / tau), self._steps_since_due())
+        if shift == 0:
+            return self
+        return replace(self, phase=(self.phase - shift) % self.config.sync_every)
+
+    def _steps_since_due(self) -> int:
+        """The local steps since the last one a fragment came due after (0: this one): the
+        furthest back the phase can move without a fragment coming due twice."""
+        shifted = self.step + self.phase
+        for back in range(min(shifted, self.config.sync_every)):
+            if due(shifted - back, self.config):
+                return back
+        return min(shifted, self.config.sync_every - 1)
 
     def _steps_until_due(self, fragment: int) -> int | None:
         for ahead in range(1, self.config.sync_every + 1):

@@ -77,6 +77,8 @@ DropReason = Literal["rejected", "reset", "closed-without-flush", "gave-up"]
 
 Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
 """A round, fragment, version, size or dimension: decoding rejects a negative one."""
+Seconds: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+"""A duration a record states: decoding rejects a negative or absurd one (and infinity)."""
 Sha256: TypeAlias = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 """A blob's address: 64 lowercase hex digits."""
 
@@ -333,7 +335,9 @@ class RoundClaim(_Object, frozen=True, kw_only=True):
 
 class Participant(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot accepted into a round with its normalized ``weight``; ``closing`` as the
-    snapshot's (absent when false)."""
+    snapshot's (absent when false); ``arrived``: how many seconds after the round's first
+    snapshot the closer first listed this one (its clock, to its poll; absent from records
+    of writers that did not note it)."""
 
     learner: str
     weight: float
@@ -341,6 +345,7 @@ class Participant(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int
     base_version: int
     closing: bool | msgspec.UnsetType = msgspec.UNSET
+    arrived: Seconds | msgspec.UnsetType = msgspec.UNSET
 
 
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,7 +19,13 @@ reads, writes and sleeps as ``step`` says:
   ``quorum_fraction`` of the live learners), then up to ``grace`` seconds more or until every
   live learner has published; ``Commit`` then, but only on a listing of the leases taken
   after the round's snapshots were listed (``Again(fresh=True)`` asks for one), so that a
-  learner that joined since the last listing is waited for like the others.
+  learner that joined since the last listing is waited for like the others. A round that
+  has a snapshot waits at the due pace (``Wait(due=True)``, for ``due_for`` seconds after
+  its first): the others are near, and every poll the closer sleeps past the last one is
+  lag for every learner. The closer notes when
+  it first listed each snapshot (``RoundState.arrivals``); the record carries it
+  (``Participant.arrived``), and learners that arrived early use it to move their schedule
+  (``protocol.learner``).
 
 A round closes once every live learner without a snapshot in it has one in one of the
 next ``fragments - 1`` rounds and that has held for ``grace`` seconds: they have moved past
@@ -59,6 +65,7 @@ __all__ = [
     "counted",
     "decide_close",
     "decide_round",
+    "due_for",
     "observed",
     "quorate",
     "quorum_learners",
@@ -125,7 +132,10 @@ class TakeOver:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Closing: the round is not ready; look again after the poll interval."""
+    """Closing: the round is not ready; look again after the poll interval, or after the
+    due poll interval when ``due`` (the round has a snapshot: the rest are near)."""
+
+    due: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +172,14 @@ def counted(claims: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
             break
         run.append((k, claimant))
     return tuple(run)
+
+
+def due_for(config: RunConfig) -> float:
+    """How long a round stays due after the snapshot that made it so (for a syncer its
+    first, for a learner its own): the others' within ``grace``, the close within as much
+    again. Past that the node waits on something slower (a stuck learner whose lease lives
+    on holds a round open) and polls at its idle pace."""
+    return 2 * config.grace
 
 
 def decide_round(view: RoundView) -> RoundAction:
@@ -260,7 +278,8 @@ class Observation:
 class RoundState:
     """A syncer's state in round ``round``: who it follows and since when, when it first saw
     a snapshot there, and once it holds the round (``claimed_at``) when the quorum was first
-    reached and since when every live learner without a snapshot in it has moved past it."""
+    reached, since when every live learner without a snapshot in it has moved past it, and
+    when it first listed each learner's snapshot (``arrivals``, in that order)."""
 
     round: int
     me: str
@@ -271,6 +290,7 @@ class RoundState:
     claimed_at: float | None = None
     quorum_at: float | None = None
     passed_at: float | None = None
+    arrivals: tuple[tuple[str, float], ...] = ()
 
     @property
     def closing(self) -> bool:
@@ -280,6 +300,14 @@ class RoundState:
     def claimed(self, now: float) -> "RoundState":
         """This node won its claim on the round at ``now`` (or holds the last one)."""
         return replace(self, claimed_at=now)
+
+    def arrived(self, learner: str) -> float | None:
+        """How many seconds after the round's first snapshot this node first listed
+        ``learner``'s (None: it has not)."""
+        times = dict(self.arrivals)
+        if learner not in times:
+            return None
+        return times[learner] - self.arrivals[0][1]
 
     def wants_later(self, snapshots: frozenset[str], learners: frozenset[str]) -> bool:
         """Whether the next look should list the later rounds' snapshots (``later``): only
@@ -344,10 +372,15 @@ def _closing(
     quorum_at = state.quorum_at
     if quorum_at is None and view.snapshots and quorate(view.snapshots, learners, config):
         quorum_at = now
-    state = replace(state, quorum_at=quorum_at, passed_at=passed_at)
+    listed = {learner for learner, _ in state.arrivals}
+    arrivals = state.arrivals + tuple(
+        (learner, view.snapshots_at) for learner in sorted(view.snapshots - listed)
+    )
+    state = replace(state, quorum_at=quorum_at, passed_at=passed_at, arrivals=arrivals)
     decision = decide_close(CloseView(view.snapshots, learners, quorum_at, now, passed_at), config)
     if decision != "close":
-        return state, Wait()
+        due = bool(arrivals) and now - arrivals[0][1] < due_for(config)
+        return state, Wait(due=due)
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
     return state, Commit(missing=missing, published=view.snapshots)

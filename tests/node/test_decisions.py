@@ -1,5 +1,7 @@
 """The syncer's pure decisions and round state machine, and the node's options, without I/O."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -23,6 +25,7 @@ from gradientmail.protocol.rounds import (
     Wait,
     decide_close,
     decide_round,
+    due_for,
     observed,
     quorum_learners,
 )
@@ -189,17 +192,18 @@ def test_the_machine_claims_closes_on_quorum_and_grace_then_commits() -> None:
     state, step = observed(state, look(), 0.0, CONFIG)
     assert step == Claim(0)
     state = state.claimed(0.0)
-    state, step = observed(state, look(snapshots=frozenset({"a"})), 1.0, CONFIG)
-    assert step == Wait()  # one of two live learners is below quorum_min 2
+    state, step = observed(state, look(snapshots_at=0.5), 0.5, CONFIG)
+    assert step == Wait(due=False)  # nothing published: the round is not due yet
+    state, step = observed(state, look(snapshots=frozenset({"a"}), snapshots_at=1.0), 1.0, CONFIG)
+    assert step == Wait(due=True)  # one of two live learners is below quorum_min 2
     three = frozenset({"a", "b", "c"})
-    state, step = observed(
-        state, look(snapshots=frozenset({"a", "b"}), live=three, learners=three), 2.0, CONFIG
-    )
-    assert (step, state.quorum_at) == (Wait(), 2.0)
-    state, step = observed(
-        state, look(snapshots=frozenset({"a", "b"}), live=three, learners=three), 7.0, CONFIG
-    )
+    both = look(snapshots=frozenset({"a", "b"}), live=three, learners=three, snapshots_at=2.0)
+    state, step = observed(state, both, 2.0, CONFIG)
+    assert (step, state.quorum_at) == (Wait(due=True), 2.0)
+    state, step = observed(state, replace(both, snapshots_at=7.0, leases_at=7.0), 7.0, CONFIG)
     assert step == Commit(missing=frozenset({"c"}), published=frozenset({"a", "b"}))
+    # Each snapshot's arrival is the first listing that held it, from the round's first.
+    assert (state.arrived("a"), state.arrived("b"), state.arrived("c")) == (0.0, 1.0, None)
 
 
 def test_a_close_waits_for_a_lease_listing_newer_than_the_snapshots() -> None:
@@ -258,13 +262,30 @@ def test_a_round_closes_without_live_learners_that_moved_past_it() -> None:
     state = RoundState(19, "a", claim_timeout=30.0).claimed(0.0)
     c_only = {"snapshots": frozenset({"c"}), "live": three, "learners": three}
     state, step = observed(state, look(**c_only, later=frozenset({"a"})), 0.0, QUORUM_ALL)
-    assert (step, state.passed_at) == (Wait(), None)  # b has not moved on: it may publish
+    # b has not moved on: it may publish; c's snapshot makes the round due.
+    assert (step, state.passed_at) == (Wait(due=True), None)
     state, step = observed(state, look(**c_only, later=frozenset({"a", "b"})), 1.0, QUORUM_ALL)
-    assert (step, state.passed_at) == (Wait(), 1.0)
+    assert (step, state.passed_at) == (Wait(due=True), 1.0)
     state, step = observed(state, look(**c_only, later=frozenset({"a", "b"})), 2.9, QUORUM_ALL)
-    assert step == Wait()
+    assert step == Wait(due=True)
     state, step = observed(state, look(**c_only, later=frozenset({"a", "b"})), 3.0, QUORUM_ALL)
     assert step == Commit(missing=frozenset({"a", "b"}), published=frozenset({"c"}))
+
+
+def test_a_round_is_due_from_its_first_snapshot_for_twice_the_grace() -> None:
+    """Closing a round, the syncer polls at the due pace from the first listing that held a
+    snapshot until ``due_for`` (twice the 2 s grace) has passed; a round that still waits
+    then (a stuck learner whose lease lives on) is polled at the idle pace."""
+    state = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)
+    one = {"snapshots": frozenset({"a"}), "leases_at": 0.0}
+    assert due_for(QUORUM_ALL) == 4.0
+    state, step = observed(state, look(snapshots_at=1.0, **one), 1.0, QUORUM_ALL)
+    assert step == Wait(due=True)
+    state, step = observed(state, look(snapshots_at=4.9, **one), 4.9, QUORUM_ALL)
+    assert step == Wait(due=True)
+    state, step = observed(state, look(snapshots_at=5.0, **one), 5.0, QUORUM_ALL)
+    assert step == Wait(due=False)
+    assert state.arrivals == (("a", 1.0),)
 
 
 def test_later_rounds_are_listed_only_while_a_live_learner_is_missing() -> None:

@@ -39,7 +39,9 @@ def record(
     rejected: tuple[str, ...] = (),
     closing: tuple[str, ...] = (),
     grace: float = 0.0,
+    arrived: dict[str, float] | None = None,
 ) -> RoundRecord:
+    times = arrived or {}
     return RoundRecord(
         round=round,
         fragment=round % 2,
@@ -47,6 +49,10 @@ def record(
         committed_by="s",
         participants=tuple(
             Participant(learner=name, weight=1.0, steps=1, tokens=1, base_version=0)
+            if name not in times
+            else Participant(
+                learner=name, weight=1.0, steps=1, tokens=1, base_version=0, arrived=times[name]
+            )
             for name in included
         )
         + tuple(
@@ -303,6 +309,71 @@ def test_an_included_snapshot_moves_the_schedule_only_from_the_late_half_of_the_
     learner, _ = learner.publish_done(0, 0)
     learner, _ = learner.record_seen(record(0, included=("me", "x"), grace=waited), now=4.1)
     assert learner.phase == phase
+
+
+def published_at_two() -> Learner:
+    """One step a second; fragment 0 comes due after step 2 (t=2) and goes out; step 3 at
+    t=3."""
+    learner = fresh()
+    learner, _ = learner.stepped(1, now=1.0)
+    learner, actions = learner.stepped(1, now=2.0)
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.stepped(1, now=3.0)
+    return learner
+
+
+def due_steps(learner: Learner, start: int, end: int) -> list[tuple[int, int]]:
+    due = []
+    for t in range(start, end):
+        learner, actions = learner.stepped(1, now=float(t))
+        due += [(learner.step, a.fragment) for a in actions if isinstance(a, Snapshot)]
+        learner, _ = take(learner, actions)
+    return due
+
+
+@pytest.mark.parametrize(
+    ("last", "phase"),
+    [(0.5, 0), (1.2, 3), (2.4, 3), (4.5, 0)],
+    ids=["under-a-step", "one-step", "more-than-the-room", "a-pause"],
+)
+def test_a_learner_a_round_waited_for_moves_its_schedule_back(last: float, phase: int) -> None:
+    """The round noted this learner's snapshot first and the other's ``last`` seconds later:
+    a wait of a step or more (steps of 1 s) moves the phase back by the whole steps waited,
+    at most to the step its last fragment came due after (one step here: fragment 0 came
+    due after step 2, the learner is at step 3), so that nothing comes due twice; a wait of
+    a period (4 steps) or more is the other's pause, not a phase, and moves nothing."""
+    learner = published_at_two()
+    seen = record(0, included=("me", "other"), arrived={"me": 0.0, "other": last})
+    learner, _ = learner.record_seen(seen, now=3.5)
+    assert learner.phase == phase
+    learner = learner.version_ready(0, 0, (torch.ones(2),))
+    # Without a move fragment 1 comes due after step 4, then fragment 0 after step 6.
+    assert due_steps(learner, 4, 9) == ([(5, 1), (7, 0)] if phase else [(4, 1), (6, 0)])
+
+
+def test_a_record_without_arrivals_or_without_this_learner_moves_nothing() -> None:
+    for seen in (
+        record(0, included=("me", "other")),
+        record(0, included=("me", "other"), arrived={"other": 2.0}),
+    ):
+        learner, _ = published_at_two().record_seen(seen, now=3.5)
+        assert learner.phase == 0
+
+
+def test_a_round_is_due_from_a_snapshot_until_its_record_or_twice_the_grace() -> None:
+    """The receive loop polls at the due pace while this is true (grace 1 s here)."""
+    learner = fresh()
+    assert not learner.awaiting(0.0)
+    learner, _ = learner.stepped(1, now=1.0)
+    learner, actions = learner.stepped(1, now=2.0)
+    assert learner.awaiting(2.0)  # the snapshot is going out
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    assert learner.awaiting(3.9)
+    assert not learner.awaiting(4.0)  # stuck somewhere slower: the idle pace
+    learner, _ = learner.record_seen(record(0, included=("me",)), now=3.0)
+    assert not learner.awaiting(3.0)
 
 
 class LearnerMachine(RuleBasedStateMachine):

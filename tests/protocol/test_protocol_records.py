@@ -83,6 +83,7 @@ participants = st.builds(
     steps=counts,
     tokens=counts,
     base_version=counts,
+    arrived=st.just(msgspec.UNSET) | st.floats(0, 1e9),
 )
 rejections = st.builds(
     Rejection, learner=learners, reason=reasons, steps=ints, tokens=ints, detail=st.text()
@@ -203,6 +204,29 @@ def test_the_reference_snapshot_decodes() -> None:
 def test_decoding_is_strict(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(RecordError, match=match):
         records.decode(json.dumps({**SNAPSHOT, **changes}).encode(), Snapshot)
+
+
+@pytest.mark.parametrize("arrived", [-0.5, 2e9, "1e999", '"1.5"', "null"])
+def test_a_participant_arrival_that_is_no_duration_is_refused(arrived: Any) -> None:
+    """A hostile record cannot hand learners a negative, absurd or infinite arrival (the
+    learner turns it into a shift of its schedule)."""
+    good = RoundRecordDraft(
+        round=0,
+        fragment=0,
+        version=1,
+        committed_by="s",
+        participants=(
+            Participant(learner="a", weight=1.0, steps=1, tokens=1, base_version=0, arrived=1.5),
+        ),
+        quorum_seconds=0.0,
+        grace_seconds=0.0,
+        cosine=None,
+    )
+    data = records.encode(good)
+    assert records.decode(data, RoundRecordDraft) == good
+    bad = data.replace(b'"arrived":1.5', f'"arrived":{arrived}'.encode())
+    with pytest.raises(RecordError, match="arrived"):
+        records.decode(bad, RoundRecordDraft)
 
 
 def test_missing_fields_and_format_are_named() -> None:
