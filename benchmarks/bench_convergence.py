@@ -211,12 +211,14 @@ within seconds of this benchmark's short runs."""
 
 
 def _options(*, syncer: bool, spec: dict[str, Any]) -> Any:
-    """The nodes' options: the spec's pacing (``poll_interval``, ``lease_every``,
-    ``lease_timeout``) where it names one, else this benchmark's."""
+    """The nodes' options: the spec's pacing (``poll_interval``, ``due_poll_interval``,
+    ``lease_every``, ``lease_timeout``) where it names one, else this benchmark's (the
+    product's due poll)."""
     from gradientmail._node import NodeOptions
 
     return NodeOptions(
         poll_interval=spec.get("poll_interval", POLL),
+        due_poll_interval=spec.get("due_poll_interval", NodeOptions().due_poll_interval),
         lease_every=spec.get("lease_every", LEASE_EVERY),
         lease_timeout=spec.get("lease_timeout", LEASE_TIMEOUT),
         claim_timeout=10.0,
@@ -303,7 +305,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
     import anyio
 
     from gradientmail._node import node as join_run
-    from gradientmail.events import Event, kind_name
+    from gradientmail.events import Event, FragmentAligned, kind_name
     from gradientmail.mailbox import LocalMailbox
     from gradientmail.protocol.records import RunConfig
 
@@ -313,9 +315,13 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
     tally = h.Tally()
     learner = f"learner-{index}"
 
+    lags: list[int] = []
+
     def count(event: Event) -> None:
         name = kind_name(event)
         counts[name] = counts.get(name, 0) + 1
+        if isinstance(event, FragmentAligned) and event.lag_steps is not None:
+            lags.append(event.lag_steps)
 
     async def main() -> dict[str, Any]:
         async with (
@@ -370,6 +376,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
             "versions": list(end.versions),
             "aligned_round": end.aligned_round,
             "events": counts,
+            "lag_steps": lags,
         }
 
     return anyio.run(main)

@@ -28,7 +28,9 @@ new stream of its shard.
   a core at 0.05 s, 0.4% at 0.25 s, 0.2% at 0.5 s); polling every 0.25 s with a 0.5 s
   lease, the full size's gradientmail arms took 1.01–1.03× torchft's wall time, on this
   pacing 0.96–1.00× (``results/text.json``).
-  Every process's CPU time (user and system, all threads) is reported.
+  Every process's CPU time (user and system, all threads) is reported, and the lag: the
+  local steps between a learner's snapshot and its applying that round (``FragmentAligned``),
+  median and maximum over every learner's rounds.
 - ``torchft-fp32-H{H}``: ``K`` processes, each its own replica group of one, with
   ``torchft.local_sgd.DiLoCo`` over the same fragments (``bench_text_torchft.py``), its
   lighthouse process and gloo process groups on 127.0.0.1. Bytes: the ring
@@ -55,6 +57,7 @@ import math
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -131,7 +134,12 @@ SIZES: dict[str, dict[str, Any]] = {
         "eval": (4, 32),
         "final_eval": (32, 32),
         "eval_every": 200,
-        "pacing": {"poll_interval": 0.5, "lease_every": 2.0, "lease_timeout": 10.0},
+        "pacing": {
+            "poll_interval": 0.5,
+            "due_poll_interval": 0.05,
+            "lease_every": 2.0,
+            "lease_timeout": 10.0,
+        },
     },
 }
 
@@ -339,6 +347,7 @@ def run_gradientmail(
     learners = [launched["reports"][str(k)] for k in range(learners_count)]
     syncer = launched["reports"]["syncer"]
     rounds = syncer["rounds"]
+    lags = [lag for r in learners for lag in r["lag_steps"]]
     summary = _summary(launched, learners)
     return summary | {
         "cpu_seconds": summary["cpu_seconds"] + syncer["cpu_seconds"],
@@ -350,6 +359,8 @@ def run_gradientmail(
         "rounds_without_all": sum(1 for r in rounds if r["participants"] < learners_count),
         "rejected": sum(len(r["rejected"]) for r in rounds),
         "participants_by_round": [r["participants"] for r in rounds],
+        "lag_steps_median": statistics.median(lags) if lags else None,
+        "lag_steps_max": max(lags, default=None),
     }
 
 

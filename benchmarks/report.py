@@ -1083,7 +1083,14 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "torchft's learners, not its lighthouse process). gradientmail's nodes poll "
         f"every {pacing['poll_interval']} s and beat their lease every "
         f"{pacing.get('lease_every', 0.5)} s (gone after {pacing.get('lease_timeout', 5.0)} "
-        f"s).{scale}",
+        "s)"
+        + (
+            f", and poll every {pacing['due_poll_interval']} s while a round is due"
+            if "due_poll_interval" in pacing
+            else ""
+        )
+        + ". The lag in the last column is the local steps between a learner's snapshot and "
+        f"its applying that round (median and maximum over every learner's rounds).{scale}",
         "",
         f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
         f"in {figures['total_seconds'] / 60:.1f} minutes (`nox -s bench-text` runs every arm "
@@ -1093,8 +1100,13 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
     rows = []
     for arm in sorted(table, key=_text_order):
         entry, run = table[arm], arms[arm]
+        lag = (
+            f", lag {run['lag_steps_median']:g} steps (max {run['lag_steps_max']})"
+            if run.get("lag_steps_median") is not None
+            else ""
+        )
         sync = (
-            f"{run['rounds_committed']} rounds, {run['mean_participants']:.2f} per round"
+            f"{run['rounds_committed']} rounds, {run['mean_participants']:.2f} per round{lag}"
             if "rounds_committed" in run
             else f"{sum(run['syncs'])} syncs, {sum(run['failed_syncs'])} failed"
             if "syncs" in run
