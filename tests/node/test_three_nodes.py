@@ -45,6 +45,11 @@ async def test_three_nodes_train_together_and_a_late_joiner_holds_the_newest() -
     for record in history:
         assert record.version == record.round // CONFIG.fragments + 1
     assert {p.learner for r in history for p in r.participants} == {"a", "b", "c"}
+    # The closer noted when it first listed every snapshot, the round's first at 0.
+    for record in (r for r in history if r.participants):
+        arrived = [p.arrived for p in record.participants]
+        assert all(isinstance(a, float) and a >= 0.0 for a in arrived), record
+    assert any(0.0 in (p.arrived for p in r.participants) for r in history)
     assert len(sink.of(Closed)) == 3
     for name, (model, state) in finals.items():
         await assert_holds_committed(box, model, state.versions)  # type: ignore[arg-type]
