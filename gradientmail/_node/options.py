@@ -18,7 +18,8 @@ class NodeOptions:
         a snapshot until it has seen that round's record, a syncer closing a round that has
         a snapshot but is not ready. Every poll slept past the moment the last snapshot or
         the record landed is lag that every learner trains through before the round
-        reaches its weights (``docs/benchmarks.md``, "Round lag"). Never slower than
+        reaches its weights (``docs/protocol.md``, "Closing a round"). At most ``2 ×
+        grace`` after the snapshot that made the round due; never slower than
         ``poll_interval`` (``due_interval``).
     lease_every, lease_timeout
         The node beats its lease every ``lease_every``; others count it gone when its beat

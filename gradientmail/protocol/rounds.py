@@ -22,10 +22,9 @@ reads, writes and sleeps as ``step`` says:
   learner that joined since the last listing is waited for like the others. A round that
   has a snapshot waits at the due pace (``Wait(due=True)``, for ``due_for`` seconds after
   its first): the others are near, and every poll the closer sleeps past the last one is
-  lag for every learner. The closer notes when
-  it first listed each snapshot (``RoundState.arrivals``); the record carries it
-  (``Participant.arrived``), and learners that arrived early use it to move their schedule
-  (``protocol.learner``).
+  lag for every learner. The closer notes when it first listed each snapshot
+  (``RoundState.arrivals``); the record carries it (``Participant.arrived``), and learners
+  that arrived early use it to move their schedule (``protocol.learner``).
 
 A round closes once every live learner without a snapshot in it has one in one of the
 next ``fragments - 1`` rounds and that has held for ``grace`` seconds: they have moved past
