@@ -49,8 +49,8 @@ local weights started from), the snapshot it published, and the version being pr
 **Resynchronization** (``phase``): the rules are docs/protocol.md, "A learner that falls
 behind" (its snapshots missed rounds or came late in the grace: the phase moves forward) and
 "A learner that runs ahead" (a round it was in waited a step or more after its snapshot for
-the last participant's, ``Participant.arrived``: the phase moves back, at most to the step
-its last fragment came due after, so that no fragment comes due twice).
+the last participant's, ``Participant.arrived``: the schedule stands still for that many
+steps, ``hold_until``, so that it moves back without any fragment coming due twice).
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -114,7 +114,9 @@ class Learner:
 
     ``committed`` counts the records folded that this learner's node committed; ``held`` the
     records seen but not yet folded (each with the time it was seen); ``phase`` the steps
-    added to the step count for ``due``; ``step_time`` the mean step time."""
+    added to the step count for ``due``; the steps after ``step`` up to ``hold_until`` do not
+    advance the schedule (each takes one from the phase), ``stood`` counts those taken so
+    far; ``step_time`` the mean step time."""
 
     config: RunConfig
     name: str
@@ -126,6 +128,8 @@ class Learner:
     committed: int = 0
     held: tuple[tuple[RoundRecord, float], ...] = ()
     phase: int = 0
+    hold_until: int = 0
+    stood: int = 0
     last_step_at: float | None = None
     step_time: float | None = None
     closing: Closing | None = None
@@ -228,6 +232,10 @@ class Learner:
             step_time=step_time,
         )
         state, actions = state._apply_ready()
+        if state.step <= state.hold_until:
+            # The schedule stands still this step: nothing comes due (again).
+            phase = (state.phase - 1) % state.config.sync_every
+            return replace(state, phase=phase, stood=state.stood + 1), actions
         for fragment in due(state.step + state.phase, state.config):
             state, more = state._snapshot(fragment, now)
             actions.extend(more)
@@ -363,7 +371,7 @@ class Learner:
         if slot.blocked or self.ledger[fragment].since_base.steps == 0:
             return self, []
         round = keys.round_of(fragment, slot.version + 1, self.config.fragments)
-        published = Published(round=round, step=self.step, at=now)
+        published = Published(round=round, step=self.step, at=now, stood=self.stood)
         state = replace(self, ledger=self.ledger.published(fragment, round))
         state = state._with(fragment, replace(slot, published=published, in_flight=True))
         return state, [Snapshot(fragment, round)]
@@ -479,7 +487,10 @@ class Learner:
         elif resolution is not None and resolution.outcome == "included":
             # Waited for, in the late half of the grace: one jitter from missing the next.
             moved = state._realigned(record, seen_at, published, least=self.config.grace / 2)
-            state = moved if moved.phase != state.phase else state._held_back(record)
+            if moved.phase != state.phase:
+                state = replace(moved, hold_until=state.step)
+            else:
+                state = state._held_back(record, published)
         return state, actions
 
     def _realigned(
@@ -507,9 +518,13 @@ class Learner:
         shift = math.ceil((lag + self.config.grace / 2) / tau)
         return replace(self, phase=(self.phase + shift) % self.config.sync_every)
 
-    def _held_back(self, record: RoundRecord) -> "Learner":
-        """Delay the phase when the round waited a step or more after this learner's
-        snapshot for its last participant's (see the module docstring)."""
+    def _held_back(self, record: RoundRecord, published: Published | None) -> "Learner":
+        """Hold the schedule for as many steps as the round waited, a step or more, after
+        this learner's snapshot for its last participant's (see the module docstring), less
+        the steps held (or still to hold) since the snapshot was taken: they closed part of
+        that gap already."""
+        if published is None:
+            return self
         tau = self.step_time
         if tau is None or tau <= 0 or not math.isfinite(tau):
             return self
@@ -521,22 +536,14 @@ class Learner:
         # A wait of a period or more is a pause of the others, not a phase.
         if early < tau or early >= tau * self.config.sync_every:
             return self
-        shift = min(int(early / tau), self._steps_since_due())
-        if shift == 0:
+        pending = max(0, self.hold_until - self.step)
+        needed = int(early / tau) - (self.stood - published.stood) - pending
+        if needed <= 0:
             return self
-        return replace(self, phase=(self.phase - shift) % self.config.sync_every)
-
-    def _steps_since_due(self) -> int:
-        """The local steps since the last one a fragment came due after (0: this one): the
-        furthest back the phase can move without a fragment coming due twice."""
-        shifted = self.step + self.phase
-        for back in range(min(shifted, self.config.sync_every)):
-            if due(shifted - back, self.config):
-                return back
-        return min(shifted, self.config.sync_every - 1)
+        return replace(self, hold_until=self.step + pending + needed)
 
     def _steps_until_due(self, fragment: int) -> int | None:
         for ahead in range(1, self.config.sync_every + 1):
             if fragment in due(self.step + self.phase + ahead, self.config):
-                return ahead
+                return ahead + max(0, self.hold_until - self.step)
         return None

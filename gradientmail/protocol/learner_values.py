@@ -125,12 +125,14 @@ Action: TypeAlias = (
 @dataclass(frozen=True, slots=True)
 class Published:
     """A snapshot of a fragment for ``round``, taken after local step ``step`` at time ``at``
-    (``snapshot`` is None until the driver hands the copy over). ``outcome`` is set once
-    the round's record is folded."""
+    when the learner's schedule had stood still for ``stood`` steps in all (``snapshot`` is
+    None until the driver hands the copy over). ``outcome`` is set once the round's record
+    is folded."""
 
     round: int
     step: int
     at: float
+    stood: int = 0
     snapshot: Tensors | None = None
     outcome: Outcome | None = None
 

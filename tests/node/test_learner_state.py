@@ -333,23 +333,22 @@ def due_steps(learner: Learner, start: int, end: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize(
-    ("last", "phase"),
-    [(0.5, 0), (1.2, 3), (2.4, 3), (4.5, 0)],
-    ids=["under-a-step", "one-step", "more-than-the-room", "a-pause"],
+    ("last", "held"),
+    [(0.5, 0), (1.2, 1), (2.4, 2), (4.5, 0)],
+    ids=["under-a-step", "one-step", "two-steps", "a-pause"],
 )
-def test_a_learner_a_round_waited_for_moves_its_schedule_back(last: float, phase: int) -> None:
+def test_a_learner_a_round_waited_for_holds_its_schedule_back(last: float, held: int) -> None:
     """The round noted this learner's snapshot first and the other's ``last`` seconds later:
-    a wait of a step or more (steps of 1 s) moves the phase back by the whole steps waited,
-    at most to the step its last fragment came due after (one step here: fragment 0 came
-    due after step 2, the learner is at step 3), so that nothing comes due twice; a wait of
-    a period (4 steps) or more is the other's pause, not a phase, and moves nothing."""
+    a wait of a step or more (steps of 1 s) holds the schedule still for the whole steps
+    waited, so every fragment comes due that much later and none twice; a wait of a period
+    (4 steps) or more is the other's pause, not a phase, and holds nothing."""
     learner = published_at_two()
     seen = record(0, included=("me", "other"), arrived={"me": 0.0, "other": last})
     learner, _ = learner.record_seen(seen, now=3.5)
-    assert learner.phase == phase
+    assert learner.hold_until == (3 + held if held else 0)
     learner = learner.version_ready(0, 0, (torch.ones(2),))
-    # Without a move fragment 1 comes due after step 4, then fragment 0 after step 6.
-    assert due_steps(learner, 4, 9) == ([(5, 1), (7, 0)] if phase else [(4, 1), (6, 0)])
+    # Without a hold fragment 1 comes due after step 4, then fragment 0 after step 6.
+    assert due_steps(learner, 4, 10) == [(4 + held, 1), (6 + held, 0)]
 
 
 def test_a_record_without_arrivals_or_without_this_learner_moves_nothing() -> None:
@@ -358,7 +357,7 @@ def test_a_record_without_arrivals_or_without_this_learner_moves_nothing() -> No
         record(0, included=("me", "other"), arrived={"other": 2.0}),
     ):
         learner, _ = published_at_two().record_seen(seen, now=3.5)
-        assert learner.phase == 0
+        assert learner.hold_until == 0
 
 
 def test_a_round_is_due_from_a_snapshot_until_its_record_or_twice_the_grace() -> None:
