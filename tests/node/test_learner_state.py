@@ -120,13 +120,20 @@ def test_a_record_waits_for_the_publish_to_its_round() -> None:
     assert learner.newest_round == 0
 
 
-def test_a_rejected_snapshot_drops_its_steps_and_resets_to_theta() -> None:
+def published_at_two() -> Learner:
+    """One step a second; fragment 0 comes due after step 2 (t=2) and goes out; step 3 at
+    t=3."""
     learner = fresh()
-    learner, _ = learner.stepped(5, now=0.0)
-    learner, actions = learner.stepped(5, now=1.0)
+    learner, _ = learner.stepped(1, now=1.0)
+    learner, actions = learner.stepped(1, now=2.0)
     learner, _ = take(learner, actions)
     learner, _ = learner.publish_done(0, 0)
-    learner, _ = learner.stepped(5, now=2.0)
+    learner, _ = learner.stepped(1, now=3.0)
+    return learner
+
+
+def test_a_rejected_snapshot_drops_its_steps_and_resets_to_theta() -> None:
+    learner = published_at_two()
     learner, actions = learner.record_seen(record(0, rejected=("me",)), now=3.0)
     assert [type(a) for a in actions] == [Recorded, Resolved, Dropped]
     assert learner.ledger[0].dropped.steps == 3  # the snapshot's two and the one since
@@ -309,18 +316,6 @@ def test_an_included_snapshot_moves_the_schedule_only_from_the_late_half_of_the_
     learner, _ = learner.publish_done(0, 0)
     learner, _ = learner.record_seen(record(0, included=("me", "x"), grace=waited), now=4.1)
     assert learner.phase == phase
-
-
-def published_at_two() -> Learner:
-    """One step a second; fragment 0 comes due after step 2 (t=2) and goes out; step 3 at
-    t=3."""
-    learner = fresh()
-    learner, _ = learner.stepped(1, now=1.0)
-    learner, actions = learner.stepped(1, now=2.0)
-    learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
-    learner, _ = learner.stepped(1, now=3.0)
-    return learner
 
 
 def due_steps(learner: Learner, start: int, end: int) -> list[tuple[int, int]]:
