@@ -1089,8 +1089,14 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
             if "due_poll_interval" in pacing
             else ""
         )
-        + ". The lag in the last column is the local steps between a learner's snapshot and "
-        f"its applying that round (median and maximum over every learner's rounds).{scale}",
+        + "."
+        + (
+            " The lag in the last column is the local steps between a learner's snapshot and "
+            "its applying that round (median and maximum over every learner's rounds)."
+            if any(run.get("lag_steps_median") is not None for run in arms.values())
+            else ""
+        )
+        + scale,
         "",
         f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
         f"in {figures['total_seconds'] / 60:.1f} minutes (`nox -s bench-text` runs every arm "
