@@ -20,7 +20,7 @@ class NodeOptions:
         the record landed is lag that every learner trains through before the round
         reaches its weights (``docs/protocol.md``, "Closing a round"). At most ``2 ×
         grace`` after the snapshot that made the round due; never slower than
-        ``poll_interval`` (``due_interval``).
+        ``poll_interval`` (``pause``).
     lease_every, lease_timeout
         The node beats its lease every ``lease_every``; others count it gone when its beat
         has not changed for ``lease_timeout`` (which must exceed ``lease_every``).
@@ -54,11 +54,10 @@ class NodeOptions:
     max_retry_delay: float = 30.0
     group_timeout: float = 60.0
 
-    @property
-    def due_interval(self) -> float:
-        """The pause between polls while a round is due: ``due_poll_interval``, or
-        ``poll_interval`` when that is shorter."""
-        return min(self.due_poll_interval, self.poll_interval)
+    def pause(self, *, due: bool) -> float:
+        """The pause before the next poll: while a round is due ``due_poll_interval`` (or
+        ``poll_interval`` when that is shorter), else ``poll_interval``."""
+        return min(self.due_poll_interval, self.poll_interval) if due else self.poll_interval
 
     def __post_init__(self) -> None:
         for name in (

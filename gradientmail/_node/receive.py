@@ -79,7 +79,7 @@ class Receiver:
                     rt.emit(PollFailed(rt.learner, exc))
             await self._prepare()
             due = self._driver.state.awaiting(rt.clock.now())
-            await rt.clock.sleep(rt.options.due_interval if due else rt.options.poll_interval)
+            await rt.clock.sleep(rt.options.pause(due=due))
 
     async def _receive_records(self) -> None:
         """Feed the records after the newest one fed, in order. Raises ``RecordError`` for

@@ -144,7 +144,7 @@ async def _run_round(
                     rt.emit(FollowingRound(rt.learner, held.round, claimants, timeout))
                 await rt.clock.sleep(rt.options.poll_interval)
             case Wait(due=due):
-                await rt.clock.sleep(rt.options.due_interval if due else rt.options.poll_interval)
+                await rt.clock.sleep(rt.options.pause(due=due))
             case Again(fresh=fresh):
                 pass
             case Commit():

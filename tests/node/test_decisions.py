@@ -139,6 +139,12 @@ def test_options_reject_bad_durations(field: str, value: float) -> None:
         NodeOptions(**{field: value})  # type: ignore[arg-type]
 
 
+def test_a_due_round_is_polled_at_the_due_pace_never_slower_than_the_idle_one() -> None:
+    options = NodeOptions()
+    assert (options.pause(due=True), options.pause(due=False)) == (0.05, 1.0)
+    assert NodeOptions(poll_interval=0.01).pause(due=True) == 0.01
+
+
 def test_options_reject_a_lease_timeout_within_one_beat() -> None:
     with pytest.raises(ValueError, match="lease_timeout"):
         NodeOptions(lease_every=2.0, lease_timeout=2.0)
