@@ -42,11 +42,13 @@ def spread(record: RoundRecord) -> float:
 async def test_learners_at_different_paces_publish_together() -> None:
     box = MemoryMailbox()
     stop = anyio.Event()
+    created = anyio.Event()
 
     async def learner(name: str, seed: int, tick: float) -> None:
         model = tiny_model(seed)
         trainer = Trainer(model, seed)
         async with open_node(model, box, learner=name, config=CONFIG, options=FAST) as node:
+            created.set()
             while not stop.is_set():
                 trainer.step()
                 await node.step(tokens=16)
@@ -57,7 +59,7 @@ async def test_learners_at_different_paces_publish_together() -> None:
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(learner, "a", 1, TICK)
-            await anyio.sleep(0.2)  # "a" creates the run
+            await created.wait()  # "a" created the run: "b" joins it
             tg.start_soon(learner, "b", 2, 1.5 * TICK)
     history = [r for r in await records(box) if WARM <= r.round < ROUNDS]
     assert all(sorted(p.learner for p in r.participants) == ["a", "b"] for r in history)
