@@ -41,8 +41,9 @@ local weights started from), the snapshot it published, and the version being pr
     The close that never hurts (docs/protocol.md, "The last round of a run"): ``models`` is
     the live model when closing began; once settled, ``finalize`` answers one final
     ``Publish`` per fragment (that model minus the newest θ held, 0 steps, for the next
-    round of the fragment; once more, for the next, when a round left it out), and the close
-    is finished once every fragment holds the version of its final round (or a newer one).
+    round of the fragment; again, for the next, when a round left it out: see
+    ``Closing``), and the close is finished once every fragment holds the version of its
+    final round (or a newer one).
     The final round's θ is applied as ``late``: ``θ_new + (θ − B)``, and θ = B after a
     settled flush, so the learner ends on θ_new.
 
@@ -266,8 +267,8 @@ class Learner:
         θ), nor from one that saw others train on (a snapshot of another learner that was not
         closing) more than ``F`` rounds past the rounds it was in when closing began (its
         model is behind theirs). A fragment whose final round committed without it
-        publishes it once more, for its next round, once that round's θ is applied
-        (``Closing``). They carry no steps, so the ledger is untouched whatever the rounds
+        publishes it again, for its next round, once that round's θ is applied (how often:
+        ``Closing``). They carry no steps, so the ledger is untouched whatever the rounds
         do."""
         if self.closing is None or not self.settled or not self.step:
             return self, []

@@ -179,11 +179,15 @@ class Closing:
     newest round it was in then, ``went_on`` the newest round folded since that holds a
     snapshot of another learner that was not closing (the others trained on), ``finals``
     the round each fragment's final snapshot went to (empty until published), ``missed``
-    the fragments whose final round committed without their final snapshot, ``again``
-    those whose final snapshot was published a second time (at most once each: a learner
-    whose final was left out because another learner was still flushing meets that
-    learner's final in the next round of the fragment; one left out twice ends on the
-    others' θ)."""
+    the fragments whose final round committed without their final snapshot and that
+    publish it again, ``again`` those whose final snapshot went out again. A left-out final
+    goes out again once whatever left it out (a learner still flushing meets that
+    learner's final in the next round of the fragment), and again as long as the rounds
+    that leave it out hold only other learners' closing snapshots or none, and rejected
+    none (their flushes are finite, so their finals come: a round closes empty only once
+    every live learner published past it); left out a second time by a round in which
+    another learner trained on, or one that rejected a snapshot (this one's, or one that
+    may be of a learner training on), it ends on the others' θ."""
 
     models: tuple[Tensors, ...]
     round: int
@@ -201,14 +205,18 @@ class Closing:
         fragment = record.fragment
         if not state.finals or record.round != state.finals[fragment]:
             return state
-        if any(p.learner == name for p in record.participants):
+        participants = record.participants
+        if any(p.learner == name for p in participants):
+            return state
+        flushing = not record.rejected and all(p.closing is True for p in participants)
+        if fragment in state.again and not flushing:
             return state
         return replace(state, missed=state.missed | {fragment})
 
     def done(self, slots: tuple[Slot, ...]) -> bool:
         """Every final round applied, and no left-out final waiting to go out again."""
         fragments = len(slots)
-        return not self.missed - self.again and all(
+        return not self.missed and all(
             slot.version >= keys.version_of(round, fragments)
             for slot, round in zip(slots, self.finals, strict=False)
         )
@@ -227,7 +235,7 @@ class Closing:
         else:
             wanted = [
                 f
-                for f in sorted(self.missed - self.again)
+                for f in sorted(self.missed)
                 if slots[f].version >= keys.version_of(self.finals[f], fragments)
             ]
         jobs = []
@@ -242,5 +250,6 @@ class Closing:
                 )
             )
             finals[fragment] = round
-        again = self.again | {job.fragment for job in jobs} if self.finals else self.again
-        return replace(self, finals=tuple(finals), again=again), jobs
+        sent = frozenset(job.fragment for job in jobs) if self.finals else frozenset()
+        state = replace(self, finals=tuple(finals), missed=self.missed - sent)
+        return replace(state, again=self.again | sent), jobs

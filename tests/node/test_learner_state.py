@@ -218,6 +218,75 @@ def test_a_final_snapshot_a_round_left_out_goes_out_once_more_for_the_next_round
         assert learner.finished == (cycle == 2)
 
 
+def test_a_final_snapshot_left_out_by_flush_rounds_goes_out_until_it_meets_their_finals() -> None:
+    """The other learner trained on in round 3 (left out once: out again, as above), then
+    its flush filled round 5 and round 7 closed empty (it had published past it): only
+    closing snapshots or none, so out again each time (its flush is finite), and its final
+    met this one's in round 9: finished there. Round 2 had both finals at once."""
+    learner, _ = fresh().stepped(5, now=0.0)
+    model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
+    learner = learner.began_closing(model)
+    learner, actions = learner.flush(now=1.0)
+    learner, jobs = take(learner, actions)
+    for fragment, job in enumerate(jobs):
+        learner, _ = learner.publish_done(fragment, job.round)
+        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
+        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
+    learner, _ = learner.flush(now=3.0)
+    learner, finals = learner.finalize()
+    assert [j.round for j in finals] == [2, 3]
+    rounds = {
+        2: record(2, closing=("me", "other")),
+        3: record(3, included=("other",)),
+        4: record(4),
+        5: record(5, closing=("other",)),
+        6: record(6),
+        7: record(7),
+        8: record(8),
+        9: record(9, closing=("me", "other")),
+    }
+    published = [2, 3]
+    for round, seen in rounds.items():
+        learner, _ = learner.record_seen(seen, now=4.0)
+        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
+        learner, _ = learner.flush(now=5.0)
+        learner, again = learner.finalize()
+        for job in again:
+            learner, _ = learner.publish_done(job.fragment, job.round)
+        published += [j.round for j in again]
+        assert all(j.final and j.snapshot is model[1] for j in again)
+        assert learner.finished == (round == 9), round
+    assert published == [2, 3, 5, 7, 9]
+
+
+def test_a_final_snapshot_a_round_rejected_goes_out_once_more_only() -> None:
+    """Rejected (a diverged model's final, say) rather than left out for others' flushes:
+    out again once, as any left-out final, and not after a second rejection, even though
+    no participant trained on in those rounds."""
+    learner, _ = fresh().stepped(5, now=0.0)
+    learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
+    learner, actions = learner.flush(now=1.0)
+    learner, jobs = take(learner, actions)
+    for fragment, job in enumerate(jobs):
+        learner, _ = learner.publish_done(fragment, job.round)
+        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
+        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
+    learner, _ = learner.flush(now=3.0)
+    learner, finals = learner.finalize()
+    published = [j.round for j in finals]
+    for round in range(2, 8):
+        seen = record(
+            round, rejected=("me",) if round % 2 else (), closing=("me",) * (1 - round % 2)
+        )
+        learner, _ = learner.record_seen(seen, now=4.0)
+        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
+        learner, _ = learner.flush(now=5.0)
+        learner, again = learner.finalize()
+        published += [j.round for j in again]
+    assert published == [2, 3, 5]
+    assert learner.finished
+
+
 def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final() -> None:
     learner, _ = fresh().stepped(5, now=0.0)
     learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
