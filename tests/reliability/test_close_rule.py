@@ -10,6 +10,7 @@ overshoots. The final round (docs/protocol.md, "The last round of a run") commit
 average of the models the closing learners held, with no outer step.
 """
 
+import itertools
 from dataclasses import replace
 
 import anyio
@@ -142,33 +143,59 @@ async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_ro
 
 async def test_two_learners_closing_a_few_steps_apart_end_on_the_same_model() -> None:
     """ "a" leaves after 40 steps; "b" takes its last 2 steps only once a published a final
-    snapshot, so
-    b's flush snapshots land in the rounds of a's final snapshots and leave them out. a
-    publishes them once more, for the next round of each fragment, where b's final
-    snapshots are: both end on the one final θ (before this rule, a ended on the round
+    snapshot, so b's flush snapshots land in the rounds of a's final snapshots and leave
+    them out. a publishes them once more, for the next round of each fragment, where b's
+    final snapshots are: both end on the one final θ (before this rule, a ended on the round
     that left it out, b on its own final round). Quorum 0.5: a's flush rounds close without
-    b, which is held until a's final snapshot; under quorum 1.0 they would wait for b."""
+    b, which is held until a's final snapshot; under quorum 1.0 they would wait for b.
+
+    One wait is b's to end: when a's last step came after a's snapshot of that fragment, a's
+    flush goes to the fragment's next round, and the round between (the other fragment's,
+    nobody published to it yet) stays open while b, live, has not moved past it
+    (``protocol.rounds``). Once such a round (below a's newest, above b's, no snapshot) has
+    stayed so for ``grace`` seconds (not a snapshot of a's still on its way), b steps on, as
+    a trainer that did not stop would, until it publishes there."""
     box = MemoryMailbox()
     config = RunConfig(fragments=2, sync_every=4, quorum_fraction=0.5)
     async with gradientmail.node(mlp(), box, learner="creator", config=config, options=OPTIONS):
         pass
     a_final = anyio.Event()
+    changed = anyio.Event()
+    newest = {"a": -1, "b": -1}
+    published: set[int] = set()
     models: dict[str, list[torch.Tensor]] = {}
 
     def sink(event: object) -> None:
-        if isinstance(event, SnapshotPublished) and event.learner == "a" and not event.steps:
-            a_final.set()
+        nonlocal changed
+        if isinstance(event, SnapshotPublished):
+            if event.learner == "a" and not event.steps:
+                a_final.set()
+            newest[event.learner] = max(newest[event.learner], event.round)
+            published.add(event.round)
+            changed.set()
+            changed = anyio.Event()
+
+    def a_waits_on_b() -> bool:
+        return any(r not in published for r in range(newest["b"] + 1, newest["a"]))
 
     async def learner(name: str) -> None:
         model = mlp()
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        seeds = itertools.count(1000 * len(name))
         async with gradientmail.node(
             model, box, learner=name, options=OPTIONS, sinks=[sink]
         ) as node:
             for step in range(40):
                 if name == "b" and step == 38:
-                    await a_final.wait()
-                await train_step(model, optimizer, node, 1000 * len(name) + step)
+                    stalled = False
+                    while not a_final.is_set():
+                        if stalled and a_waits_on_b():
+                            await train_step(model, optimizer, node, next(seeds))
+                            continue
+                        with anyio.move_on_after(config.grace) as waiting:
+                            await changed.wait()
+                        stalled = waiting.cancelled_caught
+                await train_step(model, optimizer, node, next(seeds))
         models[name] = [p.detach().clone() for p in model.parameters()]
 
     with anyio.fail_after(60):
