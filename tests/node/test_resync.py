@@ -33,6 +33,7 @@ CHECKED = 8
 async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rounds() -> None:
     box = MemoryMailbox()
     stop = anyio.Event()
+    created = anyio.Event()
     caught_up: list[int] = []
     nodes: dict[str, Node] = {}
 
@@ -41,6 +42,7 @@ async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rou
         trainer = Trainer(model, seed)
         async with open_node(model, box, learner=name, config=CONFIG, options=FAST) as node:
             nodes[name] = node
+            created.set()
             step = 0
             while not stop.is_set():
                 trainer.step()
@@ -58,7 +60,7 @@ async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rou
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(learner, "a", 1, False)
-            await anyio.sleep(0.2)  # "a" creates the run
+            await created.wait()  # "a" created the run: "b" joins it
             tg.start_soon(learner, "b", 2, True)
     history = await records(box)
     first = caught_up[0] + N
