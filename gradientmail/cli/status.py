@@ -11,6 +11,9 @@ Tables use the whole width of a terminal; piped or redirected, their cells wrap 
 A run is flagged ``desynchronized`` when most of its newest rounds (up to two per fragment)
 closed with fewer participants than the learners running (live, under ``--watch``; else
 holding a learner lease) or empty: learners that drifted apart no longer meet in a round.
+Learners that still meet but at different times show in the arrivals (``Participant.arrived``,
+noted by the closer): each round's first-to-last spread and who came last, and over the rounds
+listed the median spread and the learner last most often, the one the others wait for.
 
 Liveness needs time: one reading shows each lease's newest beat and how many beats are in
 the store, and ``live`` is null. ``--watch`` reads again every ``--interval`` seconds and
@@ -41,7 +44,7 @@ from gradientmail.protocol.records import BlobRef, RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation, RunReader, open_mailbox
 
-__all__ = ["console_for", "desync", "document", "render", "status"]
+__all__ = ["arrivals", "console_for", "desync", "document", "render", "status"]
 
 _PIPED_WIDTH = 160
 """Columns of a table written to a pipe or file when ``$COLUMNS`` does not say."""
@@ -92,6 +95,7 @@ def document(
             "quorum_seconds": _finite(record.quorum_seconds),
             "grace_seconds": _finite(record.grace_seconds),
             "cosine": _finite(record.cosine),
+            **_last_in(record),
         }
         for record in (ordered[-last:] if last > 0 else [])
     ]
@@ -140,6 +144,7 @@ def document(
             "tokens_by_fragment": tokens_by_fragment,
         },
         "desync": desync(observation, live),
+        "arrivals": arrivals(rounds),
         "verified": observation.verified,
         "problems": list(observation.problems),
     }
@@ -167,6 +172,35 @@ def desync(observation: Observation, live: frozenset[str] | None = None) -> dict
         "learners": len(learners),
         "rounds": len(newest),
         "short": short,
+    }
+
+
+def _last_in(record: RoundRecord) -> dict[str, Any]:
+    """The round's first-to-last arrival spread and the learner that came last (both None
+    unless two or more participants carry an arrival)."""
+    times = [
+        (p.arrived, p.learner) for p in record.participants if isinstance(p.arrived, float | int)
+    ]
+    if len(times) < 2:
+        return {"spread_seconds": None, "last_in": None}
+    arrived, learner = max(times)
+    return {"spread_seconds": arrived - min(t for t, _ in times), "last_in": learner}
+
+
+def arrivals(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the ``rounds`` of a status document that carry a spread: how many, their median
+    spread, and the learner last in most of them with how often (pure; None and 0 when no
+    round carries one)."""
+    spreads = sorted(r["spread_seconds"] for r in rounds if r["spread_seconds"] is not None)
+    lasts = [r["last_in"] for r in rounds if r["last_in"] is not None]
+    if not spreads:
+        return {"rounds": 0, "median_spread_seconds": None, "last_most": None, "last_count": 0}
+    most = max(sorted(set(lasts)), key=lasts.count)
+    return {
+        "rounds": len(spreads),
+        "median_spread_seconds": spreads[len(spreads) // 2],
+        "last_most": most,
+        "last_count": lasts.count(most),
     }
 
 
@@ -224,6 +258,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
     rounds.add_column("rejected", ratio=1, overflow="fold")
     for column in ("quorum s", "grace s", "cosine"):
         rounds.add_column(column, justify="right", overflow="fold")
+    rounds.add_column("spread s (last in)", overflow="fold")
     for r in doc["rounds"]:
         rounds.add_row(
             str(r["round"]),
@@ -235,6 +270,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             _seconds(r["quorum_seconds"]),
             _seconds(r["grace_seconds"]),
             "-" if r["cosine"] is None else f"{r['cosine']:.3f}",
+            "-" if r["spread_seconds"] is None else f"{r['spread_seconds']:.2f} ({r['last_in']})",
         )
     pending = doc["pending"]
     in_flight = Text.assemble(
@@ -271,6 +307,15 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         leases if doc["leases"] else no_leases,
         summary,
     ]
+    came = doc["arrivals"]
+    if came["rounds"]:
+        parts.append(
+            Text(
+                f"arrivals: median first-to-last spread {came['median_spread_seconds']:.2f} s "
+                f"over {came['rounds']} rounds listed; last in most: {came['last_most']} "
+                f"({came['last_count']} of {came['rounds']})"
+            )
+        )
     flag = doc["desync"]
     if flag["flagged"]:
         parts.append(
