@@ -176,31 +176,34 @@ def desync(observation: Observation, live: frozenset[str] | None = None) -> dict
 
 
 def _last_in(record: RoundRecord) -> dict[str, Any]:
-    """The round's first-to-last arrival spread and the learner that came last (both None
-    unless two or more participants carry an arrival)."""
-    times = [
-        (p.arrived, p.learner) for p in record.participants if isinstance(p.arrived, float | int)
-    ]
+    """The round's first-to-last arrival spread (None unless two or more participants carry
+    an arrival) and the learner that came last (None too when several share the last
+    listing: nobody waited on one of them)."""
+    times = [(p.arrived, p.learner) for p in record.participants if isinstance(p.arrived, float)]
     if len(times) < 2:
         return {"spread_seconds": None, "last_in": None}
-    arrived, learner = max(times)
-    return {"spread_seconds": arrived - min(t for t, _ in times), "last_in": learner}
+    newest = max(t for t, _ in times)
+    last = [learner for t, learner in times if t == newest]
+    return {
+        "spread_seconds": newest - min(t for t, _ in times),
+        "last_in": last[0] if len(last) == 1 else None,
+    }
 
 
 def arrivals(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the ``rounds`` of a status document that carry a spread: how many, their median
     spread, and the learner last in most of them with how often (pure; None and 0 when no
-    round carries one)."""
+    round carries a spread, or no round had one learner last)."""
     spreads = sorted(r["spread_seconds"] for r in rounds if r["spread_seconds"] is not None)
     lasts = [r["last_in"] for r in rounds if r["last_in"] is not None]
     if not spreads:
         return {"rounds": 0, "median_spread_seconds": None, "last_most": None, "last_count": 0}
-    most = max(sorted(set(lasts)), key=lasts.count)
+    most = max(sorted(set(lasts)), key=lasts.count) if lasts else None
     return {
         "rounds": len(spreads),
         "median_spread_seconds": spreads[len(spreads) // 2],
         "last_most": most,
-        "last_count": lasts.count(most),
+        "last_count": lasts.count(most) if most is not None else 0,
     }
 
 
@@ -212,6 +215,12 @@ def console_for() -> Console:
         return console
     columns = os.environ.get("COLUMNS", "")
     return Console(width=int(columns) if columns.isdigit() else _PIPED_WIDTH)
+
+
+def _spread(seconds: float | None, last: str | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.2f}" if last is None else f"{seconds:.2f} {last}"
 
 
 def _seconds(value: float | None) -> str:
@@ -258,7 +267,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
     rounds.add_column("rejected", ratio=1, overflow="fold")
     for column in ("quorum s", "grace s", "cosine"):
         rounds.add_column(column, justify="right", overflow="fold")
-    rounds.add_column("spread s (last in)", overflow="fold")
+    rounds.add_column("spread s", overflow="fold")
     for r in doc["rounds"]:
         rounds.add_row(
             str(r["round"]),
@@ -270,7 +279,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             _seconds(r["quorum_seconds"]),
             _seconds(r["grace_seconds"]),
             "-" if r["cosine"] is None else f"{r['cosine']:.3f}",
-            "-" if r["spread_seconds"] is None else f"{r['spread_seconds']:.2f} ({r['last_in']})",
+            _spread(r["spread_seconds"], r["last_in"]),
         )
     pending = doc["pending"]
     in_flight = Text.assemble(
@@ -312,8 +321,13 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         parts.append(
             Text(
                 f"arrivals: median first-to-last spread {came['median_spread_seconds']:.2f} s "
-                f"over {came['rounds']} rounds listed; last in most: {came['last_most']} "
-                f"({came['last_count']} of {came['rounds']})"
+                f"over {came['rounds']} rounds listed"
+                + (
+                    f"; last in most: {came['last_most']} ({came['last_count']} of "
+                    f"{came['rounds']})"
+                    if came["last_most"] is not None
+                    else "; no learner came last alone"
+                )
             )
         )
     flag = doc["desync"]

@@ -365,22 +365,20 @@ def test_status_flags_a_desynchronized_run(written_run: WrittenRun) -> None:
 def test_status_shows_who_the_others_wait_for(written_run: WrittenRun) -> None:
     """Each round's first-to-last arrival spread and who came last (the closer's
     ``Participant.arrived``), and over the rounds listed the median and the learner last
-    most often; a round whose record carries no arrivals shows none."""
+    most often; in a round whose last listing held both, nobody came last; a record without
+    arrivals shows none."""
     late = {0: "beta", 1: "beta", 2: "alpha", 3: "beta"}
     records = {}
     for round, record in written_run.records.items():
         names = [p.learner for p in record.participants]
         assert len(names) == 2, names
+        times = dict.fromkeys(names, 0.0)
         if round in late:
-            times = {
-                late[round]: 0.1 * (round + 1),
-                next(n for n in names if n != late[round]): 0.0,
-            }
-            participants = tuple(
-                msgspec.structs.replace(p, arrived=times[p.learner]) for p in record.participants
-            )
-            record = msgspec.structs.replace(record, participants=participants)
-        records[round] = record
+            times[late[round]] = 0.1 * (round + 1)
+        participants = tuple(
+            msgspec.structs.replace(p, arrived=times[p.learner]) for p in record.participants
+        )
+        records[round] = msgspec.structs.replace(record, participants=participants)
     observation = _observation(written_run, {})
     doc = document(dataclasses.replace(observation, records=records), last=5)
     shown = [(r["round"], r["spread_seconds"], r["last_in"]) for r in doc["rounds"]]
@@ -389,20 +387,20 @@ def test_status_shows_who_the_others_wait_for(written_run: WrittenRun) -> None:
         (1, pytest.approx(0.2), "beta"),
         (2, pytest.approx(0.3), "alpha"),
         (3, pytest.approx(0.4), "beta"),
-        (4, None, None),
+        (4, 0.0, None),
     ]
     assert doc["arrivals"] == {
-        "rounds": 4,
-        "median_spread_seconds": pytest.approx(0.3),
+        "rounds": 5,
+        "median_spread_seconds": pytest.approx(0.2),
         "last_most": "beta",
         "last_count": 3,
     }
     out = io.StringIO()
     Console(file=out, width=240).print(render(doc))
     text = out.getvalue()
-    assert "0.40 (beta)" in text
+    assert "0.40 beta" in text
     assert (
-        "median first-to-last spread 0.30 s over 4 rounds listed; last in most: beta (3 of 4)"
+        "median first-to-last spread 0.20 s over 5 rounds listed; last in most: beta (3 of 5)"
         in text
     )
     plain = document(observation, last=5)
