@@ -120,6 +120,21 @@ def test_a_record_waits_for_the_publish_to_its_round() -> None:
     assert learner.newest_round == 0
 
 
+def finals_out(model: tuple[tuple[torch.Tensor, ...], ...]) -> tuple[Learner, list[Publish]]:
+    """Five steps, then closing with ``model``: the flush of both fragments committed with
+    this learner (rounds 0 and 1, θ = 1) and the final snapshots answered (rounds 2 and 3)."""
+    learner, _ = fresh().stepped(5, now=0.0)
+    learner = learner.began_closing(model)
+    learner, actions = learner.flush(now=1.0)
+    learner, jobs = take(learner, actions)
+    for fragment, job in enumerate(jobs):
+        learner, _ = learner.publish_done(fragment, job.round)
+        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
+        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
+    learner, _ = learner.flush(now=3.0)
+    return learner.finalize()
+
+
 def published_at_two() -> Learner:
     """One step a second; fragment 0 comes due after step 2 (t=2) and goes out; step 3 at
     t=3."""
@@ -191,17 +206,8 @@ def test_a_final_snapshot_a_round_left_out_goes_out_once_more_for_the_next_round
     them): it publishes them again for rounds 4 and 5 once it holds 2's and 3's θ, and is
     not finished before. Left out again, it publishes no third time and ends on the
     others' θ."""
-    learner, _ = fresh().stepped(5, now=0.0)
     model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
-    learner = learner.began_closing(model)
-    learner, actions = learner.flush(now=1.0)
-    learner, jobs = take(learner, actions)
-    for fragment, job in enumerate(jobs):
-        learner, _ = learner.publish_done(fragment, job.round)
-        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
-        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
-    learner, _ = learner.flush(now=3.0)
-    learner, finals = learner.finalize()
+    learner, finals = finals_out(model)
     assert [j.round for j in finals] == [2, 3]
     for cycle, expected in ((1, [4, 5]), (2, [])):
         for job in finals:
@@ -223,17 +229,8 @@ def test_a_final_snapshot_left_out_by_flush_rounds_goes_out_until_it_meets_their
     its flush filled round 5 and round 7 closed empty (it had published past it): only
     closing snapshots or none, so out again each time (its flush is finite), and its final
     met this one's in round 9: finished there. Round 2 had both finals at once."""
-    learner, _ = fresh().stepped(5, now=0.0)
     model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
-    learner = learner.began_closing(model)
-    learner, actions = learner.flush(now=1.0)
-    learner, jobs = take(learner, actions)
-    for fragment, job in enumerate(jobs):
-        learner, _ = learner.publish_done(fragment, job.round)
-        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
-        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
-    learner, _ = learner.flush(now=3.0)
-    learner, finals = learner.finalize()
+    learner, finals = finals_out(model)
     assert [j.round for j in finals] == [2, 3]
     rounds = {
         2: record(2, closing=("me", "other")),
@@ -263,16 +260,7 @@ def test_a_final_snapshot_a_round_rejected_goes_out_once_more_only() -> None:
     """Rejected (a diverged model's final, say) rather than left out for others' flushes:
     out again once, as any left-out final, and not after a second rejection, even though
     no participant trained on in those rounds."""
-    learner, _ = fresh().stepped(5, now=0.0)
-    learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
-    learner, actions = learner.flush(now=1.0)
-    learner, jobs = take(learner, actions)
-    for fragment, job in enumerate(jobs):
-        learner, _ = learner.publish_done(fragment, job.round)
-        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
-        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
-    learner, _ = learner.flush(now=3.0)
-    learner, finals = learner.finalize()
+    learner, finals = finals_out(((torch.ones(2),), (torch.ones(2),)))
     published = [j.round for j in finals]
     for round in range(2, 8):
         seen = record(
