@@ -109,7 +109,8 @@ class _Job:
 class LearnerDriver:
     """Drives one ``Learner`` over the live ``params`` (one tuple per fragment; a sharded
     rank's rows, ``sharded``); see the module docstring. ``wake`` is called after anything
-    that may let a closing flush go on."""
+    that may let a closing flush go on, ``published`` (when given) once a snapshot is in
+    the store."""
 
     def __init__(
         self,
@@ -118,12 +119,14 @@ class LearnerDriver:
         params: tuple[tuple[Tensor, ...], ...],
         wake: Callable[[], None],
         sharded: ShardedRank | None = None,
+        published: Callable[[], None] | None = None,
     ) -> None:
         self._rt = rt
         self._sharded = sharded
         self._state = learner
         self._params = params
         self._wake = wake
+        self._published = published
         self._pin = any(p.is_cuda for group in params for p in group)
         send, receive = anyio.create_memory_object_stream[_Job](max_buffer_size=math.inf)
         self._jobs: MemoryObjectSendStream[_Job] = send
@@ -331,6 +334,8 @@ class LearnerDriver:
     def _publish_ended(self, fragment: int, round: int, ok: bool) -> None:
         self._logged(PublishEnded(fragment, round, ok))
         if ok:
+            if self._published is not None:
+                self._published()
             fed = self._state.publish_done(fragment, round)
         else:
             fed = self._state.publish_failed(fragment, round)

@@ -53,7 +53,7 @@ from gradientmail._node.lease import run_lease
 from gradientmail._node.model import named_parameters, shards
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.receive import Receiver
-from gradientmail._node.runtime import Runtime
+from gradientmail._node.runtime import Nudge, Runtime
 from gradientmail._node.sharded import Layout, ShardedRank
 from gradientmail._node.state import NodeState
 from gradientmail._node.supervision import block_error
@@ -103,8 +103,13 @@ class Node:
         self._rt = rt
         self._bus = bus
         self._driver = None
+        # Set once a snapshot of this node's learner is in the store: its receive loop
+        # and its syncer look at the round then instead of at their next idle poll.
+        self._nudges = (Nudge(), Nudge())
         if learner is not None:
-            self._driver = LearnerDriver(rt, learner, params, self._wake, sharded)
+            self._driver = LearnerDriver(
+                rt, learner, params, self._wake, sharded, published=self._published
+            )
         self._failure: BaseException | None = None
         self._wakeup = anyio.Event()
         self._group = group
@@ -247,6 +252,10 @@ class Node:
         self._wake()
         return self._node_failed()
 
+    def _published(self) -> None:
+        for nudge in self._nudges:
+            nudge.set()
+
     def _drop_unpublished(self, reason: DropReason, detail: str) -> None:
         if self._driver is not None:
             self._driver.drop_all(reason, detail)
@@ -265,12 +274,13 @@ class Node:
                 tg.start_soon(self._supervised, "publisher", driver.run_publisher)
             return
         await tg.start(self._lease)
+        receiving, syncing = self._nudges
         if driver is not None:
-            receiver = Receiver(rt, driver, self._sharded)
+            receiver = Receiver(rt, driver, self._sharded, receiving)
             tg.start_soon(self._supervised, "receive", receiver.run)
             tg.start_soon(self._supervised, "publisher", driver.run_publisher)
         if rt.options.syncer:
-            tg.start_soon(self._supervised, "syncer", lambda: run_syncer(rt))
+            tg.start_soon(self._supervised, "syncer", lambda: run_syncer(rt, syncing))
 
     async def _lease(self, *, task_status: TaskStatus[None]) -> None:
         """The lease task. A failure before its first beat is the caller's (the node does

@@ -12,7 +12,8 @@ class NodeOptions:
 
     poll_interval
         How often the receive loop lists new round records and the syncer re-reads the
-        round it is closing or following.
+        round it is closing or following. A snapshot of the node's own learner landing in
+        the store ends the pause at once (``runtime.Nudge``).
     due_poll_interval
         How often instead while a round the node waits on is due: a learner from publishing
         a snapshot until it has seen that round's record, a syncer closing a round that has

@@ -32,7 +32,7 @@ import anyio.to_thread
 from torch import Tensor
 
 from gradientmail._node.learner import LearnerDriver
-from gradientmail._node.runtime import Runtime
+from gradientmail._node.runtime import Nudge, Runtime
 from gradientmail._node.sharded import ShardedRank
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import PollFailed
@@ -49,14 +49,21 @@ _log = logging.getLogger("gradientmail.learner")
 
 
 class Receiver:
-    """The receive task of the learner ``driver`` drives (see the module docstring)."""
+    """The receive task of the learner ``driver`` drives (see the module docstring).
+    ``published``: set once a snapshot of the learner is in the store; it ends an idle
+    pause, so that the due pace starts then rather than up to a ``poll_interval`` later."""
 
     def __init__(
-        self, rt: Runtime, driver: LearnerDriver, sharded: ShardedRank | None = None
+        self,
+        rt: Runtime,
+        driver: LearnerDriver,
+        sharded: ShardedRank | None = None,
+        published: Nudge | None = None,
     ) -> None:
         self._rt = rt
         self._driver = driver
         self._sharded = sharded
+        self._published = published
 
     async def run(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
@@ -79,7 +86,10 @@ class Receiver:
                     rt.emit(PollFailed(rt.learner, exc))
             await self._prepare()
             due = self._driver.state.awaiting(rt.clock.now())
-            await rt.clock.sleep(rt.options.pause(due=due))
+            if due or self._published is None:
+                await rt.clock.sleep(rt.options.pause(due=due))
+            else:
+                await self._published.pause(rt.clock, rt.options.pause(due=False))
 
     async def _receive_records(self) -> None:
         """Feed the records after the newest one fed, in order. Raises ``RecordError`` for

@@ -1,11 +1,15 @@
 """What every task of one node shares: who it is, the run, the store, the clock, the events.
 
 A ``Runtime`` is built once the node has joined its run and never changes; tasks receive it
-instead of reaching into the node. ``backoff`` is the retry schedule the tasks share.
+instead of reaching into the node. ``backoff`` is the retry schedule the tasks share; a
+``Nudge`` is how one task cuts another's pause short.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import anyio
+import anyio.lowlevel
 
 from gradientmail._node.options import NodeOptions
 from gradientmail.clock import Clock
@@ -13,7 +17,7 @@ from gradientmail.events import Event
 from gradientmail.protocol.records import FragmentSpec, Manifest, RunConfig
 from gradientmail.store import Store
 
-__all__ = ["Runtime", "backoff"]
+__all__ = ["Nudge", "Runtime", "backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +44,42 @@ def backoff(previous: float | None, options: NodeOptions) -> float:
     if previous is None:
         return min(max(options.poll_interval, 0.05), options.max_retry_delay)
     return min(previous * 2, options.max_retry_delay)
+
+
+class Nudge:
+    """Cuts a task's pause short: ``set`` ends the ``pause`` under way, or the next one
+    (returning at once), and each pause consumes it. The node's learner sets its syncer's
+    when a snapshot of it is in the store, so that the syncer, waiting at its idle pace
+    for a round's first snapshot, looks at the round then rather than up to a
+    ``poll_interval`` later. Both sides run on the node's event-loop thread; ``pause`` is a
+    cancellation point and leaves no task behind."""
+
+    def __init__(self) -> None:
+        self._pending = False
+        self._event: anyio.Event | None = None
+
+    def set(self) -> None:
+        self._pending = True
+        if self._event is not None:
+            self._event.set()
+
+    async def pause(self, clock: Clock, seconds: float) -> None:
+        """Sleep ``seconds`` on ``clock``, or until ``set``."""
+        if self._pending:
+            self._pending = False
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self._event = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def sleep() -> None:
+                    await clock.sleep(seconds)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(sleep)
+                await event.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self._event = None
+            self._pending = False

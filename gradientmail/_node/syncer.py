@@ -31,7 +31,7 @@ it was closing is then taken over by others once its lease is gone.
 from collections.abc import MutableMapping
 
 from gradientmail._node.commit import FragmentState, SyncerState, commit
-from gradientmail._node.runtime import Runtime, backoff
+from gradientmail._node.runtime import Nudge, Runtime, backoff
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import (
     FollowingRound,
@@ -87,8 +87,10 @@ async def recover(rt: Runtime) -> SyncerState:
     return SyncerState(next_round=next_round, fragments=tuple(fragments))
 
 
-async def run_syncer(rt: Runtime) -> None:
-    """Close rounds until cancelled (see the module docstring)."""
+async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
+    """Close rounds until cancelled (see the module docstring). ``published``: set when
+    this node's learner has a snapshot in the store; a round this syncer holds and waits
+    on at its idle pace is looked at again then."""
     every = min(rt.options.lease_every, rt.options.lease_timeout / 4)
     watch = LeaseWatch(Liveness(rt.options.lease_timeout), every)
     verified: Verified = {}
@@ -108,7 +110,7 @@ async def run_syncer(rt: Runtime) -> None:
             for stale in [key for key in verified if key[0] < round]:
                 del verified[stale]
             try:
-                state, watch = await _run_round(rt, state, watch, verified)
+                state, watch = await _run_round(rt, state, watch, verified, published)
             except _RETRIED as exc:
                 delay = backoff(delay, rt.options)
                 rt.emit(RoundFailed(rt.learner, round, exc, delay))
@@ -118,7 +120,11 @@ async def run_syncer(rt: Runtime) -> None:
 
 
 async def _run_round(
-    rt: Runtime, state: SyncerState, watch: LeaseWatch, verified: Verified
+    rt: Runtime,
+    state: SyncerState,
+    watch: LeaseWatch,
+    verified: Verified,
+    published: Nudge | None,
 ) -> tuple[SyncerState, LeaseWatch]:
     """Run round ``state.next_round`` until it is adopted or committed."""
     held = RoundState(state.next_round, rt.learner, rt.options.claim_timeout)
@@ -143,6 +149,8 @@ async def _run_round(
                     timeout = rt.options.claim_timeout
                     rt.emit(FollowingRound(rt.learner, held.round, claimants, timeout))
                 await rt.clock.sleep(rt.options.poll_interval)
+            case Wait(due=False) if published is not None:
+                await published.pause(rt.clock, rt.options.pause(due=False))
             case Wait(due=due):
                 await rt.clock.sleep(rt.options.pause(due=due))
             case Again(fresh=fresh):
