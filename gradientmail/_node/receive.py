@@ -63,7 +63,7 @@ class Receiver:
         self._rt = rt
         self._driver = driver
         self._sharded = sharded
-        self._published = published
+        self._published = Nudge() if published is None else published
 
     async def run(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
@@ -86,8 +86,8 @@ class Receiver:
                     rt.emit(PollFailed(rt.learner, exc))
             await self._prepare()
             due = self._driver.state.awaiting(rt.clock.now())
-            if due or self._published is None:
-                await rt.clock.sleep(rt.options.pause(due=due))
+            if due:
+                await rt.clock.sleep(rt.options.pause(due=True))
             else:
                 await self._published.pause(rt.clock, rt.options.pause(due=False))
 

@@ -91,6 +91,7 @@ async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
     """Close rounds until cancelled (see the module docstring). ``published``: set when
     this node's learner has a snapshot in the store; a round this syncer holds and waits
     on at its idle pace is looked at again then."""
+    published = Nudge() if published is None else published
     every = min(rt.options.lease_every, rt.options.lease_timeout / 4)
     watch = LeaseWatch(Liveness(rt.options.lease_timeout), every)
     verified: Verified = {}
@@ -124,7 +125,7 @@ async def _run_round(
     state: SyncerState,
     watch: LeaseWatch,
     verified: Verified,
-    published: Nudge | None,
+    published: Nudge,
 ) -> tuple[SyncerState, LeaseWatch]:
     """Run round ``state.next_round`` until it is adopted or committed."""
     held = RoundState(state.next_round, rt.learner, rt.options.claim_timeout)
@@ -149,10 +150,10 @@ async def _run_round(
                     timeout = rt.options.claim_timeout
                     rt.emit(FollowingRound(rt.learner, held.round, claimants, timeout))
                 await rt.clock.sleep(rt.options.poll_interval)
-            case Wait(due=False) if published is not None:
+            case Wait(due=True):
+                await rt.clock.sleep(rt.options.pause(due=True))
+            case Wait():
                 await published.pause(rt.clock, rt.options.pause(due=False))
-            case Wait(due=due):
-                await rt.clock.sleep(rt.options.pause(due=due))
             case Again(fresh=fresh):
                 pass
             case Commit():
