@@ -358,6 +358,7 @@ def run_gradientmail(
         "mean_participants": sum(r["participants"] for r in rounds) / max(1, len(rounds)),
         "rounds_without_all": sum(1 for r in rounds if r["participants"] < learners_count),
         "rejected": sum(len(r["rejected"]) for r in rounds),
+        "rejected_by_round": {str(r["round"]): r["rejected"] for r in rounds if r["rejected"]},
         "participants_by_round": [r["participants"] for r in rounds],
         "lag_steps_median": statistics.median(lags) if lags else None,
         "lag_steps_max": max(lags, default=None),
