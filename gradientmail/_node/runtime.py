@@ -48,11 +48,12 @@ def backoff(previous: float | None, options: NodeOptions) -> float:
 
 class Nudge:
     """Cuts a task's pause short: ``set`` ends the ``pause`` under way, or the next one
-    (returning at once), and each pause consumes it. The node's learner sets its syncer's
-    when a snapshot of it is in the store, so that the syncer, waiting at its idle pace
-    for a round's first snapshot, looks at the round then rather than up to a
-    ``poll_interval`` later. Both sides run on the node's event-loop thread; ``pause`` is a
-    cancellation point and leaves no task behind."""
+    (returning at once), and each pause consumes it. The node's learner sets its receive
+    loop's and its syncer's when a snapshot of it is in the store, so that the receive loop
+    starts its due pace then and the syncer, waiting at its idle pace for a round's first
+    snapshot, looks at the round then, rather than up to a ``poll_interval`` later. Both
+    sides run on the node's event-loop thread; ``pause`` is a cancellation point and leaves
+    no task behind."""
 
     def __init__(self) -> None:
         self._pending = False
