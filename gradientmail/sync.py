@@ -174,14 +174,17 @@ class Node:
 
     def step(self, tokens: int = 0) -> None:
         """``Node.step`` (count one optimizer step of ``tokens`` tokens, apply what is ready,
-        snapshot what is due), run on the node's thread; blocks the caller until done.
-        Raises ``NodeFailed`` once a task of the node has failed, ``ValueError``/
-        ``TypeError`` for bad ``tokens``, ``RuntimeError`` after the block."""
+        snapshot what is due): counted on the caller's thread when it needs nothing of the
+        node's thread (most steps), else run there; blocks the caller until done. Raises
+        ``NodeFailed`` once a task of the node has failed, ``ValueError``/``TypeError`` for
+        bad ``tokens``, ``RuntimeError`` after the block."""
         if self._final is not None:
             raise RuntimeError(
                 f"node {self.learner!r} has closed: step() belongs inside its with block"
             )
-        self._portal.call(self._joined().step, tokens)
+        node = self._joined()
+        if not node._step_quietly(tokens):
+            self._portal.call(node.step, tokens)
 
     def declare_shard(self, shard: Shard, *, name: str = "data") -> Shard:
         """``gradientmail.patterns.declare`` for this node's learner on its run's mailbox:

@@ -1,7 +1,8 @@
 """``StepHandle``: what ``Node.run_in_thread`` hands to a synchronous training function.
 
-It is used from that worker thread only; every call crosses to the node's event-loop thread
-through ``anyio.from_thread``.
+It is used from that worker thread only. A step that needs nothing of the event loop (nothing
+to apply, no fragment due: most steps) is counted right there (``Node._step_quietly``); the
+others cross to the node's event-loop thread through ``anyio.from_thread``.
 """
 
 from typing import TYPE_CHECKING
@@ -32,7 +33,8 @@ class StepHandle:
         self._node._raise_failure()
         try:
             anyio.from_thread.check_cancelled()
-            anyio.from_thread.run(self._node.step, tokens)
+            if not self._node._step_quietly(tokens):
+                anyio.from_thread.run(self._node.step, tokens)
         except BaseException:
             # A node's failure cancels the block's body: say so rather than "cancelled".
             self._node._raise_failure()

@@ -2,14 +2,20 @@
 ``Learner`` value, feeds it the step, the records, the downloads and the publishes, and
 carries out the actions it answers. No protocol decision is made here.
 
-``LearnerDriver`` is used on the event-loop thread only: ``step`` and ``flush_once`` by the
+``LearnerDriver`` is used on the event-loop thread: ``step`` and ``flush_once`` by the
 user's task (``Node.step`` and the closing flush), ``run_publisher`` as a task of the node's
-task group, and ``feed`` by the receive task (``_node.receive.Receiver``, which brings the
-records and the downloaded versions, through ``record_seen``, ``version_ready`` and
-``download_failed``). The ``Learner`` value changes only in this class, every input has a
-method here (which, once ``record`` was called, also logs it for a sharded group's ranks),
-and every input that answers actions goes through ``feed``, which carries each of them out
-right there:
+task group, and the receive task (``_node.receive.Receiver``) brings the records and the
+downloaded versions (``record_seen``, ``version_ready``, ``download_failed``). The one
+exception is ``step_quietly``, from the training thread: a step that answers no action
+(most steps: nothing to apply, no fragment due) is counted there, without a round trip
+through the event loop, which at a step of tens of milliseconds cost the training thread
+more than the step's own bookkeeping (two thread switches per step on shared cores). Every
+input is one atomic transition of the ``Learner`` value under ``_lock`` (held only while a
+pure input computes the next value), so an input of the event loop's tasks and a quiet step
+never lose or reorder each other. The ``Learner`` value changes only in this class, every
+input has a method here (which, once ``record`` was called, also logs it for a sharded
+group's ranks), and every input that answers actions goes through ``_input``, which carries
+each of them out right there, on the event-loop thread:
 
 - ``Apply``: ``protocol.merge.merge_into`` on the live parameters (``FragmentAligned``);
 - ``Snapshot``: a CPU copy of the fragment (pinned, with a CUDA event, on a GPU), handed
@@ -29,6 +35,7 @@ writes the snapshot with every part and logs the publish's end, which the follow
 """
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +130,7 @@ class LearnerDriver:
     ) -> None:
         self._rt = rt
         self._sharded = sharded
+        self._lock = threading.Lock()
         self._state = learner
         self._params = params
         self._wake = wake
@@ -159,49 +167,67 @@ class LearnerDriver:
         snapshot the fragment due."""
         now = self._rt.clock.now() if now is None else now
         self._logged(Stepped(tokens, now))
-        self.feed(*self._state.stepped(tokens, now), wake=False)
+        self._input(lambda s: s.stepped(tokens, now), wake=False)
+
+    def step_quietly(self, tokens: int) -> bool:
+        """From the training thread, while the model is not changing: count one local step
+        of ``tokens`` at the clock's time if it answers no action; True if it was counted.
+        False leaves everything as it was: the step has something to apply or a fragment
+        due (or the driver keeps a log for a sharded group's ranks), and the caller makes it
+        an ordinary ``step`` on the event-loop thread."""
+        if self._log is not None:
+            return False
+        with self._lock:
+            state, actions = self._state.stepped(tokens, self._rt.clock.now())
+            if actions:
+                return False
+            self._state = state
+        return True
 
     def flush_once(self, now: float | None = None) -> None:
         """One turn of the closing flush (at ``now``, default the clock's): apply what is
         prepared, snapshot what can be."""
         now = self._rt.clock.now() if now is None else now
         self._logged(Flushed(now))
-        self.feed(*self._state.flush(now), wake=False)
+        self._input(lambda s: s.flush(now), wake=False)
 
     def begin_close(self) -> None:
         """Closing with flush begins: keep a copy of the live model for the final snapshots."""
         models = [tuple(p.detach().to("cpu", copy=True) for p in group) for group in self._params]
         self._logged(BeganClosing())
-        self._state = self._state.began_closing(models)
+        self._input(lambda s: (s.began_closing(models), ()), wake=False)
 
     def finalize(self) -> None:
         """Queue the final snapshots once the flush has settled (``Learner.finalize``)."""
         self._logged(Finalized())
-        self._state, jobs = self._state.finalize()
+        with self._lock:
+            self._state, jobs = self._state.finalize()
         for job in jobs:
             self._jobs.send_nowait(_Job(job, None))
 
     def drop_all(self, reason: DropReason, detail: str) -> None:
         """Report every fragment's unpublished steps dropped, for ``reason``."""
         self._logged(DroppedAll(reason, detail))
-        self.feed(*self._state.dropped_all(reason, detail), wake=False)
+        self._input(lambda s: s.dropped_all(reason, detail), wake=False)
 
     def record_seen(self, record: RoundRecord, now: float) -> None:
         """The next committed record (the receive task's); wakes the closing flush."""
         self._logged(RecordSeen(record, now))
-        self.feed(*self._state.record_seen(record, now), wake=True)
+        self._input(lambda s: s.record_seen(record, now), wake=True)
 
     def version_ready(self, fragment: int, round: int, theta: Tensors) -> None:
         """The version of ``round``'s record of ``fragment`` is prepared (``theta``)."""
         self._logged(VersionReady(fragment, round))
-        self.feed(self._state.version_ready(fragment, round, theta), (), wake=True)
+        self._input(lambda s: (s.version_ready(fragment, round, theta), ()), wake=True)
 
     def download_failed(
         self, fragment: int, round: int, stage: Stage, failure: Failure, detail: str
     ) -> None:
         """Preparing that version failed (``Learner.download_failed``)."""
         self._logged(DownloadFailed(fragment, round, stage, failure, detail))
-        self.feed(*self._state.download_failed(fragment, round, stage, failure, detail), wake=False)
+        self._input(
+            lambda s: s.download_failed(fragment, round, stage, failure, detail), wake=False
+        )
 
     def replay(self, entries: Sequence[Entry], prepared: Callable[[int, int], Tensors]) -> None:
         """A follower of a sharded group: feed ``entries`` (the leader's log), in order;
@@ -234,11 +260,15 @@ class LearnerDriver:
 
     # -- feeding the learner and carrying out its actions ----------------------------------
 
-    def feed(self, state: Learner, actions: Sequence[Action], *, wake: bool) -> None:
-        """The one feed point: ``state`` (what an input of ``self.state`` answered) becomes
-        the current value and each of ``actions`` is carried out, in order; with ``wake``
-        the closing flush is woken (the input may let it go on)."""
-        self._state = state
+    def _input(
+        self, answer: Callable[[Learner], tuple[Learner, Sequence[Action]]], *, wake: bool
+    ) -> None:
+        """The one feed point: what ``answer`` makes of the current value becomes the
+        current value (atomically, under ``_lock``), then each action it answered is
+        carried out, in order; with ``wake`` the closing flush is woken (the input may let
+        it go on)."""
+        with self._lock:
+            self._state, actions = answer(self._state)
         for action in actions:
             self._carry(action)
         if wake:
@@ -251,7 +281,8 @@ class LearnerDriver:
                 self._apply(action)
             case Snapshot(fragment=fragment):
                 snapshot, ready = self._copy_out(fragment)
-                self._state, publish = self._state.took(fragment, snapshot)
+                with self._lock:
+                    self._state, publish = self._state.took(fragment, snapshot)
                 self._jobs.send_nowait(_Job(publish, ready))
             case Recorded(record=record):
                 rt.emit(RoundRecorded(rt.learner, record))
@@ -336,10 +367,9 @@ class LearnerDriver:
         if ok:
             if self._published is not None:
                 self._published()
-            fed = self._state.publish_done(fragment, round)
+            self._input(lambda s: s.publish_done(fragment, round), wake=True)
         else:
-            fed = self._state.publish_failed(fragment, round)
-        self.feed(*fed, wake=True)
+            self._input(lambda s: s.publish_failed(fragment, round), wake=True)
 
     async def _upload_part(self, job: _Job, sharded: ShardedRank) -> PartReport:
         """Encode and upload this rank's rows of ``job``'s snapshot: its report."""

@@ -181,11 +181,7 @@ class Node:
         ``tokens`` or a syncer-only node.
         """
         await anyio.lowlevel.checkpoint()
-        self._raise_failure()
-        if self._driver is None and self._group is None:
-            raise TypeError("a syncer-only node (model=None) has no steps to count")
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise ValueError(f"tokens must be a non-negative int, got {tokens!r}")
+        self._check_step(tokens)
         if self._group is not None:
             await self._group.step(tokens)
         elif self._driver is not None:
@@ -222,6 +218,22 @@ class Node:
     def _decision(self, tokens: int = 0) -> Decision:
         assert self._driver is not None
         return Decision.of(self._driver.state, tokens)
+
+    def _check_step(self, tokens: int) -> None:
+        self._raise_failure()
+        if self._driver is None and self._group is None:
+            raise TypeError("a syncer-only node (model=None) has no steps to count")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(f"tokens must be a non-negative int, got {tokens!r}")
+
+    def _step_quietly(self, tokens: int) -> bool:
+        """``step`` from a thread other than the event loop's, when the step needs nothing
+        of the loop (``LearnerDriver.step_quietly``); True if it was counted, False if the
+        caller must run ``step`` on the loop. Raises as ``step`` does."""
+        self._check_step(tokens)
+        return (
+            self._group is None and self._driver is not None and self._driver.step_quietly(tokens)
+        )
 
     def _node_failed(self) -> NodeFailed:
         failure = self._failure

@@ -21,8 +21,16 @@ from node_helpers import (
 from gradientmail._node import StepHandle
 from gradientmail._node import node as open_node
 from gradientmail.errors import NodeFailed
-from gradientmail.events import Closed, Closing, FragmentAligned, LeaseReleased, StepsDropped
+from gradientmail.events import (
+    Closed,
+    Closing,
+    FragmentAligned,
+    LeaseReleased,
+    SnapshotPublished,
+    StepsDropped,
+)
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.protocol.records import RunConfig
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -61,6 +69,50 @@ async def test_a_synchronous_trainer_runs_in_a_thread_and_events_stream() -> Non
     history = await records(box)
     await assert_holds_committed(box, model, node.state.versions)
     assert_steps_accounted("solo", node.state.steps, node.state.tokens, sink.events, history)
+
+
+async def test_a_step_with_nothing_due_is_counted_without_the_event_loop() -> None:
+    """``handle.step`` counts a step that applies nothing and snapshots nothing on the
+    training thread itself: while the event loop's thread is held (blocked, not awaiting),
+    the first eleven steps of a run that syncs every 12 steps all return; the twelfth,
+    whose fragment is due, waits for the loop, and goes through once the loop runs again."""
+    box = MemoryMailbox()
+    sink = Recorder()
+    model = tiny_model()
+    config = RunConfig(fragments=1, sync_every=12, grace=0.3)
+    started, holding = threading.Event(), threading.Event()
+    quiet, due = threading.Event(), threading.Event()
+    async with (
+        open_node(model, box, learner="solo", config=config, options=FAST, sinks=[sink]) as node,
+        anyio.create_task_group() as tg,
+    ):
+        trainer = Trainer(model, seed=1)
+
+        def loop(handle: StepHandle) -> None:
+            started.set()
+            assert holding.wait(timeout=30.0)
+            for _ in range(11):
+                trainer.step()
+                handle.step(16)
+            quiet.set()
+            trainer.step()
+            handle.step(16)
+            due.set()
+
+        tg.start_soon(node.run_in_thread, loop)
+        with anyio.fail_after(30):
+            while not started.is_set():
+                await anyio.sleep(0.01)
+        # Hold the loop's thread from here: nothing below awaits until the training thread
+        # has had its chance at every step.
+        holding.set()
+        held_through_quiet = quiet.wait(timeout=10.0)
+        due_while_held = due.wait(timeout=0.3)
+        assert held_through_quiet, "a step with nothing due waited for the event loop"
+        assert not due_while_held, "the step with a fragment due did not go through the loop"
+    assert due.is_set()
+    assert node.state.steps == 12
+    assert [(e.round, e.steps) for e in sink.of(SnapshotPublished)][:1] == [(0, 12)]
 
 
 async def test_cancelling_mid_training_leaves_nothing_behind() -> None:
