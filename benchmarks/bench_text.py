@@ -43,8 +43,9 @@ Validation loss is in bits per byte on a fixed set of windows of the validation 
 final figure is the mean over learners of their models at the end (after gradientmail's
 closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
 [--size quick|small|medium|full] [--results DIR] [--only ARM ...]
-[--mode arms|defaults|repeat] [--seeds N ...]`` (``bench_text_seeds`` has the two modes
-over seeds: the defaults confirmed, and repeatability with plain SGD); ``nox -s bench-text``
+[--mode arms|defaults|repeat|timing] [--seeds N ...]`` (``bench_text_seeds`` has the two
+modes over seeds: the defaults confirmed, and repeatability with plain SGD;
+``bench_text_timing`` the fp32 pairs' wall time, each pair in both orders); ``nox -s bench-text``
 runs the full size (1,000 steps, a 1M-parameter GPT); ``medium`` is 1,000 steps of the
 119k-parameter GPT of ``small`` (200 steps). The worker
 processes run this file with ``--worker``.
@@ -624,9 +625,10 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="run only these arms (see the docstring)")
     parser.add_argument(
         "--mode",
-        choices=("arms", "defaults", "repeat"),
+        choices=("arms", "defaults", "repeat", "timing"),
         default="arms",
-        help="every arm once (the default), or bench_text_seeds' defaults or repeat mode",
+        help="every arm once (the default), bench_text_seeds' defaults or repeat mode, or "
+        "bench_text_timing's fp32 pairs in both orders",
     )
     parser.add_argument("--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
@@ -634,7 +636,11 @@ def main() -> None:
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return
-    if args.mode != "arms":
+    if args.mode == "timing":
+        import bench_text_timing
+
+        path = bench_text_timing.run(args.results, args.size, args.only)
+    elif args.mode != "arms":
         import bench_text_seeds
 
         path = bench_text_seeds.run(args.results, args.size, args.mode, args.seeds, args.only)

@@ -1,14 +1,17 @@
-"""The real-text benchmark's repeat mode at its quick size, end to end: two learner processes
-and a syncer on the standard library's text with the plain-SGD inner optimizer, the result
-file's per-seed and over-seed figures, and the generated page's section for it.
+"""The real-text benchmark's repeat and timing modes at their quick size, end to end: two
+learner processes and a syncer on the standard library's text with the plain-SGD inner
+optimizer, the result file's per-seed and over-seed figures, and the generated page's
+section for it; the fp32 pair run in both orders, and the wall target judged on it.
 
-Results and the page go to a temporary directory. About half a minute on two idle cores.
+Results and the page go to a temporary directory. About half a minute each on two idle
+cores.
 """
 
 import json
+import sys
 from pathlib import Path
 
-from bench_helpers import run_benchmark
+from bench_helpers import ROOT, run_benchmark
 
 
 def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) -> None:
@@ -37,3 +40,49 @@ def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) ->
     assert "Repeatability" in section
     assert "runs below single" in section
     assert "spread of the excess over DP" in page.split("## 1.")[0]
+
+
+def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "results"
+    run_benchmark(
+        "bench_text.py", *("--size", "quick", "--mode", "timing", "--results", str(results))
+    )
+    timing = json.loads((results / "text-timing-quick.json").read_text(encoding="utf-8"))
+    assert timing["parameters"]["order"] == ["gm", "torchft", "torchft", "gm"]
+    pair = timing["figures"]["pairs"]["10"]
+    gm, ft = pair["gm"], pair["torchft"]
+    assert len(gm) == len(ft) == 2
+    assert all(run["wall_seconds"] > 0 and run["bits_per_byte"] > 0 for run in gm + ft)
+    assert pair["wall_ratio"] == (gm[0]["wall_seconds"] + gm[1]["wall_seconds"]) / (
+        ft[0]["wall_seconds"] + ft[1]["wall_seconds"]
+    )
+    assert pair["wall_ratio_gm_first"] == gm[0]["wall_seconds"] / ft[0]["wall_seconds"]
+    assert pair["wall_ratio_torchft_first"] == gm[1]["wall_seconds"] / ft[1]["wall_seconds"]
+
+    # The page judges the wall target on both orders, not on the matrix's own pair (given
+    # here as 2.0 so that the two verdicts differ whenever the pairs' ratio is at most 1).
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import report
+
+    page = report.Page(tmp_path / "docs")
+    versus = {
+        "10": {
+            "bits_per_byte_ratio": 1.0,
+            "excess_over_dp": [0.1, 0.2],
+            "wall_ratio": 2.0,
+            "train_ratio": 2.0,
+            "cpu_ratio": 2.0,
+            "bytes_ratio": 1.5,
+        }
+    }
+    report._text_versus(page, versus, "quick", timing)
+    report._text_timing(page, timing)
+    wall = next(row for row in page.targets if "wall time" in row[0])
+    assert wall[2].startswith(f"{pair['wall_ratio']:.3f} (each pair in both orders")
+    assert "the matrix's own pair 2.00" in wall[2]
+    assert wall[3] == report._verdict(pair["wall_ratio"] <= 1.0)
+    text = "\n".join(page.lines)
+    assert "Wall time with each fp32 pair run in both orders (gm, torchft, torchft, gm)" in text
+    assert f"| 10 | {gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |" in text

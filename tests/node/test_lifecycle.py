@@ -3,6 +3,7 @@
 import threading
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
 import pytest
 from node_helpers import (
@@ -80,8 +81,8 @@ async def test_a_step_with_nothing_due_is_counted_without_the_event_loop() -> No
     sink = Recorder()
     model = tiny_model()
     config = RunConfig(fragments=1, sync_every=12, grace=0.3)
-    started, holding = threading.Event(), threading.Event()
-    quiet, due = threading.Event(), threading.Event()
+    started = anyio.Event()
+    holding, quiet, due = threading.Event(), threading.Event(), threading.Event()
     async with (
         open_node(model, box, learner="solo", config=config, options=FAST, sinks=[sink]) as node,
         anyio.create_task_group() as tg,
@@ -89,7 +90,7 @@ async def test_a_step_with_nothing_due_is_counted_without_the_event_loop() -> No
         trainer = Trainer(model, seed=1)
 
         def loop(handle: StepHandle) -> None:
-            started.set()
+            anyio.from_thread.run_sync(started.set)
             assert holding.wait(timeout=30.0)
             for _ in range(11):
                 trainer.step()
@@ -101,8 +102,7 @@ async def test_a_step_with_nothing_due_is_counted_without_the_event_loop() -> No
 
         tg.start_soon(node.run_in_thread, loop)
         with anyio.fail_after(30):
-            while not started.is_set():
-                await anyio.sleep(0.01)
+            await started.wait()
         # Hold the loop's thread from here: nothing below awaits until the training thread
         # has had its chance at every step.
         holding.set()
