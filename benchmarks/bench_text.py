@@ -26,8 +26,11 @@ new stream of its shard.
   the product's defaults (2 s, gone after 10 s). Polling costs an idle node CPU that on two
   shared cores comes out of training (``bench_overhead.py``'s idle arm: a learner 1.5% of
   a core at 0.05 s, 0.4% at 0.25 s, 0.2% at 0.5 s); polling every 0.25 s with a 0.5 s
-  lease, the full size's gradientmail arms took 1.01–1.03× torchft's wall time, on this
-  pacing 0.96–1.00× (``results/text.json``).
+  lease, an earlier full run's gradientmail arms took 1.01–1.03× torchft's wall time, on
+  this pacing 0.96–1.00×. A pair run once also carries this machine's drift (consecutive
+  arms differ by up to 6% in CPU per step for the same training, either way), more than
+  the margins: ``--mode timing`` runs each fp32 pair in both orders
+  (``bench_text_timing``).
   Every process's CPU time (user and system, all threads) is reported, and the lag: the
   local steps between a learner's snapshot and its applying that round (``FragmentAligned``),
   median and maximum over every learner's rounds.
