@@ -22,8 +22,12 @@ order of checks, each with a reason:
     version, n its number of elements; only when the caller passes θ): a delta that large is
     a learner that diverged, whatever the number of snapshots, so one or two of them cannot
     take the model. Or, with three or more snapshots left after the checks above, its
-    delta's L2 norm (recomputed here; ``Snapshot.norm`` is the writer's claim and is not
-    trusted) exceeds ``outlier_factor`` times the median norm of those snapshots.
+    delta's L2 norm per step (recomputed here; ``Snapshot.norm`` is the writer's claim and
+    is not trusted) exceeds ``outlier_factor`` times the median norm per step of those
+    snapshots. Per step, ``‖Δ‖ / min(max(steps, 1), sync_every)``: a round mixes full
+    snapshots with short ones (the partial deltas of learners closing, the first of a
+    learner that restarted), and a raw norm would reject the honest full one for the steps
+    it covers; a claim of more than ``sync_every`` steps buys no larger allowance.
 
 The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
 equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
@@ -307,7 +311,7 @@ def _drop_large(
 ) -> Kept:
     """``kept`` without the deltas too large to be honest, which go to ``rejected``: over
     ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (when θ is known), then, among three or more, over
-    ``outlier_factor`` times the median norm."""
+    ``outlier_factor`` times the median norm per step (``_per_step``)."""
     if theta is not None:
         theta_norm = l2_norm(theta)
         numel = sum(t.numel() for t in theta)
@@ -317,10 +321,25 @@ def _drop_large(
         why = f"{MAX_DELTA_RATIO:g} × (‖θ‖ + √n) = {bound:.6g}"
         kept = _drop_over(kept, bound, why, rejected)
     if len(kept) >= 3:
-        median = statistics.median(norm for _, _, norm in kept)
-        why = f"{config.outlier_factor:g} × the median {median:.6g}"
-        kept = _drop_over(kept, config.outlier_factor * median, why, rejected)
+        steps = [_per_step(candidate, config) for candidate, _, _ in kept]
+        rates = [norm / n for (_, _, norm), n in zip(kept, steps, strict=True)]
+        median = statistics.median(rates)
+        limit = config.outlier_factor * median
+        for (candidate, _, norm), n, rate in zip(kept, steps, rates, strict=True):
+            if rate > limit:
+                detail = (
+                    f"norm {norm:.6g} over {n:g} steps is {rate:.6g} per step, over "
+                    f"{config.outlier_factor:g} × the median {median:.6g} per step"
+                )
+                rejected.append(_rejection(candidate.snapshot, "outlier", detail))
+        kept = [entry for entry, rate in zip(kept, rates, strict=True) if rate <= limit]
     return kept
+
+
+def _per_step(candidate: Candidate, config: RunConfig) -> float:
+    """The steps a snapshot's norm is divided by for the median test: its claim, at least
+    one (a final snapshot claims none) and at most ``sync_every``."""
+    return float(min(max(candidate.snapshot.steps, 1), config.sync_every))
 
 
 def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) -> Kept:

@@ -179,6 +179,31 @@ def test_outliers_are_judged_among_snapshots_that_passed_the_other_checks() -> N
     assert reasons(result) == {"c": "non-finite"}
 
 
+def test_a_full_snapshot_among_short_closing_ones_is_judged_per_step() -> None:
+    # The survivors' flush after a restart: three closing learners' partial deltas of 20
+    # steps and the restarted learner's full one of 100, each moving 0.1 per step.
+    config = RunConfig(fragments=2, sync_every=100, max_tokens_per_step=100)
+    short = [good(name, 2.0, steps=20, closing=True) for name in ("a", "b", "c")]
+    full = good("d", 10.0, steps=100)
+    result = aggregate(VERSION, [*short, full], SPEC, config)
+    assert reasons(result) == {}
+    assert [p.learner for p in result.participants] == ["a", "b", "c", "d"]
+    # Per step it is the same test: the full snapshot 5.5 times faster is still rejected.
+    fast = good("d", 55.0, steps=100)
+    rejected = aggregate(VERSION, [*short, fast], SPEC, config)
+    assert reasons(rejected) == {"d": "outlier"}
+    assert "per step" in rejected.rejected[0].detail
+
+
+def test_claiming_more_than_sync_every_steps_buys_no_larger_allowance() -> None:
+    # Steps are the writer's claim: one claiming 25 × H with a delta 25 times the others' is
+    # judged as H steps, like them.
+    honest = [good(name, 1.0) for name in ("a", "b", "c")]
+    inflated = good("d", 25.0, steps=100, tokens=100)
+    result = aggregate(VERSION, [*honest, inflated], SPEC, CONFIG)
+    assert reasons(result) == {"d": "outlier"}
+
+
 def test_norm_at_the_limit_is_kept() -> None:
     config = RunConfig(fragments=2, sync_every=4, outlier_factor=2.0)
     result = aggregate(VERSION, [good("a", 1.0), good("b", 1.0), good("c", 2.0)], SPEC, config)
