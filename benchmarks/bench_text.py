@@ -46,8 +46,9 @@ Validation loss is in bits per byte on a fixed set of windows of the validation 
 final figure is the mean over learners of their models at the end (after gradientmail's
 closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
 [--size quick|small|medium|full] [--results DIR] [--only ARM ...]
-[--mode arms|defaults|repeat|timing] [--seeds N ...]`` (``bench_text_seeds`` has the two
-modes over seeds: the defaults confirmed, and repeatability with plain SGD;
+[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...]`` (``bench_text_seeds`` has the
+modes over seeds: the defaults confirmed, and repeatability with plain SGD over seeds and
+over reruns of one seed;
 ``bench_text_timing`` the fp32 pairs' wall time, each pair in both orders); ``nox -s bench-text``
 runs the full size (1,000 steps, a 1M-parameter GPT); ``medium`` is 1,000 steps of the
 119k-parameter GPT of ``small`` (200 steps). The worker
@@ -628,12 +629,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="run only these arms (see the docstring)")
     parser.add_argument(
         "--mode",
-        choices=("arms", "defaults", "repeat", "timing"),
+        choices=("arms", "defaults", "repeat", "rerun", "timing"),
         default="arms",
-        help="every arm once (the default), bench_text_seeds' defaults or repeat mode, or "
+        help="every arm once (the default), bench_text_seeds' defaults, repeat or rerun mode, or "
         "bench_text_timing's fp32 pairs in both orders",
     )
-    parser.add_argument("--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat")
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat|rerun"
+    )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

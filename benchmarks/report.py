@@ -1452,11 +1452,12 @@ def defaults_grid(page: Page, result: dict[str, Any] | None) -> None:
 TEXT_SEED_MODES = {
     "defaults": "### The defaults on real text, three seeds",
     "repeat": "### Repeatability: the defaults, two learners, plain SGD, five seeds",
+    "rerun": "### Repeatability: the same run five times (only the timing differs)",
 }
 
 
 def _text_seed_results(results: Path) -> dict[str, Any] | None:
-    """``bench_text --mode defaults|repeat``'s results, the largest size measured of each
+    """``bench_text --mode defaults|repeat|rerun``'s results, the largest size measured of each
     (``quick`` last: the smoke-test size)."""
     found = {}
     for mode in TEXT_SEED_MODES:
@@ -1482,8 +1483,8 @@ def text_seeds(page: Page, by_mode: dict[str, Any] | None) -> None:
     page.add("## 8. Real text over seeds: the defaults and repeatability", "")
     if by_mode is None:
         page.add(
-            "_Not measured: no `benchmarks/results/text-{defaults,repeat}-*.json` "
-            "(`benchmarks/bench_text.py --size medium --mode defaults|repeat`)._",
+            "_Not measured: no `benchmarks/results/text-{defaults,repeat,rerun}-*.json` "
+            "(`benchmarks/bench_text.py --size medium --mode defaults|repeat|rerun`)._",
             "",
         )
         return
@@ -1494,6 +1495,12 @@ def text_seeds(page: Page, by_mode: dict[str, Any] | None) -> None:
             page.add(f"_Not measured: `--mode {mode}`._", "")
             continue
         _text_seed_mode(page, result)
+
+
+def _row_order(label: str) -> tuple[int, int]:
+    """A row of a seeds mode in order: its seed, then its rerun (``seed#run``)."""
+    seed, _, rerun = label.partition("#")
+    return int(seed), int(rerun or 0)
 
 
 def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
@@ -1517,14 +1524,20 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
         f"1/{p['learners']} of the training text, inner optimizer {inner} with warm-up and "
         "cosine decay; data-parallel trains one model on the union of their batches, the "
         "single learner trains on the first shard alone for the same steps (equal steps per "
-        "learner). Each seed draws the initialization and every batch. "
+        "learner). Each seed draws the initialization and every batch"
+        + (
+            f"; every row is seed {p['seeds'][0]} again (`seed#run`), so only the timing of "
+            "the processes differs between them. "
+            if p.get("reruns")
+            else ". "
+        )
         + "; ".join(f"`{arm}`: {_config_words(c)}" for arm, c in sorted(configs.items()))
         + ".",
         "",
     )
     arm_names = sorted(over, key=lambda arm: ({"dp": 0, "single": 1}.get(arm, 2), arm))
     rows = []
-    for seed, row in sorted(per_seed.items(), key=lambda item: int(item[0])):
+    for seed, row in sorted(per_seed.items(), key=lambda item: _row_order(item[0])):
         cells = [seed]
         for arm in arm_names:
             entry = row.get(arm)
@@ -1560,8 +1573,8 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
             ]
         )
     page.add(
-        "Over seeds (median [min, max]; a max/min excess of – : some seed ended at or below "
-        "data-parallel's loss, so the ratio is undefined):",
+        "Over the rows (median [min, max]; max/min excess: of the excesses' magnitudes when "
+        "they share a sign, – when they straddle zero):",
         "",
         *_table(
             [
@@ -1598,28 +1611,29 @@ def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> N
         defaults["beats_single"] == defaults["runs"],
         "bench_text --mode " + p["mode"],
     )
-    if p["mode"] == "repeat":
+    if p["mode"] in ("repeat", "rerun"):
+        over_what = "reruns of one seed" if p["mode"] == "rerun" else "seeds"
         spread, excess = defaults.get("excess_spread"), defaults["excess_over_dp"]
         measured = (
             _num(spread, 2)
             if spread is not None
             else f"undefined: excess {_num(excess['min'], 4)} to {_num(excess['max'], 4)} "
-            "bits/byte (a seed at or below DP)"
+            "bits/byte (straddles DP's loss)"
         )
         page.target(
-            f"{where}: spread of the excess over DP, max/min over seeds",
+            f"{where}: spread of the excess over DP, max/min over {over_what}",
             f"≤ {p['spread_max']}",
             measured,
             spread is not None and spread <= p["spread_max"],
-            "bench_text --mode repeat",
+            "bench_text --mode " + p["mode"],
         )
         page.target(
-            f"{where}: spread of the final loss, max/min over seeds",
+            f"{where}: spread of the final loss, max/min over {over_what}",
             f"≤ {p['spread_max']}",
             f"{_num(defaults['bits_per_byte_spread'], 3)} (DP's "
             f"{_num(over['dp']['bits_per_byte_spread'], 3)})",
             defaults["bits_per_byte_spread"] <= p["spread_max"],
-            "bench_text --mode repeat",
+            "bench_text --mode " + p["mode"],
         )
     previous = over.get("gm-previous")
     if previous is not None and "excess_over_dp" in previous:

@@ -89,3 +89,27 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     text = "\n".join(page.lines)
     assert "Wall time with each fp32 pair run in both orders (gm, torchft, torchft, gm)" in text
     assert f"| 10 | {gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |" in text
+
+
+def test_rerun_rows_and_the_spread_of_excesses_that_share_a_sign() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_text_seeds as seeds
+
+    rerun = seeds.MODES["rerun"]
+    assert seeds.rows(rerun) == [(f"0#{n}", 0) for n in range(1, seeds.RERUNS + 1)]
+    assert seeds.rows(seeds.MODES["repeat"]) == [(str(s), s) for s in range(5)]
+
+    def arms(gm: float) -> dict[str, dict[str, float]]:
+        return {"dp": {"bits_per_byte": 3.0, "wall_seconds": 1.0}} | {
+            "gm-defaults": {"bits_per_byte": gm, "wall_seconds": 1.0}
+        }
+
+    below = seeds.figures({"0#1": arms(2.96), "0#2": arms(2.98)})["over_seeds"]["gm-defaults"]
+    assert below["excess_spread"] == pytest.approx(2.0)
+    across = seeds.figures({"0#1": arms(2.96), "0#2": arms(3.02)})["over_seeds"]["gm-defaults"]
+    assert across["excess_spread"] is None
+
+    import report
+
+    assert sorted(["0#10", "1#1", "0#2"], key=report._row_order) == ["0#2", "0#10", "1#1"]
+    assert report._row_order("3") == (3, 0)
