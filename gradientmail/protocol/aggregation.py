@@ -27,7 +27,10 @@ order of checks, each with a reason:
     snapshots. Per step, ``‖Δ‖ / min(max(steps, 1), sync_every)``: a round mixes full
     snapshots with short ones (the partial deltas of learners closing, the first of a
     learner that restarted), and a raw norm would reject the honest full one for the steps
-    it covers; a claim of more than ``sync_every`` steps buys no larger allowance.
+    it covers; a claim of more than ``sync_every`` steps buys no larger allowance. Divided
+    by steps, not √steps, the test errs on the short side: where noise dominates the steps,
+    a delta grows as √steps and a short snapshot looks faster per step than a full one, but
+    it carries only its few steps' weight, where √steps would reject the full one.
 
 The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
 equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
