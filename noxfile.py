@@ -80,7 +80,8 @@ def bench_text(session: nox.Session) -> None:
     ``docs/benchmarks.md``; ``nox -s bench-text -- --size small`` for the scaled-down run,
     ``-- --only dp gm-fp32-H100 torchft-fp32-H100`` for some arms, ``-- --size medium
     --mode defaults`` (the defaults over three seeds), ``--mode repeat`` (two learners,
-    plain SGD, five seeds) or ``--mode timing`` (each fp32 pair in both orders: the wall
-    target's measure)."""
+    plain SGD, five seeds), ``--mode rerun`` (the same, one seed five times: only the
+    timing differs) or ``--mode timing`` (each fp32 pair in both orders: the wall target's
+    measure)."""
     session.run(PYTHON, "benchmarks/bench_text.py", *session.posargs)
     session.run(PYTHON, "benchmarks/report.py")

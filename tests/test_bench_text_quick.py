@@ -1,7 +1,8 @@
 """The real-text benchmark's repeat and timing modes at their quick size, end to end: two
 learner processes and a syncer on the standard library's text with the plain-SGD inner
 optimizer, the result file's per-seed and over-seed figures, and the generated page's
-section for it; the fp32 pair run in both orders, and the wall target judged on it.
+section for it; the fp32 pair run in both orders, and the wall target judged on it; the
+rerun mode's rows and the spread of excesses that share a sign.
 
 Results and the page go to a temporary directory. About half a minute each on two idle
 cores.
