@@ -1553,7 +1553,7 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
             cells.append(text)
         rows.append(cells)
     page.add(
-        "Validation bits per byte per seed (gradientmail: its excess over data-parallel of the "
+        "Validation bits per byte per row (gradientmail: its excess over data-parallel of the "
         "same seed, and the rounds that closed without every learner):",
         "",
         *_table(["seed", *arm_names], rows),
@@ -1589,7 +1589,20 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
         ),
     )
     single = over.get("single", {}).get("excess_spread")
-    if single is not None:
+    gm = over.get("gm-defaults", {}).get("bits_per_byte")
+    if p.get("reruns") and gm is not None:
+        local = ", ".join(
+            f"{arm}'s {_num(over[arm]['bits_per_byte_spread'], 3)}"
+            for arm in ("dp", "single")
+            if arm in over
+        )
+        page.add(
+            f"The local arms' max/min over the reruns ({local}) is this machine's own "
+            "nondeterminism; what spreads gradientmail's rows is the timing of its processes "
+            f"alone: standard deviation {_num(gm['stdev'], 4)} bits/byte.",
+            "",
+        )
+    elif single is not None:
         page.add(
             f"The single learner's own max/min excess over data-parallel, {_num(single, 2)}, "
             "is the seed-to-seed noise of this measure without gradientmail in the loop: a "
@@ -1605,7 +1618,9 @@ def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> N
     if defaults is None or "runs" not in defaults:
         return
     page.target(
-        f"{where}: gradientmail (defaults) below one learner alone, every seed (DiLoCo's ordering)",
+        f"{where}: gradientmail (defaults) below one learner alone, every "
+        + ("run" if p.get("reruns") else "seed")
+        + " (DiLoCo's ordering)",
         f"{defaults['runs']} of {defaults['runs']}",
         f"{defaults['beats_single']} of {defaults['runs']}",
         defaults["beats_single"] == defaults["runs"],
