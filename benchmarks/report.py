@@ -1627,7 +1627,7 @@ def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> N
         "bench_text --mode " + p["mode"],
     )
     if p["mode"] in ("repeat", "rerun"):
-        over_what = "reruns of one seed" if p["mode"] == "rerun" else "seeds"
+        over_what = "reruns of one seed" if p.get("reruns") else "seeds"
         spread, excess = defaults.get("excess_spread"), defaults["excess_over_dp"]
         measured = (
             _num(spread, 2)
