@@ -6,10 +6,11 @@ ROLE: ``learner`` (trains and closes rounds), ``learner-only`` (trains; no synce
 ``syncer`` (no model; runs until the file ``OUT_DIR/stop`` exists).
 UNTIL: train until the node has seen this round's record; ``+N``: N rounds after the newest
 one when it joined.
-KILL: ``none``; ``steps:N`` (after N local steps); ``claim`` (right after its first claim on
-a round lands); ``blob`` (right after the first blob it writes once it holds a claim);
-``record`` (when it is about to write its first round record); ``init:N`` (right after its
-N-th Θ⁰ marker lands). The kill is a real ``SIGKILL`` of this process, from inside the
+KILL: ``none``; ``counted:N`` (after N local steps, once a round record that counts this
+learner has reached it: the life that dies has work in the run); ``claim`` (right after its
+first claim on a round lands); ``blob`` (right after the first blob it writes once it holds
+a claim); ``record`` (when it is about to write its first round record); ``init:N`` (right
+after its N-th Θ⁰ marker lands). The kill is a real ``SIGKILL`` of this process, from inside the
 mailbox call at that point, so nothing after it runs: no flush, no lease release.
 
 On a clean exit it writes ``OUT_DIR/LEARNER.json``: its steps, tokens, versions, drops, the
@@ -32,6 +33,7 @@ from reliability_helpers import CONFIG, FAST, Recorder, Trainer, tiny_model
 
 import gradientmail
 from gradientmail.events import (
+    FragmentAligned,
     Joined,
     Recovered,
     RoundClaimed,
@@ -47,6 +49,11 @@ from gradientmail.protocol import keys
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def counted(sink: Recorder) -> bool:
+    """Whether a round record that took this learner's snapshot has been applied."""
+    return any(isinstance(e, FragmentAligned) and e.lag_steps is not None for e in sink.events)
 
 
 class KillingMailbox:
@@ -122,13 +129,13 @@ async def main(
                     await anyio.sleep(0.05)
             else:
                 target = joined + int(until[1:]) if until.startswith("+") else int(until)
-                limit = int(kill.split(":")[1]) if kill.startswith("steps:") else None
+                limit = int(kill.split(":")[1]) if kill.startswith("counted:") else None
                 trainer = Trainer(model, seed)
                 with anyio.fail_after(120):
                     while node.state.round < target:
                         trainer.step()
                         await node.step(tokens=16)
-                        if limit is not None and node.state.steps >= limit:
+                        if limit is not None and node.state.steps >= limit and counted(sink):
                             die()
                         await anyio.sleep(0.002)
     state = node.state

@@ -148,10 +148,12 @@ def _claims(url: str) -> dict[int, list[str]]:
 
 
 def test_a_learner_killed_mid_training_rejoins_and_resumes(cluster: Cluster) -> None:
-    # The victim trains until it is killed, however late it joins.
+    # The victim trains until it is killed, however late it joins: once a record counts it,
+    # so that its first life has work in the run on the slowest machine (started last, it
+    # could otherwise die before its first round closes, after the others had finished).
     a = cluster.start("a", until="14", seed=1)
     b = cluster.start("b", until="14", seed=2, backend="trio")
-    victim = cluster.start("c", until="+1000", seed=3, kill="steps:20")
+    victim = cluster.start("c", until="+1000", seed=3, kill="counted:20")
     cluster.killed(victim)
     again = cluster.start("c", until="+6", seed=3, backend="trio")
     for process in (a, b, again):
