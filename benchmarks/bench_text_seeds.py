@@ -58,6 +58,8 @@ PREVIOUS: dict[str, Any] = {
 """``RunConfig``'s defaults before the grid chose them."""
 SPREAD_MAX = 1.3
 RERUNS = 5
+OVERLAP = "gm-overlap-"
+"""The prefix of an arm with the defaults and ``RunConfig.overlap`` set to its suffix."""
 
 MODES: dict[str, dict[str, Any]] = {
     "defaults": {
@@ -83,10 +85,15 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def config(arm: str) -> Any:
-    """The ``RunConfig`` of a gradientmail arm: the defaults, or ``PREVIOUS`` over them."""
+    """The ``RunConfig`` of a gradientmail arm: the defaults, ``gm-overlap-N`` the defaults
+    with ``overlap = N``, or ``PREVIOUS`` over them."""
     from gradientmail.protocol.records import RunConfig
 
-    return RunConfig() if arm == "gm-defaults" else RunConfig(**PREVIOUS)
+    if arm == "gm-defaults":
+        return RunConfig()
+    if arm.startswith(OVERLAP):
+        return RunConfig(overlap=int(arm.removeprefix(OVERLAP)))
+    return RunConfig(**PREVIOUS)
 
 
 def run_arm(arm: str, size: str, seed: int, mode: dict[str, Any], scratch: Path) -> dict[str, Any]:

@@ -140,6 +140,7 @@ class LearnerDriver:
         self._jobs: MemoryObjectSendStream[_Job] = send
         self._pending: MemoryObjectReceiveStream[_Job] = receive
         self._log: list[Entry] | None = None
+        self._changed = anyio.Event()
 
     @property
     def state(self) -> Learner:
@@ -164,7 +165,8 @@ class LearnerDriver:
 
     def step(self, tokens: int, now: float | None = None) -> None:
         """One local step (at ``now``, default the clock's): apply what is prepared,
-        snapshot the fragment due."""
+        snapshot the fragment due. A step that must wait (``wait_to_step``) is the
+        caller's to await first."""
         now = self._rt.clock.now() if now is None else now
         self._logged(Stepped(tokens, now))
         self._input(lambda s: s.stepped(tokens, now), wake=False)
@@ -173,16 +175,29 @@ class LearnerDriver:
         """From the training thread, while the model is not changing: count one local step
         of ``tokens`` at the clock's time if it answers no action; True if it was counted.
         False leaves everything as it was: the step has something to apply or a fragment
-        due (or the driver keeps a log for a sharded group's ranks), and the caller makes it
-        an ordinary ``step`` on the event-loop thread."""
+        due, or must wait (or the driver keeps a log for a sharded group's ranks), and the
+        caller makes it an ordinary ``step`` on the event-loop thread."""
         if self._log is not None:
             return False
+        now = self._rt.clock.now()
         with self._lock:
-            state, actions = self._state.stepped(tokens, self._rt.clock.now())
+            if self._state.must_wait(now):
+                return False
+            state, actions = self._state.stepped(tokens, now)
             if actions:
                 return False
             self._state = state
         return True
+
+    async def wait_to_step(self) -> None:
+        """Return once the next step may be counted (``Learner.must_wait``, with
+        ``RunConfig.overlap``): woken by every input that may prepare a version, and
+        checking again at every ``poll_interval`` (the wait is bounded by time)."""
+        clock = self._rt.clock
+        while self._state.must_wait(clock.now()):
+            self._changed = anyio.Event()
+            with anyio.move_on_after(self._rt.options.poll_interval):
+                await self._changed.wait()
 
     def flush_once(self, now: float | None = None) -> None:
         """One turn of the closing flush (at ``now``, default the clock's): apply what is
@@ -272,6 +287,7 @@ class LearnerDriver:
         for action in actions:
             self._carry(action)
         if wake:
+            self._changed.set()
             self._wake()
 
     def _carry(self, action: Action) -> None:

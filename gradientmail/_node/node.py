@@ -176,6 +176,9 @@ class Node:
         Call it between optimizer steps, on the event-loop thread, from the training loop
         only (the model must not be changing while it runs). Its cost is in-place tensor
         operations and the copies of due fragments; all I/O happens in the node's tasks.
+        With ``RunConfig.overlap`` it waits, at the step that applies a round's version,
+        until that version is ready (``Learner.must_wait``: at most ``2 · grace`` after
+        the snapshot).
         Raises ``NodeFailed`` (the cause chained) once a task of the node has failed (the
         block's body is cancelled then too), and ``TypeError``/``ValueError`` for bad
         ``tokens`` or a syncer-only node.
@@ -185,6 +188,8 @@ class Node:
         if self._group is not None:
             await self._group.step(tokens)
         elif self._driver is not None:
+            await self._driver.wait_to_step()
+            self._raise_failure()
             self._driver.step(tokens)
 
     async def run_in_thread(self, fn: Callable[["StepHandle"], T]) -> T:
@@ -212,6 +217,7 @@ class Node:
         """A group leader's learner step of ``tokens``; its decision."""
         self._raise_failure()
         assert self._driver is not None
+        await self._driver.wait_to_step()
         self._driver.step(tokens)
         return self._decision(tokens)
 

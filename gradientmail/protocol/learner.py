@@ -12,7 +12,10 @@ local weights started from), the snapshot it published, and the version being pr
     late or absent ``θ_new + (θ − B)``, rejected ``θ_new``), ``Dropped`` when a rejection
     reset steps taken since, then ``Snapshot`` for the fragment due after this step
     (``fragments.due`` on the step shifted by the learner's phase, see below) unless a
-    snapshot of it is unresolved or a version of it is pending.
+    snapshot of it is unresolved or a version of it is pending. With ``RunConfig.overlap``
+    the version of the round a snapshot went to is applied at the step ``overlap`` steps
+    after it, no earlier; ``must_wait`` tells the driver when the next step must wait for
+    it.
 ``took(fragment, snapshot)``
     The driver copied the fragment (``S``); answers the ``Publish`` to carry out for round
     ``round_of(f, version(B) + 1)``: the next round of that fragment after the newest record
@@ -52,6 +55,8 @@ behind" (its snapshots missed rounds or came late in the grace: the phase moves 
 "A learner that runs ahead" (a round it was in waited a step or more after its snapshot for
 the last participant's, ``Participant.arrived``: the schedule stands still for that many
 steps, ``hold_until``, so that it moves back without any fragment coming due twice).
+With ``overlap`` (``paced``) only the first rule stands: the wait at the overlap step holds
+a learner that runs ahead, and a snapshot waited on late in the grace moves nothing.
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -188,6 +193,14 @@ class Learner:
         return self.settled and (self.closing is None or self.closing.done(self.slots))
 
     @property
+    def paced(self) -> bool:
+        """Whether the rounds pace this learner (``RunConfig.overlap``): a learner ahead of
+        the others waits for their rounds at its overlap step, so the schedule is neither
+        moved for a snapshot waited on late in the grace nor held back (those rules would
+        make the snapshots' steps depend on the timing)."""
+        return self.config.overlap is not None
+
+    @property
     def publishing(self) -> bool:
         return any(slot.in_flight for slot in self.slots)
 
@@ -204,6 +217,24 @@ class Learner:
             and now - slot.published.at < window
             for slot in self.slots
         )
+
+    def must_wait(self, now: float) -> bool:
+        """Whether the next step must wait (``RunConfig.overlap``): it is the step at which a
+        fragment applies the version of the round its snapshot went to, that version is not
+        ready, and the snapshot was taken less than ``rounds.due_for`` before ``now``.
+        Never while closing: the flush applies whatever is ready."""
+        overlap = self.config.overlap
+        if overlap is None or self.closing is not None:
+            return False
+        window = due_for(self.config)
+        for slot in self.slots:
+            published = slot.published
+            if published is None or self.step + 1 < published.step + overlap:
+                continue
+            ready = slot.ready
+            if (ready is None or ready.round < published.round) and now - published.at < window:
+                return True
+        return False
 
     def downloads(self) -> list[Download]:
         """The versions to fetch now, one per fragment that wants one (see ``Download``)."""
@@ -243,8 +274,9 @@ class Learner:
         return state, actions
 
     def flush(self, now: float) -> tuple["Learner", list[Action]]:
-        """Closing: apply what is prepared and snapshot every fragment that can be."""
-        state, actions = self._apply_ready()
+        """Closing: apply what is prepared (at once, whatever ``overlap`` says) and snapshot
+        every fragment that can be."""
+        state, actions = self._apply_ready(holding=False)
         for fragment in range(self.config.fragments):
             state, more = state._snapshot(fragment, now)
             actions.extend(more)
@@ -377,14 +409,26 @@ class Learner:
         state = state._with(fragment, replace(slot, published=published, in_flight=True))
         return state, [Snapshot(fragment, round)]
 
-    def _apply_ready(self) -> tuple["Learner", list[Action]]:
+    def _apply_ready(self, *, holding: bool = True) -> tuple["Learner", list[Action]]:
+        """Apply every prepared version; with ``holding`` and ``RunConfig.overlap``, the
+        version of the round this learner's snapshot went to only from the step ``overlap``
+        steps after that snapshot."""
         state = self
         actions: list[Action] = []
+        overlap = self.config.overlap
         for fragment, slot in enumerate(self.slots):
             ready = slot.ready
             if ready is None:
                 continue
             published = slot.published
+            if (
+                holding
+                and overlap is not None
+                and published is not None
+                and published.round == ready.round
+                and state.step < published.step + overlap
+            ):
+                continue
             mine = published is not None and published.round <= ready.round
             outcome: Outcome = "late"
             if mine and published is not None and published.outcome is not None:
@@ -485,7 +529,7 @@ class Learner:
         )
         if missed:
             state = state._realigned(record, seen_at, published, least=0.0)
-        elif resolution is not None and resolution.outcome == "included":
+        elif resolution is not None and resolution.outcome == "included" and not self.paced:
             # Waited for, in the late half of the grace: one jitter from missing the next.
             moved = state._realigned(record, seen_at, published, least=self.config.grace / 2)
             if moved.phase != state.phase:

@@ -118,6 +118,13 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     merge, alpha
         ``keep-progress``: a learner keeps its progress since its snapshot on top of the new
         version; ``alpha``: θ ← alpha·θ_local + (1 − alpha)·θ_global.
+    overlap
+        When a learner applies the version of a round it published to (Streaming DiLoCo's
+        overlap τ): exactly ``overlap`` local steps after its snapshot, its ``step`` waiting
+        for the version when it is not ready by then (at most ``rounds.due_for`` after the
+        snapshot; past that it goes on and applies it when it comes). The trajectory then
+        depends on the steps, not on how fast the store answered. None: at the first step
+        after the version is ready, never waiting (a lag that varies with the timing).
     checkpoint_every
         θ and the outer momentum of a fragment are stored (a checkpoint) with every
         ``checkpoint_every``-th version of it; every other record carries only its update,
@@ -147,6 +154,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     grace: float = 2.0
     merge: MergeRule = "keep-progress"
     alpha: float = 0.5
+    overlap: int | None = None
     keep_rounds: int = 16
     keep_versions: int = 2
     checkpoint_every: int = 8
@@ -189,6 +197,12 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 )
         if self.outer_lr <= 0:
             raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
+        if self.overlap is not None and not 1 <= self.overlap < self.sync_every:
+            raise ValueError(
+                f"RunConfig.overlap must be None or at least 1 and below sync_every "
+                f"({self.sync_every}): a version is applied before its fragment's next "
+                f"snapshot; got {self.overlap}"
+            )
 
 
 class BlobRef(msgspec.Struct, frozen=True, kw_only=True):

@@ -412,6 +412,85 @@ def test_a_record_without_arrivals_or_without_this_learner_moves_nothing() -> No
         assert learner.hold_until == 0
 
 
+def paced(overlap: int | None) -> Learner:
+    """``published_at_two`` under ``RunConfig.overlap``; round 0 committed with this
+    learner, seen at t=2.5 and its version prepared at once."""
+    zero = (torch.zeros(2),)
+    config = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=overlap)
+    learner = Learner.start(config, "me", (0, 0), (zero, zero), -1)
+    learner, _ = learner.stepped(1, now=1.0)
+    learner, actions = learner.stepped(1, now=2.0)
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.record_seen(record(0, included=("me",)), now=2.5)
+    return learner.version_ready(0, 0, (torch.ones(2),))
+
+
+def applied_at(learner: Learner) -> int:
+    """The step at which fragment 0's prepared version is applied, one step a second."""
+    for t in range(3, 8):
+        learner, actions = learner.stepped(1, now=float(t))
+        if any(isinstance(a, Apply) and a.fragment == 0 for a in actions):
+            return learner.step
+        learner, _ = take(learner, actions)
+    raise AssertionError("never applied")
+
+
+@pytest.mark.parametrize(("overlap", "step"), [(None, 3), (1, 3), (2, 4), (3, 5)])
+def test_with_overlap_a_version_is_applied_exactly_overlap_steps_after_its_snapshot(
+    overlap: int | None, step: int
+) -> None:
+    """The snapshot went out after step 2 and its round's version was ready at t=2.5:
+    without overlap it is applied at the next step, with it at step 2 + overlap however
+    early it was ready."""
+    assert applied_at(paced(overlap)) == step
+
+
+def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the_grace() -> None:
+    """Snapshot at t=2 (grace 1 s): the step after step 3 is the one that applies round 0's
+    version (overlap 2), so it must wait until the version is ready or t=4; a version
+    ready, closing, or no overlap at all: no wait."""
+    zero = (torch.zeros(2),)
+    config = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=2)
+    learner = Learner.start(config, "me", (0, 0), (zero, zero), -1)
+    learner, _ = learner.stepped(1, now=1.0)
+    learner, actions = learner.stepped(1, now=2.0)
+    learner, _ = take(learner, actions)
+    assert not learner.must_wait(2.1)  # the next step, 3, applies nothing
+    learner, _ = learner.stepped(1, now=3.0)
+    assert learner.must_wait(3.9)
+    assert not learner.must_wait(4.0)  # the round is late: go on, apply it when it comes
+    assert not learner.began_closing([(torch.zeros(2),)] * 2).must_wait(3.9)
+    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.record_seen(record(0, included=("me",)), now=3.2)
+    assert learner.must_wait(3.5)  # the record is in, its version is not prepared yet
+    learner = learner.version_ready(0, 0, (torch.ones(2),))
+    assert not learner.must_wait(3.5)
+    assert not published_at_two().must_wait(3.5)
+
+
+def test_with_overlap_the_rounds_pace_the_learner_and_its_schedule_stays_put() -> None:
+    """The two rules that move a learner's schedule for a snapshot that was waited on
+    (late in the grace, or a step or more before the last participant's) leave a paced
+    learner alone: its overlap step already waits for the rounds."""
+    zero = (torch.zeros(2),)
+    config = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=2)
+    learner = Learner.start(config, "me", (0, 0), (zero, zero), -1)
+    learner, _ = learner.stepped(1, now=3.0)
+    learner, actions = learner.stepped(1, now=4.0)
+    learner, _ = take(learner, actions)
+    learner, _ = learner.publish_done(0, 0)
+    late = record(0, included=("me", "x"), grace=0.7, arrived={"me": 0.0, "x": 2.4})
+    learner, _ = learner.record_seen(late, now=4.1)
+    assert (learner.phase, learner.hold_until) == (0, 0)
+    unpaced, _ = fresh().stepped(1, now=3.0)
+    unpaced, actions = unpaced.stepped(1, now=4.0)
+    unpaced, _ = take(unpaced, actions)
+    unpaced, _ = unpaced.publish_done(0, 0)
+    unpaced, _ = unpaced.record_seen(late, now=4.1)
+    assert unpaced.phase == 2
+
+
 def test_a_round_is_due_from_a_snapshot_until_its_record_or_twice_the_grace() -> None:
     """The receive loop polls at the due pace while this is true (grace 1 s here)."""
     learner = fresh()

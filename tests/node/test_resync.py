@@ -11,6 +11,7 @@ rounds of the end of the stretch, every round has both.
 """
 
 import anyio
+import msgspec
 import pytest
 from node_helpers import FAST, Trainer, records, tiny_model
 
@@ -30,7 +31,11 @@ CHECKED = 8
 """Rounds checked after those ``N``."""
 
 
-async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rounds() -> None:
+@pytest.mark.parametrize("overlap", [None, 4], ids=["unpaced", "overlap-4"])
+async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rounds(
+    overlap: int | None,
+) -> None:
+    config = msgspec.structs.replace(CONFIG, overlap=overlap)
     box = MemoryMailbox()
     stop = anyio.Event()
     created = anyio.Event()
@@ -40,7 +45,7 @@ async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rou
     async def learner(name: str, seed: int, slow: bool) -> None:
         model = tiny_model(seed)
         trainer = Trainer(model, seed)
-        async with open_node(model, box, learner=name, config=CONFIG, options=FAST) as node:
+        async with open_node(model, box, learner=name, config=config, options=FAST) as node:
             nodes[name] = node
             created.set()
             step = 0
