@@ -513,9 +513,12 @@ class LearnerMachine(RuleBasedStateMachine):
     it, a fragment holds at most one unresolved snapshot, and every snapshot targets the
     round after its base."""
 
+    config = CONFIG
+
     def __init__(self) -> None:
         super().__init__()
-        self.learner = fresh()
+        zero = (torch.zeros(2),)
+        self.learner = Learner.start(self.config, "me", (0, 0), (zero, zero), -1)
         self.rounds: list[RoundRecord] = []
         self.now = 0.0
         self.steps = 0
@@ -535,6 +538,10 @@ class LearnerMachine(RuleBasedStateMachine):
         self.steps += 1
         self.learner, actions = self.learner.stepped(tokens, self.now)
         self._carry(actions)
+        # A step applies a version of a round this learner was in overlap steps after its
+        # snapshot at the earliest (the flush applies at once).
+        least = self.config.overlap or 0
+        assert all(a.lag >= least for a in actions if isinstance(a, Apply) and a.lag is not None)
 
     @rule()
     def flush(self) -> None:
@@ -590,7 +597,7 @@ class LearnerMachine(RuleBasedStateMachine):
         """A new life: joins at the versions it holds, after the newest round seen."""
         old = self.learner
         self.learner = Learner.start(
-            CONFIG, "me", old.versions, [s.base for s in old.slots], old.seen_round
+            self.config, "me", old.versions, [s.base for s in old.slots], old.seen_round
         )
         self.steps = 0
 
@@ -612,6 +619,16 @@ class LearnerMachine(RuleBasedStateMachine):
 
 TestLearnerMachine = LearnerMachine.TestCase
 TestLearnerMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+
+
+class PacedLearnerMachine(LearnerMachine):
+    """The same under ``RunConfig.overlap``."""
+
+    config = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=2)
+
+
+TestPacedLearnerMachine = PacedLearnerMachine.TestCase
+TestPacedLearnerMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
 
 
 @pytest.mark.parametrize(
