@@ -1474,6 +1474,7 @@ def _config_words(config: dict[str, Any]) -> str:
         f"F={config['fragments']} (`{config['pattern']}`), H={config['sync_every']}, outer "
         f"{config['outer_lr']} / {config['outer_momentum']}, quorum "
         f"{config['quorum_fraction']} / grace {config['grace']} s"
+        + (f", overlap {config['overlap']}" if config.get("overlap") is not None else "")
     )
 
 
