@@ -141,6 +141,8 @@ class LearnerDriver:
         self._pending: MemoryObjectReceiveStream[_Job] = receive
         self._log: list[Entry] | None = None
         self._changed = anyio.Event()
+        self.waited = 0.0
+        """Seconds ``wait_to_step`` has waited in all."""
 
     @property
     def state(self) -> Learner:
@@ -181,7 +183,7 @@ class LearnerDriver:
             return False
         now = self._rt.clock.now()
         with self._lock:
-            if self._state.must_wait(now):
+            if self._state.wait_until(now) is not None:
                 return False
             state, actions = self._state.stepped(tokens, now)
             if actions:
@@ -190,14 +192,19 @@ class LearnerDriver:
         return True
 
     async def wait_to_step(self) -> None:
-        """Return once the next step may be counted (``Learner.must_wait``, with
-        ``RunConfig.overlap``): woken by every input that may prepare a version, and
-        checking again at every ``poll_interval`` (the wait is bounded by time)."""
+        """Return once the next step may be counted (``Learner.wait_until``, with
+        ``RunConfig.overlap``): woken by every input that may prepare a version, and at the
+        latest when the wait's time is up."""
         clock = self._rt.clock
-        while self._state.must_wait(clock.now()):
+        began = clock.now()
+        waited = False
+        while (until := self._state.wait_until(clock.now())) is not None:
+            waited = True
             self._changed = anyio.Event()
-            with anyio.move_on_after(self._rt.options.poll_interval):
+            with anyio.move_on_after(until - clock.now()):
                 await self._changed.wait()
+        if waited:
+            self.waited += clock.now() - began
 
     def flush_once(self, now: float | None = None) -> None:
         """One turn of the closing flush (at ``now``, default the clock's): apply what is

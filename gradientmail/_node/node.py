@@ -140,6 +140,7 @@ class Node:
     def state(self) -> NodeState:
         """What this node has done so far (see ``NodeState``)."""
         stats = self._rt.store.stats
+        waited = 0.0
         if self._driver is None:
             round, aligned, steps, tokens, committed = -1, -1, 0, 0, 0
             versions: tuple[int, ...] = ()
@@ -148,6 +149,7 @@ class Node:
             round, steps, tokens = learner.newest_round, learner.step, learner.tokens
             versions, committed = learner.versions, learner.committed
             aligned = learner.aligned_round
+            waited = self._driver.waited
         state = NodeState(
             learner=self.learner,
             round=round,
@@ -159,6 +161,7 @@ class Node:
             bytes_published=stats.bytes_up,
             bytes_downloaded=stats.bytes_down,
             requests=stats.requests,
+            waited_seconds=waited,
         )
         return state if self._group is None else self._group.state(state)
 
@@ -177,7 +180,7 @@ class Node:
         only (the model must not be changing while it runs). Its cost is in-place tensor
         operations and the copies of due fragments; all I/O happens in the node's tasks.
         With ``RunConfig.overlap`` it waits, at the step that applies a round's version,
-        until that version is ready (``Learner.must_wait``: at most ``2 · grace`` after
+        until that version is ready (``Learner.wait_until``: at most ``2 · grace`` after
         the snapshot).
         Raises ``NodeFailed`` (the cause chained) once a task of the node has failed (the
         block's body is cancelled then too), and ``TypeError``/``ValueError`` for bad

@@ -36,6 +36,10 @@ class NodeState:
     group_bytes_sent, group_bytes_received
         Payload bytes this rank sent to and received from its group's collectives (control
         exchanges, and the fragments the leader broadcast); 0 without a group.
+    waited_seconds
+        Seconds ``step()`` spent waiting for a round's version at its overlap step
+        (``RunConfig.overlap``; 0 without it). A share of the training time that grows
+        means the rounds take longer than ``overlap`` steps: raise it.
     """
 
     learner: str
@@ -52,3 +56,4 @@ class NodeState:
     world: int = 1
     group_bytes_sent: int = 0
     group_bytes_received: int = 0
+    waited_seconds: float = 0.0

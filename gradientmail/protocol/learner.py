@@ -14,8 +14,8 @@ local weights started from), the snapshot it published, and the version being pr
     (``fragments.due`` on the step shifted by the learner's phase, see below) unless a
     snapshot of it is unresolved or a version of it is pending. With ``RunConfig.overlap``
     the version of the round a snapshot went to is applied at the step ``overlap`` steps
-    after it, no earlier; ``must_wait`` tells the driver when the next step must wait for
-    it.
+    after it, no earlier; ``wait_until`` tells the driver how long the next step must wait
+    for it.
 ``took(fragment, snapshot)``
     The driver copied the fragment (``S``); answers the ``Publish`` to carry out for round
     ``round_of(f, version(B) + 1)``: the next round of that fragment after the newest record
@@ -218,23 +218,26 @@ class Learner:
             for slot in self.slots
         )
 
-    def must_wait(self, now: float) -> bool:
-        """Whether the next step must wait (``RunConfig.overlap``): it is the step at which a
-        fragment applies the version of the round its snapshot went to, that version is not
-        ready, and the snapshot was taken less than ``rounds.due_for`` before ``now``.
-        Never while closing: the flush applies whatever is ready."""
+    def wait_until(self, now: float) -> float | None:
+        """When the next step may be taken at the latest (``RunConfig.overlap``), None
+        when it need not wait: it waits while it is the step at which a fragment applies
+        the version of the round its snapshot went to and that version is not ready, until
+        ``rounds.due_for`` after the snapshot. Never while closing: the flush applies
+        whatever is ready."""
         overlap = self.config.overlap
         if overlap is None or self.closing is not None:
-            return False
+            return None
         window = due_for(self.config)
+        until = None
         for slot in self.slots:
             published = slot.published
             if published is None or self.step + 1 < published.step + overlap:
                 continue
             ready = slot.ready
-            if (ready is None or ready.round < published.round) and now - published.at < window:
-                return True
-        return False
+            end = published.at + window
+            if (ready is None or ready.round < published.round) and now < end:
+                until = end if until is None else min(until, end)
+        return until
 
     def downloads(self) -> list[Download]:
         """The versions to fetch now, one per fragment that wants one (see ``Download``)."""

@@ -456,17 +456,17 @@ def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the
     learner, _ = learner.stepped(1, now=1.0)
     learner, actions = learner.stepped(1, now=2.0)
     learner, _ = take(learner, actions)
-    assert not learner.must_wait(2.1)  # the next step, 3, applies nothing
+    assert learner.wait_until(2.1) is None  # the next step, 3, applies nothing
     learner, _ = learner.stepped(1, now=3.0)
-    assert learner.must_wait(3.9)
-    assert not learner.must_wait(4.0)  # the round is late: go on, apply it when it comes
-    assert not learner.began_closing([(torch.zeros(2),)] * 2).must_wait(3.9)
+    assert learner.wait_until(3.9) == 4.0
+    assert learner.wait_until(4.0) is None  # the round is late: go on, apply it when it comes
+    assert learner.began_closing([(torch.zeros(2),)] * 2).wait_until(3.9) is None
     learner, _ = learner.publish_done(0, 0)
     learner, _ = learner.record_seen(record(0, included=("me",)), now=3.2)
-    assert learner.must_wait(3.5)  # the record is in, its version is not prepared yet
+    assert learner.wait_until(3.5) == 4.0  # the record is in, its version is not prepared
     learner = learner.version_ready(0, 0, (torch.ones(2),))
-    assert not learner.must_wait(3.5)
-    assert not published_at_two().must_wait(3.5)
+    assert learner.wait_until(3.5) is None
+    assert published_at_two().wait_until(3.5) is None
 
 
 def test_with_overlap_the_rounds_pace_the_learner_and_its_schedule_stays_put() -> None:

@@ -32,16 +32,17 @@ CONFIG = RunConfig(fragments=2, sync_every=8, grace=1.0, keep_versions=1000, kee
 
 async def run(
     config: RunConfig, pauses: dict[str, float], seed: int
-) -> tuple[list[object], list[int | None]]:
+) -> tuple[list[object], list[int | None], dict[str, float]]:
     """Learners ``a`` and ``b`` train ``STEPS`` steps each on one mailbox, ``b`` starting once
     ``a`` created the run and ``a`` stepping once ``b`` joined; between steps each sleeps a
     random time up to ``pauses[name]`` (drawn from ``seed``). Returns what the run
-    committed (round, participants, θ) and the lags of the versions they applied while
-    training."""
+    committed (round, participants, θ), the lags of the versions they applied while
+    training and the seconds each waited for them."""
     box = MemoryMailbox()
     created = anyio.Event()
     joined = anyio.Event()
     lags: list[int | None] = []
+    waited: dict[str, float] = {}
     draws = random.Random(seed)
 
     closing: set[str] = set()
@@ -67,6 +68,7 @@ async def run(
                 trainer.step()
                 await node.step(tokens=16)
                 await anyio.sleep(draws.uniform(0, pauses[name]))
+            waited[name] = node.state.waited_seconds
 
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
@@ -77,20 +79,23 @@ async def run(
         (r.round, sorted((p.learner, p.steps) for p in r.participants), r.theta)
         for r in await records(box)
     ]
-    return committed, lags
+    return committed, lags, waited
 
 
 async def test_with_overlap_the_run_computes_the_same_whatever_the_timing() -> None:
     config = msgspec.structs.replace(CONFIG, overlap=3)
-    first, lags = await run(config, {"a": PAUSE, "b": PAUSE}, seed=1)
-    again, _ = await run(config, {"a": PAUSE, "b": 6 * PAUSE}, seed=2)
+    first, lags, _ = await run(config, {"a": PAUSE, "b": PAUSE}, seed=1)
+    again, _, waited = await run(config, {"a": PAUSE, "b": 6 * PAUSE}, seed=2)
     both = [r for r in first if [name for name, _ in r[1]] == ["a", "b"]]
     assert len(both) >= STEPS // 4 - 2, first  # every round of the training has both
     assert {lag for lag in lags if lag is not None} == {3}
     assert first == again
+    # The faster learner waited for the slower one's rounds, and says so.
+    assert waited["a"] > waited["b"] >= 0
 
 
 async def test_without_overlap_the_same_runs_differ() -> None:
-    first, _ = await run(CONFIG, {"a": PAUSE, "b": PAUSE}, seed=1)
-    again, _ = await run(CONFIG, {"a": PAUSE, "b": 6 * PAUSE}, seed=2)
+    first, _, _ = await run(CONFIG, {"a": PAUSE, "b": PAUSE}, seed=1)
+    again, _, waited = await run(CONFIG, {"a": PAUSE, "b": 6 * PAUSE}, seed=2)
     assert [r[2] for r in first] != [r[2] for r in again]
+    assert waited == {"a": 0.0, "b": 0.0}
