@@ -17,8 +17,9 @@ batches) or one seed several times:
   batches and configuration, so what differs between runs is the timing of the learners'
   processes (which rounds close with whom, and when a learner takes an update), which is
   what made the issue's word_language_model port end 70% worse in one run of two. The local
-  arms run every time too: their spread is the machine's own nondeterminism. Written to
-  ``text-rerun-{size}.json``.
+  arms run every time too: their spread is the machine's own nondeterminism. The
+  ``gm-overlap-N`` arms are the defaults with ``RunConfig.overlap = N`` (rounds that pace
+  the learners: the same steps give the same run). Written to ``text-rerun-{size}.json``.
 
 Per row (a seed, or ``seed#run`` in ``rerun``): each arm's validation bits per byte, its
 excess over ``dp`` of the same row, and whether each gradientmail arm ends below ``single``.
@@ -79,7 +80,7 @@ MODES: dict[str, dict[str, Any]] = {
         "reruns": RERUNS,
         "learners": 2,
         "inner": "sgd",
-        "arms": ["dp", "single", "gm-defaults"],
+        "arms": ["dp", "single", "gm-defaults", "gm-overlap-2", "gm-overlap-5"],
     },
 }
 

@@ -10,6 +10,7 @@ Usage: ``.venv/bin/python benchmarks/report.py [--results DIR] [--docs DIR]``.
 import argparse
 import json
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1603,6 +1604,7 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
             f"alone: standard deviation {_num(gm['stdev'], 4)} bits/byte.",
             "",
         )
+        _paced(page, per_seed, over)
     elif single is not None:
         page.add(
             f"The single learner's own max/min excess over data-parallel, {_num(single, 2)}, "
@@ -1611,6 +1613,36 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
             "",
         )
     _text_seed_targets(page, p, over)
+
+
+def _paced(page: Page, per_seed: dict[str, Any], over: dict[str, Any]) -> None:
+    """The ``gm-overlap-N`` arms of a rerun mode against the defaults: spread and wall."""
+
+    def wall(arm: str) -> float:
+        return statistics.median(row[arm]["wall_seconds"] for row in per_seed.values())
+
+    paced = sorted((arm for arm in over if arm.startswith("gm-overlap-")), key=_overlap_of)
+    if not paced:
+        return
+    lines = [
+        f"`overlap = {_overlap_of(arm)}`: final loss max/min "
+        f"{_num(over[arm]['bits_per_byte_spread'], 3)} (standard deviation "
+        f"{_num(over[arm]['bits_per_byte']['stdev'], 4)}), median wall "
+        f"{_num(wall(arm) / wall('gm-defaults'), 2)}× the defaults'"
+        for arm in paced
+    ]
+    page.add(
+        "With rounds that pace the learners (`RunConfig.overlap`, docs/protocol.md) the "
+        "timing no longer reaches the numbers: "
+        + "; ".join(lines)
+        + ". A smaller overlap waits more often for the round (the wall time), a larger one "
+        "applies each round later.",
+        "",
+    )
+
+
+def _overlap_of(arm: str) -> int:
+    return int(arm.removeprefix("gm-overlap-"))
 
 
 def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from bench_helpers import ROOT, run_benchmark
 
+from gradientmail.protocol.records import RunConfig
+
 
 def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs"
@@ -99,6 +101,8 @@ def test_rerun_rows_and_the_spread_of_excesses_that_share_a_sign() -> None:
     rerun = seeds.MODES["rerun"]
     assert seeds.rows(rerun) == [(f"0#{n}", 0) for n in range(1, seeds.RERUNS + 1)]
     assert seeds.rows(seeds.MODES["repeat"]) == [(str(s), s) for s in range(5)]
+    assert seeds.config("gm-overlap-5") == RunConfig(overlap=5)
+    assert seeds.config("gm-defaults") == RunConfig()
 
     def arms(gm: float) -> dict[str, dict[str, float]]:
         return {"dp": {"bits_per_byte": 3.0, "wall_seconds": 1.0}} | {
