@@ -198,11 +198,10 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 )
         if self.outer_lr <= 0:
             raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
-        if self.overlap is not None and not 1 <= self.overlap < self.sync_every:
+        if self.overlap is not None and not 1 <= self.overlap <= self.sync_every:
             raise ValueError(
-                f"RunConfig.overlap must be None or at least 1 and below sync_every "
-                f"({self.sync_every}): a version is applied before its fragment's next "
-                f"snapshot; got {self.overlap}"
+                f"RunConfig.overlap must be None or from 1 to sync_every ({self.sync_every}): "
+                f"a version is applied by its fragment's next snapshot; got {self.overlap}"
             )
 
 

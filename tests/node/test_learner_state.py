@@ -436,14 +436,21 @@ def applied_at(learner: Learner) -> int:
     raise AssertionError("never applied")
 
 
-@pytest.mark.parametrize(("overlap", "step"), [(None, 3), (1, 3), (2, 4), (3, 5)])
+@pytest.mark.parametrize(("overlap", "step"), [(None, 3), (1, 3), (2, 4), (3, 5), (4, 6)])
 def test_with_overlap_a_version_is_applied_exactly_overlap_steps_after_its_snapshot(
     overlap: int | None, step: int
 ) -> None:
     """The snapshot went out after step 2 and its round's version was ready at t=2.5:
     without overlap it is applied at the next step, with it at step 2 + overlap however
-    early it was ready."""
-    assert applied_at(paced(overlap)) == step
+    early it was ready; overlap = sync_every applies it in the step whose end takes the
+    fragment's next snapshot (first the version, then the snapshot)."""
+    learner = paced(overlap)
+    assert applied_at(learner) == step
+    if overlap == 4:
+        for t in range(3, 7):
+            learner, actions = learner.stepped(1, now=float(t))
+        kinds = [type(a) for a in actions if getattr(a, "fragment", None) == 0]
+        assert kinds == [Apply, Snapshot]
 
 
 def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the_grace() -> None:

@@ -306,8 +306,8 @@ def test_committed_record_from_a_record() -> None:
         ({"outlier_factor": 0.5}, "outlier_factor"),
         ({"grace": float("inf")}, "grace"),
         ({"alpha": float("nan")}, "alpha"),
-        ({"overlap": 0}, "overlap must be None or at least 1"),
-        ({"sync_every": 50, "overlap": 50}, "below sync_every \\(50\\)"),
+        ({"overlap": 0}, "overlap must be None or from 1"),
+        ({"sync_every": 50, "overlap": 51}, "to sync_every \\(50\\)"),
     ],
 )
 def test_run_config_checks_its_ranges(changes: dict[str, Any], match: str) -> None:
