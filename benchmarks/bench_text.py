@@ -46,7 +46,8 @@ Validation loss is in bits per byte on a fixed set of windows of the validation 
 final figure is the mean over learners of their models at the end (after gradientmail's
 closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
 [--size quick|small|medium|full] [--results DIR] [--only ARM ...]
-[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...]`` (``bench_text_seeds`` has the
+[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...] [--overlap N]`` (``--overlap``:
+the gradientmail arms with ``RunConfig.overlap``; ``bench_text_seeds`` has the
 modes over seeds: the defaults confirmed, and repeatability with plain SGD over seeds and
 over reruns of one seed;
 ``bench_text_timing`` the fp32 pairs' wall time, each pair in both orders); ``nox -s bench-text``
@@ -497,8 +498,11 @@ def _failure(events: dict[str, float], learners: list[dict[str, Any]]) -> dict[s
 # -- the run ----------------------------------------------------------------------------
 
 
-def run_arm(arm: str, size_name: str, seed: int, scratch: Path) -> dict[str, Any]:
-    """One arm by name (see ``arms``)."""
+def run_arm(
+    arm: str, size_name: str, seed: int, scratch: Path, overlap: int | None = None
+) -> dict[str, Any]:
+    """One arm by name (see ``arms``); a gradientmail arm with ``RunConfig.overlap`` =
+    ``overlap``."""
     if arm in ("dp", "single"):
         return run_local(arm, {"size": size_name, "seed": seed})
     parts = arm.split("-")
@@ -506,7 +510,8 @@ def run_arm(arm: str, size_name: str, seed: int, scratch: Path) -> dict[str, Any
     killed = parts[-1] == "kill"
     where = scratch / arm
     if system == "gm":
-        return run_gradientmail(size_name, seed, sync_every, encoding, where, killed)
+        config = msgspec.structs.replace(run_config(sync_every, encoding), overlap=overlap)
+        return run_gradientmail(size_name, seed, sync_every, encoding, where, killed, config=config)
     return run_torchft(size_name, seed, sync_every, where, killed)
 
 
@@ -553,10 +558,15 @@ def _figures(per_arm: dict[str, dict[str, Any]], size: dict[str, Any]) -> dict[s
 
 
 def run(
-    results: Path, size_name: str, only: list[str] | None, log: Callable[[str], None] = print
+    results: Path,
+    size_name: str,
+    only: list[str] | None,
+    log: Callable[[str], None] = print,
+    overlap: int | None = None,
 ) -> Path:
-    """Every arm of the size (or ``only`` those); writes ``results/text.json`` (full size)
-    or ``results/text-{size}.json``."""
+    """Every arm of the size (or ``only`` those), the gradientmail arms with
+    ``RunConfig.overlap`` = ``overlap``; writes ``results/text.json`` (full size) or
+    ``results/text-{size}.json``."""
     size = SIZES[size_name]
     chosen = [arm for arm in arms(size) if only is None or arm in only]
     from gradientmail.demo.model import GPT
@@ -571,6 +581,7 @@ def run(
             "outer_lr": run_config(size["kill_sync_every"], "fp32").outer_lr,
             "outer_momentum": run_config(size["kill_sync_every"], "fp32").outer_momentum,
             "lr": LR,
+            "overlap": overlap,
             "arms": chosen,
             "params": GPT(model_config(size)).num_parameters(),
             "corpus": corpus.description,
@@ -589,7 +600,7 @@ def run(
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-") as scratch:
         for arm in chosen:
-            per_arm[arm] = run_arm(arm, size_name, 0, Path(scratch))
+            per_arm[arm] = run_arm(arm, size_name, 0, Path(scratch), overlap)
             r = per_arm[arm]
             log(
                 f"  {arm}: {r['bits_per_byte']:.4f} bits/byte, {r['wall_seconds']:.0f} s"
@@ -637,6 +648,11 @@ def main() -> None:
     parser.add_argument(
         "--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat|rerun"
     )
+    parser.add_argument(
+        "--overlap",
+        type=int,
+        help="RunConfig.overlap of the gradientmail arms (--mode arms; default none)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -651,7 +667,7 @@ def main() -> None:
 
         path = bench_text_seeds.run(args.results, args.size, args.mode, args.seeds, args.only)
     else:
-        path = run(args.results, args.size, args.only)
+        path = run(args.results, args.size, args.only, overlap=args.overlap)
     print(f"wrote {path}")
 
 

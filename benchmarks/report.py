@@ -1683,6 +1683,16 @@ def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> N
             defaults["bits_per_byte_spread"] <= p["spread_max"],
             "bench_text --mode " + p["mode"],
         )
+        for arm in sorted((a for a in over if a.startswith("gm-overlap-")), key=_overlap_of):
+            paced = over[arm].get("excess_spread")
+            page.target(
+                f"{where}: with overlap {_overlap_of(arm)}, spread of the excess over DP, "
+                f"max/min over {over_what}",
+                f"≤ {p['spread_max']}",
+                _num(paced, 2) if paced is not None else "undefined (straddles DP's loss)",
+                paced is not None and paced <= p["spread_max"],
+                "bench_text --mode " + p["mode"],
+            )
     previous = over.get("gm-previous")
     if previous is not None and "excess_over_dp" in previous:
         ours, theirs = (
