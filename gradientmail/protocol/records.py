@@ -121,11 +121,12 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     overlap
         When a learner applies the version of a round it published to (Streaming DiLoCo's
         overlap τ): exactly ``overlap`` local steps after its snapshot, its ``step`` waiting
-        for the version when it is not ready by then (at most ``rounds.due_for`` after the
-        snapshot; past that it goes on and applies it when it comes; a sharded group never
-        waits). The trajectory then depends on the steps, not on how fast the store
-        answered (docs/protocol.md, "Rounds that pace the learners"). None: at the first
-        step after the version is ready, never waiting (a lag that varies with the timing).
+        for the version when it is not ready by then (at most ``rounds.due_for``, twice the
+        grace, after the snapshot: with no grace, never; past that it goes on and applies it
+        when it comes; a sharded group never waits). The trajectory then depends on the
+        steps, not on how fast the store answered (docs/protocol.md, "Rounds that pace the
+        learners"). None: at the first step after the version is ready, never waiting (a lag
+        that varies with the timing).
     checkpoint_every
         θ and the outer momentum of a fragment are stored (a checkpoint) with every
         ``checkpoint_every``-th version of it; every other record carries only its update,
