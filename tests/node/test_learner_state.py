@@ -138,12 +138,7 @@ def finals_out(model: tuple[tuple[torch.Tensor, ...], ...]) -> tuple[Learner, li
 def published_at_two() -> Learner:
     """One step a second; fragment 0 comes due after step 2 (t=2) and goes out; step 3 at
     t=3."""
-    learner = fresh()
-    learner, _ = learner.stepped(1, now=1.0)
-    learner, actions = learner.stepped(1, now=2.0)
-    learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
-    learner, _ = learner.stepped(1, now=3.0)
+    learner, _ = out_at(fresh(), 2.0).stepped(1, now=3.0)
     return learner
 
 
@@ -412,16 +407,26 @@ def test_a_record_without_arrivals_or_without_this_learner_moves_nothing() -> No
         assert learner.hold_until == 0
 
 
-def paced(overlap: int | None) -> Learner:
-    """``published_at_two`` under ``RunConfig.overlap``; round 0 committed with this
-    learner, seen at t=2.5 and its version prepared at once."""
+def with_overlap(overlap: int | None) -> Learner:
     zero = (torch.zeros(2),)
     config = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=overlap)
-    learner = Learner.start(config, "me", (0, 0), (zero, zero), -1)
-    learner, _ = learner.stepped(1, now=1.0)
-    learner, actions = learner.stepped(1, now=2.0)
+    return Learner.start(config, "me", (0, 0), (zero, zero), -1)
+
+
+def out_at(learner: Learner, at: float) -> Learner:
+    """Two steps, a second apart, the second at ``at``: fragment 0's snapshot after it
+    goes out."""
+    learner, _ = learner.stepped(1, now=at - 1)
+    learner, actions = learner.stepped(1, now=at)
     learner, _ = take(learner, actions)
     learner, _ = learner.publish_done(0, 0)
+    return learner
+
+
+def paced(overlap: int | None) -> Learner:
+    """A snapshot out at t=2 under ``RunConfig.overlap``; round 0 committed with this
+    learner, seen at t=2.5 and its version prepared at once."""
+    learner = out_at(with_overlap(overlap), 2.0)
     learner, _ = learner.record_seen(record(0, included=("me",)), now=2.5)
     return learner.version_ready(0, 0, (torch.ones(2),))
 
@@ -457,18 +462,12 @@ def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the
     """Snapshot at t=2 (grace 1 s): the step after step 3 is the one that applies round 0's
     version (overlap 2), so it must wait until the version is ready or t=4; a version
     ready, closing, or no overlap at all: no wait."""
-    zero = (torch.zeros(2),)
-    config = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=2)
-    learner = Learner.start(config, "me", (0, 0), (zero, zero), -1)
-    learner, _ = learner.stepped(1, now=1.0)
-    learner, actions = learner.stepped(1, now=2.0)
-    learner, _ = take(learner, actions)
+    learner = out_at(with_overlap(2), 2.0)
     assert learner.wait_until(2.1) is None  # the next step, 3, applies nothing
     learner, _ = learner.stepped(1, now=3.0)
     assert learner.wait_until(3.9) == 4.0
     assert learner.wait_until(4.0) is None  # the round is late: go on, apply it when it comes
     assert learner.began_closing([(torch.zeros(2),)] * 2).wait_until(3.9) is None
-    learner, _ = learner.publish_done(0, 0)
     learner, _ = learner.record_seen(record(0, included=("me",)), now=3.2)
     assert learner.wait_until(3.5) == 4.0  # the record is in, its version is not prepared
     learner = learner.version_ready(0, 0, (torch.ones(2),))
@@ -480,21 +479,11 @@ def test_with_overlap_the_rounds_pace_the_learner_and_its_schedule_stays_put() -
     """The two rules that move a learner's schedule for a snapshot that was waited on
     (late in the grace, or a step or more before the last participant's) leave a paced
     learner alone: its overlap step already waits for the rounds."""
-    zero = (torch.zeros(2),)
-    config = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=2)
-    learner = Learner.start(config, "me", (0, 0), (zero, zero), -1)
-    learner, _ = learner.stepped(1, now=3.0)
-    learner, actions = learner.stepped(1, now=4.0)
-    learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
+    learner = out_at(with_overlap(2), 4.0)
     late = record(0, included=("me", "x"), grace=0.7, arrived={"me": 0.0, "x": 2.4})
     learner, _ = learner.record_seen(late, now=4.1)
     assert (learner.phase, learner.hold_until) == (0, 0)
-    unpaced, _ = fresh().stepped(1, now=3.0)
-    unpaced, actions = unpaced.stepped(1, now=4.0)
-    unpaced, _ = take(unpaced, actions)
-    unpaced, _ = unpaced.publish_done(0, 0)
-    unpaced, _ = unpaced.record_seen(late, now=4.1)
+    unpaced, _ = out_at(with_overlap(None), 4.0).record_seen(late, now=4.1)
     assert unpaced.phase == 2
 
 
