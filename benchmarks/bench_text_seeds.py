@@ -12,7 +12,8 @@ batches) or one seed several times:
 - ``repeat``: seeds 0 … 4; 2 learners, each on its half of the training text, and the
   plain-SGD inner optimizer (``bench_text.inner_optimizer("sgd")``); ``gm-defaults``,
   ``dp`` (one model on both halves' batches) and ``single`` (one learner on the first half,
-  the same steps: equal steps per learner). Written to ``text-repeat-{size}.json``.
+  the same steps: equal steps per learner), and ``gm-overlap-5`` (below). Written to
+  ``text-repeat-{size}.json``.
 - ``rerun``: ``repeat``'s arms on seed 0 alone, five times (``RERUNS``): the same model,
   batches and configuration, so what differs between runs is the timing of the learners'
   processes (which rounds close with whom, and when a learner takes an update), which is
@@ -73,7 +74,7 @@ MODES: dict[str, dict[str, Any]] = {
         "seeds": [0, 1, 2, 3, 4],
         "learners": 2,
         "inner": "sgd",
-        "arms": ["dp", "single", "gm-defaults"],
+        "arms": ["dp", "single", "gm-defaults", "gm-overlap-5"],
     },
     "rerun": {
         "seeds": [0],
