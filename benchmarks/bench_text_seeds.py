@@ -14,7 +14,7 @@ batches) or one seed several times:
   ``dp`` (one model on both halves' batches) and ``single`` (one learner on the first half,
   the same steps: equal steps per learner), and ``gm-overlap-5`` (below). Written to
   ``text-repeat-{size}.json``.
-- ``rerun``: ``repeat``'s arms on seed 0 alone, five times (``RERUNS``): the same model,
+- ``rerun``: ``repeat``'s task on seed 0 alone, five times (``RERUNS``): the same model,
   batches and configuration, so what differs between runs is the timing of the learners'
   processes (which rounds close with whom, and when a learner takes an update), which is
   what made the issue's word_language_model port end 70% worse in one run of two. The local
