@@ -28,7 +28,8 @@ def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) ->
     assert result["parameters"]["learners"] == 2
     assert result["parameters"]["inner"] == "sgd"
     row = result["figures"]["per_seed"]["0"]
-    assert set(row) == {"dp", "single", "gm-defaults"}
+    assert set(row) == {"dp", "single", "gm-defaults", "gm-overlap-5"}
+    assert result["figures"]["arms"]["0"]["gm-overlap-5"]["config"]["overlap"] == 5
     gm = row["gm-defaults"]
     assert gm["rounds_committed"] > 0
     assert isinstance(gm["beats_single"], bool)
@@ -44,6 +45,7 @@ def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) ->
     assert "Repeatability" in section
     assert "runs below single" in section
     assert "spread of the excess over DP" in page.split("## 1.")[0]
+    assert "with overlap 5, spread of the excess over DP" in page.split("## 1.")[0]
 
 
 def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
