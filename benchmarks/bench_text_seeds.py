@@ -93,9 +93,15 @@ def config(arm: str) -> Any:
 
     if arm == "gm-defaults":
         return RunConfig()
-    if arm.startswith(OVERLAP):
-        return RunConfig(overlap=int(arm.removeprefix(OVERLAP)))
+    overlap = overlap_of(arm)
+    if overlap is not None:
+        return RunConfig(overlap=overlap)
     return RunConfig(**PREVIOUS)
+
+
+def overlap_of(arm: str) -> int | None:
+    """The overlap of a ``gm-overlap-N`` arm, None for any other arm."""
+    return int(arm.removeprefix(OVERLAP)) if arm.startswith(OVERLAP) else None
 
 
 def run_arm(arm: str, size: str, seed: int, mode: dict[str, Any], scratch: Path) -> dict[str, Any]:

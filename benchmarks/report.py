@@ -17,6 +17,7 @@ from typing import Any
 
 import _harness as h
 import bench_text
+import bench_text_seeds
 
 PAGE = "benchmarks.md"
 PLOTS = "benchmarks"
@@ -1621,15 +1622,15 @@ def _paced(page: Page, per_seed: dict[str, Any], over: dict[str, Any]) -> None:
     def wall(arm: str) -> float:
         return statistics.median(row[arm]["wall_seconds"] for row in per_seed.values())
 
-    paced = sorted((arm for arm in over if arm.startswith("gm-overlap-")), key=_overlap_of)
+    paced = _paced_arms(over)
     if not paced:
         return
     lines = [
-        f"`overlap = {_overlap_of(arm)}`: final loss max/min "
+        f"`overlap = {overlap}`: final loss max/min "
         f"{_num(over[arm]['bits_per_byte_spread'], 3)} (standard deviation "
         f"{_num(over[arm]['bits_per_byte']['stdev'], 4)}), median wall "
         f"{_num(wall(arm) / wall('gm-defaults'), 2)}× the defaults'"
-        for arm in paced
+        for arm, overlap in paced
     ]
     page.add(
         "With rounds that pace the learners (`RunConfig.overlap`, docs/protocol.md) the "
@@ -1641,8 +1642,10 @@ def _paced(page: Page, per_seed: dict[str, Any], over: dict[str, Any]) -> None:
     )
 
 
-def _overlap_of(arm: str) -> int:
-    return int(arm.removeprefix("gm-overlap-"))
+def _paced_arms(over: dict[str, Any]) -> list[tuple[str, int]]:
+    """The ``gm-overlap-N`` arms among ``over``'s with their overlap, by overlap."""
+    found = [(arm, bench_text_seeds.overlap_of(arm)) for arm in over]
+    return sorted(((arm, n) for arm, n in found if n is not None), key=lambda item: item[1])
 
 
 def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> None:
@@ -1683,10 +1686,10 @@ def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> N
             defaults["bits_per_byte_spread"] <= p["spread_max"],
             "bench_text --mode " + p["mode"],
         )
-        for arm in sorted((a for a in over if a.startswith("gm-overlap-")), key=_overlap_of):
+        for arm, overlap in _paced_arms(over):
             paced = over[arm].get("excess_spread")
             page.target(
-                f"{where}: with overlap {_overlap_of(arm)}, spread of the excess over DP, "
+                f"{where}: with overlap {overlap}, spread of the excess over DP, "
                 f"max/min over {over_what}",
                 f"≤ {p['spread_max']}",
                 _num(paced, 2) if paced is not None else "undefined (straddles DP's loss)",

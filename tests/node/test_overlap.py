@@ -16,7 +16,6 @@ import msgspec
 import pytest
 from node_helpers import FAST, Trainer, records, tiny_model
 
-from gradientmail._node import Node
 from gradientmail._node import node as open_node
 from gradientmail.events import Closing, Event, FragmentAligned
 from gradientmail.mailbox import MemoryMailbox
@@ -57,11 +56,9 @@ async def run(
     async def learner(name: str, seed: int) -> None:
         model = tiny_model(seed)
         trainer = Trainer(model, seed)
-        nodes: list[Node] = []
         async with open_node(
             model, box, learner=name, config=config, options=FAST, sinks=[seen]
         ) as node:
-            nodes.append(node)
             (joined if name == "b" else created).set()
             await joined.wait()
             for _ in range(STEPS):
