@@ -55,8 +55,9 @@ behind" (its snapshots missed rounds or came late in the grace: the phase moves 
 "A learner that runs ahead" (a round it was in waited a step or more after its snapshot for
 the last participant's, ``Participant.arrived``: the schedule stands still for that many
 steps, ``hold_until``, so that it moves back without any fragment coming due twice).
-With ``overlap`` (``paced``) only the first rule stands: the wait at the overlap step holds
-a learner that runs ahead, and a snapshot waited on late in the grace moves nothing.
+With ``overlap`` (``paced``) neither rule moves the schedule: the wait at the overlap step
+holds a learner that runs ahead, and one that fell behind catches up while the others'
+rounds wait for it (up to the grace each, or for good under quorum 1.0).
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -195,9 +196,9 @@ class Learner:
     @property
     def paced(self) -> bool:
         """Whether the rounds pace this learner (``RunConfig.overlap``): a learner ahead of
-        the others waits for their rounds at its overlap step, so the schedule is neither
-        moved for a snapshot waited on late in the grace nor held back (those rules would
-        make the snapshots' steps depend on the timing)."""
+        the others waits for their rounds at its overlap step, so its schedule never moves
+        (the resynchronization rules would make the snapshots' steps depend on the
+        timing)."""
         return self.config.overlap is not None
 
     @property
@@ -224,7 +225,7 @@ class Learner:
         the version of the round its snapshot went to and that version is not ready, until
         ``rounds.due_for`` after the snapshot. Never while closing: the flush applies
         whatever is ready."""
-        overlap = self.config.overlap
+        overlap = self.config.applied_after
         if overlap is None or self.closing is not None:
             return None
         window = due_for(self.config)
@@ -418,7 +419,7 @@ class Learner:
         steps after that snapshot."""
         state = self
         actions: list[Action] = []
-        overlap = self.config.overlap
+        overlap = self.config.applied_after
         for fragment, slot in enumerate(self.slots):
             ready = slot.ready
             if ready is None:
@@ -530,9 +531,15 @@ class Learner:
             and (resolution is None or resolution.outcome == "late")
             and (resolution is not None or self.ledger[fragment].in_flight is None)
         )
+        if self.paced:
+            # The waits at the overlap step keep paced learners in the same rounds: one that
+            # fell behind catches up while the others' rounds wait for it. Moving the schedule
+            # from clock readings (which include those waits) could step over a fragment's due
+            # step every period, and would make the snapshots' steps depend on the timing.
+            return state, actions
         if missed:
             state = state._realigned(record, seen_at, published, least=0.0)
-        elif resolution is not None and resolution.outcome == "included" and not self.paced:
+        elif resolution is not None and resolution.outcome == "included":
             # Waited for, in the late half of the grace: one jitter from missing the next.
             moved = state._realigned(record, seen_at, published, least=self.config.grace / 2)
             if moved.phase != state.phase:

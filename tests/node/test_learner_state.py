@@ -28,7 +28,9 @@ from gradientmail.protocol.records import BlobRef, Participant, Rejection, Round
 node_module = importlib.import_module("gradientmail._node.node")
 driver_module = importlib.import_module("gradientmail._node.learner")
 receive_module = importlib.import_module("gradientmail._node.receive")
-CONFIG = RunConfig(fragments=2, sync_every=4, grace=1.0)
+CONFIG = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=None)
+"""Unpaced: the schedule rules that react to the timing are what most tests here check; the
+paced learner (the default overlap) has its own tests below (``with_overlap``)."""
 REF = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
 
 
@@ -476,15 +478,21 @@ def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the
 
 
 def test_with_overlap_the_rounds_pace_the_learner_and_its_schedule_stays_put() -> None:
-    """The two rules that move a learner's schedule for a snapshot that was waited on
-    (late in the grace, or a step or more before the last participant's) leave a paced
-    learner alone: its overlap step already waits for the rounds."""
+    """The rules that move a learner's schedule for a snapshot that was waited on (late in
+    the grace, or a step or more before the last participant's) or that missed its round
+    leave a paced learner alone: its overlap step already waits for the rounds, and the
+    others' rounds wait for it."""
     learner = out_at(with_overlap(2), 4.0)
     late = record(0, included=("me", "x"), grace=0.7, arrived={"me": 0.0, "x": 2.4})
     learner, _ = learner.record_seen(late, now=4.1)
     assert (learner.phase, learner.hold_until) == (0, 0)
     unpaced, _ = out_at(with_overlap(None), 4.0).record_seen(late, now=4.1)
     assert unpaced.phase == 2
+    missed = record(0, included=("other",), grace=2.5)
+    learner, _ = out_at(with_overlap(2), 4.0).record_seen(missed, now=4.5)
+    assert (learner.phase, learner.hold_until) == (0, 0)
+    unpaced, _ = out_at(with_overlap(None), 4.0).record_seen(missed, now=4.5)
+    assert unpaced.phase == 3
 
 
 def test_a_round_is_due_from_a_snapshot_until_its_record_or_twice_the_grace() -> None:
