@@ -3,7 +3,9 @@
     python docs/examples/train_two_nodes.py [DIRECTORY] [STEPS]
 
 Each node trains the same MLP on its own two-spirals data with AdamW (the inner optimizer);
-gradientmail averages their progress fragment by fragment. Rerun on a DIRECTORY to continue.
+gradientmail averages their progress fragment by fragment. The two meet at a barrier before
+their first step, so that a new run of the same steps computes the same model (the rounds
+pace the learners: RunConfig.overlap). Rerun on a DIRECTORY to continue.
 """
 
 import math
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 
 import gradientmail
-from gradientmail import NodeOptions, node
+from gradientmail import Barrier, NodeOptions, node
 
 CONFIG = gradientmail.RunConfig(fragments=3, sync_every=24, grace=0.5)
 OPTIONS = NodeOptions(poll_interval=0.05, lease_every=0.5, lease_timeout=5.0)
@@ -51,7 +53,11 @@ async def learner(name: str, directory: str, seed: int, steps: int) -> None:
         optimizer.step()
         return float(loss.detach())
 
-    async with node(net, directory, learner=name, config=CONFIG, options=OPTIONS) as n:
+    async with (
+        gradientmail.mailbox.open(directory) as mailbox,
+        node(net, mailbox, learner=name, config=CONFIG, options=OPTIONS) as n,
+    ):
+        await Barrier(mailbox, name, poll_interval=0.05).wait("start", parties=2, timeout=60)
         for step in range(steps):
             loss = await anyio.to_thread.run_sync(train_step, step)
             await n.step(tokens=BATCH)

@@ -38,8 +38,8 @@ class NodeState:
         exchanges, and the fragments the leader broadcast); 0 without a group.
     waited_seconds
         Seconds ``step()`` spent waiting for a round's version at its overlap step
-        (``RunConfig.overlap``; 0 without it). A share of the training time that grows
-        means the rounds take longer than ``overlap`` steps: raise it.
+        (``RunConfig.overlap``; always 0 with ``overlap=None``). A share of the training
+        time that grows means the rounds take longer than ``overlap`` steps: raise it.
     """
 
     learner: str

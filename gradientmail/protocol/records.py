@@ -120,13 +120,15 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         version; ``alpha``: θ ← alpha·θ_local + (1 − alpha)·θ_global.
     overlap
         When a learner applies the version of a round it published to (Streaming DiLoCo's
-        overlap τ): exactly ``overlap`` local steps after its snapshot, its ``step`` waiting
-        for the version when it is not ready by then (at most ``rounds.due_for``, twice the
-        grace, after the snapshot: with no grace, never; past that it goes on and applies it
-        when it comes; a sharded group never waits). The trajectory then depends on the
-        steps, not on how fast the store answered (docs/protocol.md, "Rounds that pace the
-        learners"). None: at the first step after the version is ready, never waiting (a lag
-        that varies with the timing).
+        overlap τ): exactly ``overlap`` local steps after its snapshot (at most
+        ``sync_every``: a version is applied by its fragment's next snapshot; see
+        ``applied_after``), its ``step`` waiting for the version when it is not ready by
+        then (at most ``rounds.due_for``, twice the grace, after the snapshot: with no
+        grace, never; past that it goes on and applies it when it comes; a sharded group
+        never waits). The trajectory then depends on the steps, not on how fast the store
+        answered: the same run twice gives the same model (docs/protocol.md, "Rounds that
+        pace the learners"; the default, 2, is the measured one). None: at the first step
+        after the version is ready, never waiting (a lag that varies with the timing).
     checkpoint_every
         θ and the outer momentum of a fragment are stored (a checkpoint) with every
         ``checkpoint_every``-th version of it; every other record carries only its update,
@@ -156,7 +158,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     grace: float = 2.0
     merge: MergeRule = "keep-progress"
     alpha: float = 0.5
-    overlap: int | None = None
+    overlap: int | None = 2
     keep_rounds: int = 16
     keep_versions: int = 2
     checkpoint_every: int = 8
@@ -199,11 +201,18 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 )
         if self.outer_lr <= 0:
             raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
-        if self.overlap is not None and not 1 <= self.overlap <= self.sync_every:
+        if self.overlap is not None and self.overlap < 1:
             raise ValueError(
-                f"RunConfig.overlap must be None or from 1 to sync_every ({self.sync_every}): "
-                f"a version is applied by its fragment's next snapshot; got {self.overlap}"
+                f"RunConfig.overlap must be None (never wait) or a positive number of steps, "
+                f"got {self.overlap}"
             )
+
+    @property
+    def applied_after(self) -> int | None:
+        """The local steps from a snapshot to the step that applies its round's version:
+        ``overlap``, at most ``sync_every`` (the fragment's next snapshot applies it at the
+        latest); None without ``overlap``."""
+        return None if self.overlap is None else min(self.overlap, self.sync_every)
 
 
 class BlobRef(msgspec.Struct, frozen=True, kw_only=True):

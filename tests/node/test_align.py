@@ -1,6 +1,7 @@
 """Learners that step at different paces publish together (issue 17): a round that waited
 for its last participant tells the earlier ones how long (``Participant.arrived``), and they
-move their schedule back (``Learner._held_back``).
+move their schedule back (``Learner._held_back``). The rule is the unpaced learner's
+(``overlap=None``); a paced one is held back by its wait at the overlap step instead.
 
 Two learners with quorum 1.0: ``a`` takes ``TICK`` of simulated compute a step, ``b`` takes
 ``1.5 × TICK``, so ``a`` gains 4 steps (0.16 s) on ``b`` in every round (8 of ``b``'s
@@ -21,7 +22,9 @@ from gradientmail.protocol.records import RoundRecord, RunConfig
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = RunConfig(fragments=2, sync_every=16, grace=0.4, keep_versions=1000, keep_rounds=1000)
+CONFIG = RunConfig(
+    fragments=2, sync_every=16, grace=0.4, overlap=None, keep_versions=1000, keep_rounds=1000
+)
 TICK = 0.04
 ROUNDS = 24
 WARM = 8

@@ -5,7 +5,8 @@ is late, so that what the run computes depends on the steps and not on the timin
 Two learners train the same steps on the same batches twice, each time with its own random
 pauses between steps (one run's learner ``b`` several times slower than the other's): the
 two runs commit the same rounds with the same participants and bit for bit the same θ.
-Without overlap the same two runs apply versions at steps that depend on the timing and
+This holds with the default ``overlap`` and with a larger one. Without overlap
+(``overlap=None``) the same two runs apply versions at steps that depend on the timing and
 their θ differ (the control that shows the timing does reach the numbers here).
 """
 
@@ -27,6 +28,7 @@ STEPS = 48
 PAUSE = 0.01
 """The longest random pause between two steps of the faster learner."""
 CONFIG = RunConfig(fragments=2, sync_every=8, grace=1.0, keep_versions=1000, keep_rounds=1000)
+"""The defaults' overlap (2)."""
 
 
 async def run(
@@ -79,20 +81,24 @@ async def run(
     return committed, lags, waited
 
 
-async def test_with_overlap_the_run_computes_the_same_whatever_the_timing() -> None:
-    config = msgspec.structs.replace(CONFIG, overlap=3)
+@pytest.mark.parametrize("overlap", [CONFIG.overlap, 3], ids=["default", "overlap-3"])
+async def test_with_overlap_the_run_computes_the_same_whatever_the_timing(
+    overlap: int | None,
+) -> None:
+    config = msgspec.structs.replace(CONFIG, overlap=overlap)
     first, lags, _ = await run(config, {"a": PAUSE, "b": PAUSE}, seed=1)
     again, _, waited = await run(config, {"a": PAUSE, "b": 6 * PAUSE}, seed=2)
     both = [r for r in first if [name for name, _ in r[1]] == ["a", "b"]]
     assert len(both) >= STEPS // 4 - 2, first  # every round of the training has both
-    assert {lag for lag in lags if lag is not None} == {3}
+    assert {lag for lag in lags if lag is not None} == {overlap}
     assert first == again
     # The faster learner waited for the slower one's rounds, and says so.
     assert waited["a"] > waited["b"] >= 0
 
 
 async def test_without_overlap_the_same_runs_differ() -> None:
-    first, _, _ = await run(CONFIG, {"a": PAUSE, "b": PAUSE}, seed=1)
-    again, _, waited = await run(CONFIG, {"a": PAUSE, "b": 6 * PAUSE}, seed=2)
+    unpaced = msgspec.structs.replace(CONFIG, overlap=None)
+    first, _, _ = await run(unpaced, {"a": PAUSE, "b": PAUSE}, seed=1)
+    again, _, waited = await run(unpaced, {"a": PAUSE, "b": 6 * PAUSE}, seed=2)
     assert [r[2] for r in first] != [r[2] for r in again]
     assert waited == {"a": 0.0, "b": 0.0}

@@ -306,13 +306,23 @@ def test_committed_record_from_a_record() -> None:
         ({"outlier_factor": 0.5}, "outlier_factor"),
         ({"grace": float("inf")}, "grace"),
         ({"alpha": float("nan")}, "alpha"),
-        ({"overlap": 0}, "overlap must be None or from 1"),
-        ({"sync_every": 50, "overlap": 51}, "to sync_every \\(50\\)"),
+        ({"overlap": 0}, "overlap must be None \\(never wait\\) or a positive"),
     ],
 )
 def test_run_config_checks_its_ranges(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         RunConfig(**changes)
+
+
+@pytest.mark.parametrize(
+    ("sync_every", "overlap", "applied_after"),
+    [(50, 2, 2), (50, 50, 50), (50, 51, 50), (1, 2, 1), (4, None, None)],
+)
+def test_a_version_is_applied_by_its_fragments_next_snapshot_at_the_latest(
+    sync_every: int, overlap: int | None, applied_after: int | None
+) -> None:
+    config = RunConfig(fragments=1, sync_every=sync_every, overlap=overlap)
+    assert config.applied_after == applied_after
 
 
 # -- keys -------------------------------------------------------------------------------------

@@ -107,15 +107,21 @@ async def test_a_diverged_learner_cannot_take_the_honest_model() -> None:
         async with gradientmail.node(honest, box, learner="a", config=config, options=FAST) as n:
             await train(n, honest, until_round=8)
 
+    def diverge() -> None:
+        with torch.no_grad():
+            for param in diverged.parameters():
+                param.fill_(3e38)
+
     async def run_diverged() -> None:
         async with gradientmail.node(diverged, box, learner="b", config=config, options=FAST) as n:
             with anyio.fail_after(30):
                 while n.state.round < 8:
-                    with torch.no_grad():
-                        for param in diverged.parameters():
-                            param.fill_(3e38)
+                    diverge()
                     await n.step(tokens=1 << 20)
                     await anyio.sleep(0.002)
+            # Diverged at the close too: the step before may have reset it to the global θ
+            # (its round rejected the snapshot), and a final of that is an honest one.
+            diverge()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run_honest)
