@@ -46,8 +46,9 @@ Validation loss is in bits per byte on a fixed set of windows of the validation 
 final figure is the mean over learners of their models at the end (after gradientmail's
 closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
 [--size quick|small|medium|full] [--results DIR] [--only ARM ...]
-[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...] [--overlap N]`` (``--overlap``:
-the gradientmail arms with ``RunConfig.overlap``; ``bench_text_seeds`` has the
+[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...] [--overlap N|none]``
+(``--overlap``: the gradientmail arms with that ``RunConfig.overlap`` rather than the
+default's; ``bench_text_seeds`` has the
 modes over seeds: the defaults confirmed, and repeatability with plain SGD over seeds and
 over reruns of one seed;
 ``bench_text_timing`` the fp32 pairs' wall time, each pair in both orders); ``nox -s bench-text``
@@ -499,10 +500,10 @@ def _failure(events: dict[str, float], learners: list[dict[str, Any]]) -> dict[s
 
 
 def run_arm(
-    arm: str, size_name: str, seed: int, scratch: Path, overlap: int | None = None
+    arm: str, size_name: str, seed: int, scratch: Path, changes: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """One arm by name (see ``arms``); a gradientmail arm with ``RunConfig.overlap`` =
-    ``overlap``."""
+    """One arm by name (see ``arms``); a gradientmail arm's ``RunConfig`` with ``changes``
+    (``{"overlap": None}``: unpaced)."""
     if arm in ("dp", "single"):
         return run_local(arm, {"size": size_name, "seed": seed})
     parts = arm.split("-")
@@ -510,7 +511,7 @@ def run_arm(
     killed = parts[-1] == "kill"
     where = scratch / arm
     if system == "gm":
-        config = msgspec.structs.replace(run_config(sync_every, encoding), overlap=overlap)
+        config = msgspec.structs.replace(run_config(sync_every, encoding), **(changes or {}))
         return run_gradientmail(size_name, seed, sync_every, encoding, where, killed, config=config)
     return run_torchft(size_name, seed, sync_every, where, killed)
 
@@ -562,13 +563,17 @@ def run(
     size_name: str,
     only: list[str] | None,
     log: Callable[[str], None] = print,
-    overlap: int | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> Path:
-    """Every arm of the size (or ``only`` those), the gradientmail arms with
-    ``RunConfig.overlap`` = ``overlap``; writes ``results/text.json`` (full size) or
-    ``results/text-{size}.json``."""
+    """Every arm of the size (or ``only`` those), the gradientmail arms' ``RunConfig`` with
+    ``changes``; writes ``results/text.json`` (full size) or ``results/text-{size}.json``."""
     size = SIZES[size_name]
     chosen = [arm for arm in arms(size) if only is None or arm in only]
+    if not chosen:
+        raise SystemExit(
+            f"no arm of size {size_name} is named by --only {' '.join(only or [])}: "
+            f"the arms are {' '.join(arms(size))}"
+        )
     from gradientmail.demo.model import GPT
 
     corpus = data.stdlib_corpus(shards=K, seed=0)
@@ -581,7 +586,9 @@ def run(
             "outer_lr": run_config(size["kill_sync_every"], "fp32").outer_lr,
             "outer_momentum": run_config(size["kill_sync_every"], "fp32").outer_momentum,
             "lr": LR,
-            "overlap": overlap,
+            "overlap": msgspec.structs.replace(
+                run_config(size["kill_sync_every"], "fp32"), **(changes or {})
+            ).overlap,
             "arms": chosen,
             "params": GPT(model_config(size)).num_parameters(),
             "corpus": corpus.description,
@@ -600,7 +607,7 @@ def run(
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-") as scratch:
         for arm in chosen:
-            per_arm[arm] = run_arm(arm, size_name, 0, Path(scratch), overlap)
+            per_arm[arm] = run_arm(arm, size_name, 0, Path(scratch), changes)
             r = per_arm[arm]
             log(
                 f"  {arm}: {r['bits_per_byte']:.4f} bits/byte, {r['wall_seconds']:.0f} s"
@@ -610,11 +617,13 @@ def run(
                     else ""
                 )
             )
-    result["figures"] = _figures(per_arm, size) | {
-        "arms": per_arm,
-        "total_seconds": time.perf_counter() - began,
-    }
-    return h.write_result(results, name, result)
+            # After every arm, so that an interrupted run keeps what it measured.
+            result["figures"] = _figures(per_arm, size) | {
+                "arms": per_arm,
+                "total_seconds": time.perf_counter() - began,
+            }
+            h.write_result(results, name, result)
+    return results / f"{name}.json"
 
 
 def _worker(spec_path: Path, role: str) -> None:
@@ -631,6 +640,18 @@ def _worker(spec_path: Path, role: str) -> None:
     result["cpu_seconds"] = times.user + times.system
     out = Path(spec["scratch"]) / f"result-{role}.json"
     out.write_text(json.dumps(result), encoding="utf-8")
+
+
+def _overlap(text: str) -> dict[str, int | None]:
+    """``--overlap``'s change to the ``RunConfig``: a number of steps, or ``none``."""
+    if text == "none":
+        return {"overlap": None}
+    try:
+        return {"overlap": int(text)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of steps or none, got {text!r}"
+        ) from None
 
 
 def main() -> None:
@@ -650,8 +671,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--overlap",
-        type=int,
-        help="RunConfig.overlap of the gradientmail arms (--mode arms; default none)",
+        type=_overlap,
+        default={},
+        dest="changes",
+        help="RunConfig.overlap of the gradientmail arms, a number of steps or none "
+        "(--mode arms; default: the default's)",
     )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -667,7 +691,7 @@ def main() -> None:
 
         path = bench_text_seeds.run(args.results, args.size, args.mode, args.seeds, args.only)
     else:
-        path = run(args.results, args.size, args.only, overlap=args.overlap)
+        path = run(args.results, args.size, args.only, changes=args.changes)
     print(f"wrote {path}")
 
 

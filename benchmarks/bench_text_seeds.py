@@ -12,15 +12,18 @@ batches) or one seed several times:
 - ``repeat``: seeds 0 … 4; 2 learners, each on its half of the training text, and the
   plain-SGD inner optimizer (``bench_text.inner_optimizer("sgd")``); ``gm-defaults``,
   ``dp`` (one model on both halves' batches) and ``single`` (one learner on the first half,
-  the same steps: equal steps per learner), and ``gm-overlap-5`` (below). Written to
-  ``text-repeat-{size}.json``.
+  the same steps: equal steps per learner), ``gm-unpaced`` and ``gm-overlap-5`` (below).
+  Written to ``text-repeat-{size}.json``.
 - ``rerun``: ``repeat``'s task on seed 0 alone, five times (``RERUNS``): the same model,
   batches and configuration, so what differs between runs is the timing of the learners'
   processes (which rounds close with whom, and when a learner takes an update), which is
   what made the issue's word_language_model port end 70% worse in one run of two. The local
   arms run every time too: their spread is the machine's own nondeterminism. The
   ``gm-overlap-N`` arms are the defaults with ``RunConfig.overlap = N`` (rounds that pace
-  the learners: the same steps give the same run). Written to ``text-rerun-{size}.json``.
+  the learners: the same steps give the same run; the defaults pace too, with overlap 2),
+  ``gm-unpaced`` the defaults with ``overlap = None`` (a learner takes each version at the
+  first step after it is ready, a lag that varies with the timing). Written to
+  ``text-rerun-{size}.json``.
 
 Per row (a seed, or ``seed#run`` in ``rerun``): each arm's validation bits per byte, its
 excess over ``dp`` of the same row, and whether each gradientmail arm ends below ``single``.
@@ -32,8 +35,8 @@ is zero. The repeatability target: every row below ``single``, the excess within
 The result file is rewritten after every run, so that an interrupted mode keeps what it
 measured, and a later invocation keeps the runs of the file it does not repeat (``--only dp
 single`` first, the gradientmail arms later, gives one file; one that runs no arm, ``--only
-none``, recomputes the figures of the stored runs); each gradientmail run records its
-``RunConfig``.
+none``, recomputes the figures of the stored runs; the runs of an arm the mode no longer
+has are dropped); each gradientmail run records its ``RunConfig``.
 """
 
 import json
@@ -56,12 +59,15 @@ PREVIOUS: dict[str, Any] = {
     "outer_momentum": 0.9,
     "quorum_fraction": 0.5,
     "grace": 2.0,
+    "overlap": None,
 }
-"""``RunConfig``'s defaults before the grid chose them."""
+"""``RunConfig``'s defaults before the grid chose them (unpaced: ``overlap`` came later)."""
 SPREAD_MAX = 1.3
 RERUNS = 5
 OVERLAP = "gm-overlap-"
 """The prefix of an arm with the defaults and ``RunConfig.overlap`` set to its suffix."""
+UNPACED = "gm-unpaced"
+"""The arm with the defaults and ``RunConfig.overlap = None``."""
 
 MODES: dict[str, dict[str, Any]] = {
     "defaults": {
@@ -74,25 +80,27 @@ MODES: dict[str, dict[str, Any]] = {
         "seeds": [0, 1, 2, 3, 4],
         "learners": 2,
         "inner": "sgd",
-        "arms": ["dp", "single", "gm-defaults", "gm-overlap-5"],
+        "arms": ["dp", "single", "gm-defaults", UNPACED, "gm-overlap-5"],
     },
     "rerun": {
         "seeds": [0],
         "reruns": RERUNS,
         "learners": 2,
         "inner": "sgd",
-        "arms": ["dp", "single", "gm-defaults", "gm-overlap-2", "gm-overlap-5"],
+        "arms": ["dp", "single", "gm-defaults", UNPACED, "gm-overlap-5"],
     },
 }
 
 
 def config(arm: str) -> Any:
     """The ``RunConfig`` of a gradientmail arm: the defaults, ``gm-overlap-N`` the defaults
-    with ``overlap = N``, or ``PREVIOUS`` over them."""
+    with ``overlap = N``, ``UNPACED`` with none, or ``PREVIOUS`` over them."""
     from gradientmail.protocol.records import RunConfig
 
     if arm == "gm-defaults":
         return RunConfig()
+    if arm == UNPACED:
+        return RunConfig(overlap=None)
     overlap = overlap_of(arm)
     if overlap is not None:
         return RunConfig(overlap=overlap)
@@ -210,7 +218,10 @@ def run(
     parameters["model"] = bt.SIZES[size]["model"]
     path = results / f"{name}.json"
     stored = json.loads(path.read_text()) if path.exists() else None
-    per_seed: dict[str, dict[str, dict[str, Any]]] = stored["figures"]["arms"] if stored else {}
+    per_seed: dict[str, dict[str, dict[str, Any]]] = {
+        label: {arm: run for arm, run in row.items() if arm in MODES[mode_name]["arms"]}
+        for label, row in (stored["figures"]["arms"] if stored else {}).items()
+    }
     began = time.perf_counter()
     if not chosen and stored is not None:
         # Nothing to run: the figures again from the stored runs, under their own header.

@@ -17,7 +17,6 @@ from typing import Any
 
 import _harness as h
 import bench_text
-import bench_text_seeds
 
 PAGE = "benchmarks.md"
 PLOTS = "benchmarks"
@@ -1073,7 +1072,14 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         f"at {p['lr']} with warm-up and cosine decay; {p['fragments']} fragments "
         f"(`{p['pattern']}`) in both systems, outer Nesterov SGD "
         f"{p.get('outer_lr', 0.7)} / {p.get('outer_momentum', 0.9)} in both. "
-        "Data-parallel trains one model on the union of the learners' batches. "
+        + (
+            f"gradientmail's learners apply each round's version {p['overlap']} steps after "
+            "their snapshot, waiting for it there if need be (`RunConfig.overlap`). "
+            if p.get("overlap") is not None
+            else "gradientmail's learners are unpaced (`RunConfig.overlap` None): each applies "
+            "a round's version at the first step after it is ready. "
+        )
+        + "Data-parallel trains one model on the union of the learners' batches. "
         "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
         "torchft runs each learner as its own replica group with `torchft.local_sgd.DiLoCo`, "
         "its lighthouse process and gloo on 127.0.0.1. Bytes per learner: gradientmail's "
@@ -1476,7 +1482,7 @@ def _config_words(config: dict[str, Any]) -> str:
         f"F={config['fragments']} (`{config['pattern']}`), H={config['sync_every']}, outer "
         f"{config['outer_lr']} / {config['outer_momentum']}, quorum "
         f"{config['quorum_fraction']} / grace {config['grace']} s"
-        + (f", overlap {config['overlap']}" if config.get("overlap") is not None else "")
+        + (f", overlap {config['overlap']}" if config.get("overlap") is not None else ", unpaced")
     )
 
 
@@ -1592,8 +1598,10 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
         ),
     )
     single = over.get("single", {}).get("excess_spread")
-    gm = over.get("gm-defaults", {}).get("bits_per_byte")
-    if p.get("reruns") and gm is not None:
+    unpaced = [
+        arm for arm in arm_names if arm.startswith("gm-") and arm not in _paced_arms(over, configs)
+    ]
+    if p.get("reruns") and unpaced:
         local = ", ".join(
             f"{arm}'s {_num(over[arm]['bits_per_byte_spread'], 3)}"
             for arm in ("dp", "single")
@@ -1601,11 +1609,16 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
         )
         page.add(
             f"The local arms' max/min over the reruns ({local}) is this machine's own "
-            "nondeterminism; what spreads gradientmail's rows is the timing of its processes "
-            f"alone: standard deviation {_num(gm['stdev'], 4)} bits/byte.",
+            "nondeterminism; what spreads an unpaced gradientmail's rows is the timing of its "
+            "processes alone: standard deviation "
+            + ", ".join(
+                f"{_num(over[arm]['bits_per_byte']['stdev'], 4)} bits/byte (`{arm}`)"
+                for arm in unpaced
+            )
+            + ".",
             "",
         )
-        _paced(page, per_seed, over)
+        _paced(page, per_seed, over, configs, unpaced[0])
     elif single is not None:
         page.add(
             f"The single learner's own max/min excess over data-parallel, {_num(single, 2)}, "
@@ -1613,24 +1626,30 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
             "spread near it is the task's, not the protocol's.",
             "",
         )
-    _text_seed_targets(page, p, over)
+    _text_seed_targets(page, p, over, configs)
 
 
-def _paced(page: Page, per_seed: dict[str, Any], over: dict[str, Any]) -> None:
-    """The ``gm-overlap-N`` arms of a rerun mode against the defaults: spread and wall."""
+def _paced(
+    page: Page,
+    per_seed: dict[str, Any],
+    over: dict[str, Any],
+    configs: dict[str, Any],
+    unpaced: str,
+) -> None:
+    """The paced arms of a rerun mode against the ``unpaced`` one: spread and wall."""
 
     def wall(arm: str) -> float:
         return statistics.median(row[arm]["wall_seconds"] for row in per_seed.values())
 
-    paced = _paced_arms(over)
+    paced = _paced_arms(over, configs)
     if not paced:
         return
     lines = [
-        f"`overlap = {overlap}`: final loss max/min "
+        f"`{arm}` (overlap {overlap}): final loss max/min "
         f"{_num(over[arm]['bits_per_byte_spread'], 3)} (standard deviation "
         f"{_num(over[arm]['bits_per_byte']['stdev'], 4)}), median wall "
-        f"{_num(wall(arm) / wall('gm-defaults'), 2)}× the defaults'"
-        for arm, overlap in paced
+        f"{_num(wall(arm) / wall(unpaced), 2)}× `{unpaced}`'s"
+        for arm, overlap in paced.items()
     ]
     page.add(
         "With rounds that pace the learners (`RunConfig.overlap`, docs/protocol.md) the "
@@ -1642,13 +1661,16 @@ def _paced(page: Page, per_seed: dict[str, Any], over: dict[str, Any]) -> None:
     )
 
 
-def _paced_arms(over: dict[str, Any]) -> list[tuple[str, int]]:
-    """The ``gm-overlap-N`` arms among ``over``'s with their overlap, by overlap."""
-    found = [(arm, bench_text_seeds.overlap_of(arm)) for arm in over]
-    return sorted(((arm, n) for arm, n in found if n is not None), key=lambda item: item[1])
+def _paced_arms(over: dict[str, Any], configs: dict[str, Any]) -> dict[str, int]:
+    """The gradientmail arms among ``over``'s whose runs set ``RunConfig.overlap``, with it,
+    by overlap."""
+    found = [(arm, configs.get(arm, {}).get("overlap")) for arm in over if arm.startswith("gm-")]
+    return dict(sorted(((a, n) for a, n in found if n is not None), key=lambda item: item[1]))
 
 
-def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> None:
+def _text_seed_targets(
+    page: Page, p: dict[str, Any], over: dict[str, Any], configs: dict[str, Any]
+) -> None:
     where = f"real text ({p['size']}, {p['learners']} learners, {p['inner']})"
     defaults = over.get("gm-defaults")
     if defaults is None or "runs" not in defaults:
@@ -1686,7 +1708,9 @@ def _text_seed_targets(page: Page, p: dict[str, Any], over: dict[str, Any]) -> N
             defaults["bits_per_byte_spread"] <= p["spread_max"],
             "bench_text --mode " + p["mode"],
         )
-        for arm, overlap in _paced_arms(over):
+        for arm, overlap in _paced_arms(over, configs).items():
+            if arm == "gm-defaults":
+                continue
             paced = over[arm].get("excess_spread")
             page.target(
                 f"{where}: with overlap {overlap}, spread of the excess over DP, "

@@ -28,8 +28,10 @@ def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) ->
     assert result["parameters"]["learners"] == 2
     assert result["parameters"]["inner"] == "sgd"
     row = result["figures"]["per_seed"]["0"]
-    assert set(row) == {"dp", "single", "gm-defaults", "gm-overlap-5"}
-    assert result["figures"]["arms"]["0"]["gm-overlap-5"]["config"]["overlap"] == 5
+    assert set(row) == {"dp", "single", "gm-defaults", "gm-unpaced", "gm-overlap-5"}
+    runs = result["figures"]["arms"]["0"]
+    assert runs["gm-overlap-5"]["config"]["overlap"] == 5
+    assert runs["gm-unpaced"]["config"]["overlap"] is None
     gm = row["gm-defaults"]
     assert gm["rounds_committed"] > 0
     assert isinstance(gm["beats_single"], bool)
@@ -46,6 +48,12 @@ def test_repeat_mode_measures_every_arm_and_the_page_shows_it(tmp_path: Path) ->
     assert "runs below single" in section
     assert "spread of the excess over DP" in page.split("## 1.")[0]
     assert "with overlap 5, spread of the excess over DP" in page.split("## 1.")[0]
+    unpaced = RunConfig(overlap=None)
+    assert (
+        f"`gm-unpaced`: F={unpaced.fragments} (`{unpaced.pattern}`), H={unpaced.sync_every}, "
+        f"outer {unpaced.outer_lr} / {unpaced.outer_momentum}, quorum "
+        f"{unpaced.quorum_fraction} / grace {unpaced.grace} s, unpaced"
+    ) in section
 
 
 def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
@@ -105,6 +113,7 @@ def test_rerun_rows_and_the_spread_of_excesses_that_share_a_sign() -> None:
     assert seeds.rows(seeds.MODES["repeat"]) == [(str(s), s) for s in range(5)]
     assert seeds.config("gm-overlap-5") == RunConfig(overlap=5)
     assert seeds.config("gm-defaults") == RunConfig()
+    assert seeds.config("gm-unpaced") == RunConfig(overlap=None)
 
     def arms(gm: float) -> dict[str, dict[str, float]]:
         return {"dp": {"bits_per_byte": 3.0, "wall_seconds": 1.0}} | {
