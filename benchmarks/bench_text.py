@@ -577,18 +577,17 @@ def run(
     from gradientmail.demo.model import GPT
 
     corpus = data.stdlib_corpus(shards=K, seed=0)
+    config = msgspec.structs.replace(run_config(size["kill_sync_every"], "fp32"), **(changes or {}))
     parameters = (
         {
             "size": size_name,
             "learners": K,
             "fragments": FRAGMENTS,
             "pattern": "contiguous",
-            "outer_lr": run_config(size["kill_sync_every"], "fp32").outer_lr,
-            "outer_momentum": run_config(size["kill_sync_every"], "fp32").outer_momentum,
+            "outer_lr": config.outer_lr,
+            "outer_momentum": config.outer_momentum,
             "lr": LR,
-            "overlap": msgspec.structs.replace(
-                run_config(size["kill_sync_every"], "fp32"), **(changes or {})
-            ).overlap,
+            "overlap": config.overlap,
             "arms": chosen,
             "params": GPT(model_config(size)).num_parameters(),
             "corpus": corpus.description,

@@ -1598,9 +1598,8 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
         ),
     )
     single = over.get("single", {}).get("excess_spread")
-    unpaced = [
-        arm for arm in arm_names if arm.startswith("gm-") and arm not in _paced_arms(over, configs)
-    ]
+    paced = _paced_arms(over, configs)
+    unpaced = [arm for arm in arm_names if arm.startswith("gm-") and arm not in paced]
     if p.get("reruns") and unpaced:
         local = ", ".join(
             f"{arm}'s {_num(over[arm]['bits_per_byte_spread'], 3)}"
@@ -1618,7 +1617,7 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
             + ".",
             "",
         )
-        _paced(page, per_seed, over, configs, unpaced[0])
+        _paced(page, per_seed, over, paced, unpaced[0])
     elif single is not None:
         page.add(
             f"The single learner's own max/min excess over data-parallel, {_num(single, 2)}, "
@@ -1626,22 +1625,22 @@ def _text_seed_mode(page: Page, result: dict[str, Any]) -> None:
             "spread near it is the task's, not the protocol's.",
             "",
         )
-    _text_seed_targets(page, p, over, configs)
+    _text_seed_targets(page, p, over, paced)
 
 
 def _paced(
     page: Page,
     per_seed: dict[str, Any],
     over: dict[str, Any],
-    configs: dict[str, Any],
+    paced: dict[str, int],
     unpaced: str,
 ) -> None:
-    """The paced arms of a rerun mode against the ``unpaced`` one: spread and wall."""
+    """The ``paced`` arms of a rerun mode (``_paced_arms``) against the ``unpaced`` one:
+    spread and wall."""
 
     def wall(arm: str) -> float:
         return statistics.median(row[arm]["wall_seconds"] for row in per_seed.values())
 
-    paced = _paced_arms(over, configs)
     if not paced:
         return
     lines = [
@@ -1669,7 +1668,7 @@ def _paced_arms(over: dict[str, Any], configs: dict[str, Any]) -> dict[str, int]
 
 
 def _text_seed_targets(
-    page: Page, p: dict[str, Any], over: dict[str, Any], configs: dict[str, Any]
+    page: Page, p: dict[str, Any], over: dict[str, Any], paced: dict[str, int]
 ) -> None:
     where = f"real text ({p['size']}, {p['learners']} learners, {p['inner']})"
     defaults = over.get("gm-defaults")
@@ -1708,7 +1707,7 @@ def _text_seed_targets(
             defaults["bits_per_byte_spread"] <= p["spread_max"],
             "bench_text --mode " + p["mode"],
         )
-        for arm, overlap in _paced_arms(over, configs).items():
+        for arm, overlap in paced.items():
             if arm == "gm-defaults":
                 continue
             paced = over[arm].get("excess_spread")

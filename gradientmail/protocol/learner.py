@@ -525,18 +525,18 @@ class Learner:
             self, ledger=ledger, newest_round=record.round, committed=committed, closing=closing
         )
         state = state._with(fragment, replace(slot, published=published))
-        missed = (
-            had_steps
-            and bool(record.participants)
-            and (resolution is None or resolution.outcome == "late")
-            and (resolution is not None or self.ledger[fragment].in_flight is None)
-        )
         if self.paced:
             # The waits at the overlap step keep paced learners in the same rounds: one that
             # fell behind catches up while the others' rounds wait for it. Moving the schedule
             # from clock readings (which include those waits) could step over a fragment's due
             # step every period, and would make the snapshots' steps depend on the timing.
             return state, actions
+        missed = (
+            had_steps
+            and bool(record.participants)
+            and (resolution is None or resolution.outcome == "late")
+            and (resolution is not None or self.ledger[fragment].in_flight is None)
+        )
         if missed:
             state = state._realigned(record, seen_at, published, least=0.0)
         elif resolution is not None and resolution.outcome == "included":
