@@ -61,6 +61,7 @@ __all__ = [
     "Preview",
     "block_of",
     "due",
+    "joined_phase",
     "mismatch",
     "offset",
     "preview",
@@ -219,6 +220,19 @@ def offset(fragment: int, config: RunConfig) -> int:
     if not 0 <= fragment < config.fragments:
         raise ValueError(f"fragment {fragment} is not in [0, {config.fragments})")
     return (fragment + 1) * config.sync_every // config.fragments % config.sync_every
+
+
+def joined_phase(newest_round: int, config: RunConfig) -> int:
+    """The schedule's phase of a learner that joins once round ``newest_round`` has
+    committed (-1: none): the step of the run, modulo ``sync_every``, at which that round
+    came due (``offset`` of its fragment), so that the rounds come due for the joiner in
+    order from the next one, a fragment's interval apart, as they did at the run's start
+    (phase 0 before round 0). Without it a learner that joins mid-run keeps the steps it
+    started at out of step with the others' for good when the rounds pace the learners
+    (its schedule never moves), and waits at every round."""
+    if newest_round < 0:
+        return 0
+    return offset(newest_round % config.fragments, config)
 
 
 def due(step: int, config: RunConfig) -> tuple[int, ...]:

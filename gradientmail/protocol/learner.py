@@ -57,7 +57,8 @@ the last participant's, ``Participant.arrived``: the schedule stands still for t
 steps, ``hold_until``, so that it moves back without any fragment coming due twice).
 With ``overlap`` (``paced``) neither rule moves the schedule: the wait at the overlap step
 holds a learner that runs ahead, and one that fell behind catches up while the others'
-rounds wait for it (up to the grace each, or for good under quorum 1.0).
+rounds wait for it (up to the grace each, or for good under quorum 1.0). Every learner
+starts in step with the rounds committed when it joins (``fragments.joined_phase``).
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -71,7 +72,7 @@ from dataclasses import dataclass, replace
 from msgspec import UNSET
 
 from gradientmail.protocol import keys
-from gradientmail.protocol.fragments import due
+from gradientmail.protocol.fragments import due, joined_phase
 from gradientmail.protocol.learner_values import (
     Action,
     Apply,
@@ -150,7 +151,9 @@ class Learner:
         thetas: Sequence[Tensors],
         newest_round: int,
     ) -> "Learner":
-        """A learner that joined at ``versions`` (θ ``thetas``) after round ``newest_round``."""
+        """A learner that joined at ``versions`` (θ ``thetas``) after round ``newest_round``,
+        its schedule in step with the rounds (``fragments.joined_phase``): the round after
+        ``newest_round`` comes due a fragment's interval of steps from now."""
         if len(versions) != config.fragments or len(thetas) != config.fragments:
             raise ValueError(f"a run of {config.fragments} fragments needs one version each")
         return cls(
@@ -159,6 +162,7 @@ class Learner:
             ledger=Ledger.new(config.fragments),
             slots=tuple(Slot(v, tuple(t)) for v, t in zip(versions, thetas, strict=True)),
             newest_round=newest_round,
+            phase=joined_phase(newest_round, config),
         )
 
     # -- queries -----------------------------------------------------------------------------

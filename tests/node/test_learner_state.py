@@ -4,6 +4,7 @@ node runs exactly it: the node modules hold no merge or outcome code of their ow
 import ast
 import importlib
 import inspect
+import itertools
 from pathlib import Path
 
 import pytest
@@ -493,6 +494,38 @@ def test_with_overlap_the_rounds_pace_the_learner_and_its_schedule_stays_put() -
     assert (learner.phase, learner.hold_until) == (0, 0)
     unpaced, _ = out_at(with_overlap(None), 4.0).record_seen(missed, now=4.5)
     assert unpaced.phase == 3
+
+
+@pytest.mark.parametrize("overlap", [2, None])
+@pytest.mark.parametrize(("fragments", "sync_every"), [(2, 4), (5, 100), (3, 10), (4, 4)])
+@pytest.mark.parametrize("newest", [-1, 0, 6, 13])
+def test_a_learner_that_joins_mid_run_takes_the_rounds_in_order_from_the_next(
+    fragments: int, sync_every: int, newest: int, overlap: int | None
+) -> None:
+    """Joined once round ``newest`` committed (versions as a joiner loads them), its
+    snapshots go to rounds ``newest + 1``, ``newest + 2``, ... with the fragment's interval
+    of steps between them, the first one interval after joining, as at the run's start.
+    Before the phase, a learner that restarted at step 0 in a run at step 445 (H 100, F 5)
+    published each fragment 45 steps out of step with the others and, paced, waited at
+    every round for the rest of the run (the full-size kill benchmark)."""
+    config = RunConfig(fragments=fragments, sync_every=sync_every, overlap=overlap)
+    versions = tuple((newest - f) // fragments + 1 if newest >= f else 0 for f in range(fragments))
+    zero = (torch.zeros(2),)
+    learner = Learner.start(config, "me", versions, (zero,) * fragments, newest)
+    rounds = []
+    for step in range(1, 2 * sync_every + 1):
+        learner, actions = learner.stepped(1, now=float(step))
+        for action in actions:
+            if isinstance(action, Snapshot):
+                rounds.append((action.round, step))
+                learner, _ = learner.took(action.fragment, zero)
+                learner, _ = learner.publish_done(action.fragment, action.round)
+    expected = [newest + 1 + k for k in range(len(rounds))]
+    assert [r for r, _ in rounds] == expected
+    interval = sync_every // fragments
+    steps = [s for _, s in rounds]
+    assert steps[0] in (interval, interval + 1)
+    assert all(b - a in (interval, interval + 1) for a, b in itertools.pairwise(steps))
 
 
 def test_a_round_is_due_from_a_snapshot_until_its_record_or_twice_the_grace() -> None:

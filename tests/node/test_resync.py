@@ -76,3 +76,95 @@ async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rou
         f"rounds {first}..{first + CHECKED - 1} after the stretch ended at round "
         f"{caught_up[0]}: {seen}"
     )
+
+
+RESTART = RunConfig(fragments=4, sync_every=128, grace=0.4, keep_versions=1000, keep_rounds=1000)
+"""Paced (the default overlap, 2); a fragment comes due every 32 steps."""
+RESTART_AT = 66
+"""The step of ``a``'s period at which ``b`` restarts: just after fragment 1's round (due at
+64) has committed and ``a`` applied it (at 66)."""
+WAIT_LIMIT = 1.0
+"""Seconds both learners may wait in all from ``b``'s restart to the end of the checked
+rounds. A restarted learner's local steps count from 0; in step with the rounds it comes
+due 2 steps after ``a`` once (measured: 0.06-0.08 s of waits in all), out of step about 64
+steps before or after ``a`` for good (4.3 s, waited out at up to ``2 × grace`` a round
+until the rounds meet in time)."""
+
+
+async def test_a_restarted_learner_rejoins_the_paced_rounds_in_step() -> None:
+    """``b`` crashes (its node cancelled mid-training, as in ``test_membership``) and
+    restarts at once with a fresh model while ``a`` is at step ``RESTART_AT`` of its
+    period. Paced learners never move their schedule, so the schedule ``b`` joins with is
+    the one it keeps: it starts in step with the rounds committed
+    (``fragments.joined_phase``), every round from its ``N``-th has both learners, and
+    the waits from its restart on are little more than the closes'. Before the joined
+    phase its first snapshot went to round 8 of a run at round 5 (out of step by 64 steps)
+    and the learners waited 4.3 s in all."""
+    box = MemoryMailbox()
+    period = RESTART.sync_every
+    a_ready = anyio.Event()
+    crashed = anyio.Event()
+    restart = anyio.Event()
+    stop = anyio.Event()
+    rejoined: list[int] = []
+    restarted: list[Node] = []
+    waits: list[float] = []
+
+    async def a() -> None:
+        model = tiny_model(1)
+        trainer = Trainer(model, 1)
+        async with open_node(model, box, learner="a", config=RESTART, options=FAST) as node:
+            a_ready.set()
+            while not stop.is_set():
+                trainer.step()
+                await node.step(tokens=16)
+                await anyio.sleep(TICK)
+                if crashed.is_set() and node.state.steps % period == RESTART_AT:
+                    restart.set()
+                both = node.state.waited_seconds + sum(n.state.waited_seconds for n in restarted)
+                if restarted and not waits:
+                    waits.append(both)
+                if rejoined and node.state.round >= rejoined[0] + N + CHECKED:
+                    waits.append(both)
+                    stop.set()
+
+    async def b() -> None:
+        model = tiny_model(2)
+        trainer = Trainer(model, 2)
+        with anyio.CancelScope() as scope:
+            async with open_node(model, box, learner="b", options=FAST) as node:
+                for _ in range(period):
+                    trainer.step()
+                    await node.step(tokens=16)
+                    await anyio.sleep(TICK)
+                scope.cancel()
+                await anyio.sleep_forever()
+        crashed.set()
+        await restart.wait()
+        model = tiny_model(3)
+        trainer = Trainer(model, 3)
+        async with open_node(model, box, learner="b", options=FAST) as node:
+            rejoined.append(node.state.round)
+            restarted.append(node)
+            while not stop.is_set():
+                trainer.step()
+                await node.step(tokens=16)
+                await anyio.sleep(TICK)
+
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a)
+            await a_ready.wait()
+            tg.start_soon(b)
+    history = await records(box)
+    seen = {r.round: sorted(p.learner for p in r.participants) for r in history}
+    first = rejoined[0] + N
+    window = history[first : first + CHECKED]
+    assert len(window) == CHECKED
+    assert all(seen[r.round] == ["a", "b"] for r in window), (
+        f"rounds {first}..{first + CHECKED - 1} after b rejoined at round {rejoined[0]}: {seen}"
+    )
+    b_first = min(r.round for r in history if r.round > rejoined[0] and "b" in seen[r.round])
+    assert b_first == rejoined[0] + 1, seen
+    waited = waits[-1] - waits[0]
+    assert waited < WAIT_LIMIT, f"the learners waited {waited:.2f} s from b's restart on"
