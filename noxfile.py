@@ -78,7 +78,8 @@ def bench_large(session: nox.Session) -> None:
 def bench_text(session: nox.Session) -> None:
     """The real-text benchmark against torchft's DiLoCo (needs the ``bench`` extra), then
     ``docs/benchmarks.md``; ``nox -s bench-text -- --size small`` for the scaled-down run,
-    ``-- --only dp gm-fp32-H100 torchft-fp32-H100`` for some arms, ``-- --size medium
+    ``-- --only dp gm-fp32-H100 torchft-fp32-H100`` for some arms (with ``--keep`` the
+    results file keeps the stored runs of the others: a full run in parts), ``-- --size medium
     --mode defaults`` (the defaults over three seeds), ``--mode repeat`` (two learners,
     plain SGD, five seeds), ``--mode rerun`` (the same, one seed five times: only the
     timing differs) or ``--mode timing`` (each fp32 pair in both orders: the wall target's

@@ -46,9 +46,11 @@ Validation loss is in bits per byte on a fixed set of windows of the validation 
 final figure is the mean over learners of their models at the end (after gradientmail's
 closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
 [--size quick|small|medium|full] [--results DIR] [--only ARM ...]
-[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...] [--overlap N|none]``
+[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...] [--overlap N|none] [--keep]``
 (``--overlap``: the gradientmail arms with that ``RunConfig.overlap`` rather than the
-default's; ``bench_text_seeds`` has the
+default's; ``--keep``: the results file keeps the stored runs of the arms not run now, every
+run marked with the invocation that measured it, and gradientmail ÷ torchft time ratios
+only for a pair from one invocation; ``bench_text_seeds`` has the
 modes over seeds: the defaults confirmed, and repeatability with plain SGD over seeds and
 over reruns of one seed;
 ``bench_text_timing`` the fp32 pairs' wall time, each pair in both orders); ``nox -s bench-text``
@@ -355,7 +357,7 @@ def run_gradientmail(
     syncer = launched["reports"]["syncer"]
     rounds = syncer["rounds"]
     lags = [lag for r in learners for lag in r["lag_steps"]]
-    summary = _summary(launched, learners)
+    summary = _summary(launched, learners, size["eval_every"])
     return summary | {
         "cpu_seconds": summary["cpu_seconds"] + syncer["cpu_seconds"],
         "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners)
@@ -432,14 +434,16 @@ def run_torchft(
         )
         launched = bc.launch(Path(__file__).resolve(), spec, services=(), kill=_kill(size, killed))
     learners = [launched["reports"][str(k)] for k in range(K)]
-    return _summary(launched, learners) | {
+    return _summary(launched, learners, size["eval_every"]) | {
         "bytes_per_learner": sum(r["allreduce_bytes"] for r in learners) / K,
         "syncs": [r["syncs"] for r in learners],
         "failed_syncs": [r["failed_syncs"] for r in learners],
     }
 
 
-def _summary(launched: dict[str, Any], learners: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(
+    launched: dict[str, Any], learners: list[dict[str, Any]], eval_every: int
+) -> dict[str, Any]:
     finals = [r["final_loss"] for r in learners]
     final = sum(finals) / len(finals)
     summary: dict[str, Any] = {
@@ -453,24 +457,50 @@ def _summary(launched: dict[str, Any], learners: list[dict[str, Any]]) -> dict[s
         "learners": learners,
     }
     if "killed" in launched["events"]:
-        summary["failure"] = _failure(launched["events"], learners)
+        times = {key: launched["events"][key] for key in ("killed", "restarted")}
+        summary["kill_times"] = times
+        summary["failure"] = _failure(times, learners, eval_every)
     return summary
 
 
-def _failure(events: dict[str, float], learners: list[dict[str, Any]]) -> dict[str, Any]:
+def kill_times(run: dict[str, Any]) -> dict[str, float]:
+    """When a kill arm's learner was killed and restarted (``time.monotonic()``): stored
+    by the run, or for a run from before they were, worked out from its restarted learner's
+    first step and the seconds the run reported from its restart to it and from the kill
+    to the restart."""
+    if "kill_times" in run:
+        return dict(run["kill_times"])
+    failure = run["failure"]
+    back = next(r for r in run["learners"] if r["index"] == KILLED)
+    restarted = back["step_times"][0] - failure["restarted_first_step_seconds"]
+    return {"killed": restarted - failure["restart_after_seconds"], "restarted": restarted}
+
+
+def _failure(
+    events: dict[str, float], learners: list[dict[str, Any]], eval_every: int
+) -> dict[str, Any]:
     """What the kill cost: for each survivor, the longest pause between two steps after the
     kill and its time beyond its median step for the steps after the kill (both against its
-    own median step time before the kill); for the restarted learner, seconds from its
-    restart to its first step and to its first step on the group's model."""
+    own median step time before the kill, leaving out the gaps that hold an evaluation:
+    every ``eval_every`` steps, in every arm alike, up to seconds at the full size); for the
+    restarted learner, seconds from its restart to its first step and to its first step on
+    the group's model."""
     killed, restarted = events["killed"], events["restarted"]
     survivors = {}
     for report in learners:
         if report["index"] == KILLED:
             continue
         times = report["step_times"]
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        before = [g for a, g in zip(times, gaps, strict=False) if a < killed] or gaps
-        after = [g for a, g in zip(times, gaps, strict=False) if a >= killed]
+        # The gap after step n (1-based) holds the evaluation when n is a multiple of
+        # eval_every.
+        spans = [
+            (a, b - a)
+            for n, (a, b) in enumerate(itertools.pairwise(times), start=report["first_step"] + 1)
+            if n % eval_every
+        ]
+        gaps = [g for _, g in spans]
+        before = [g for a, g in spans if a < killed] or gaps
+        after = [g for a, g in spans if a >= killed]
         median = sorted(before)[len(before) // 2] if before else 0.0
         survivors[str(report["index"])] = {
             "median_step_seconds": median,
@@ -516,9 +546,18 @@ def run_arm(
     return run_torchft(size_name, seed, sync_every, where, killed)
 
 
+def together(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two arms' runs came from one invocation (``measured``; a run without it is
+    from a file that one invocation wrote whole): only then is the ratio of their times a
+    measurement, this machine's speed drifting by far more than the margins between
+    invocations."""
+    return a.get("measured") == b.get("measured")
+
+
 def _figures(per_arm: dict[str, dict[str, Any]], size: dict[str, Any]) -> dict[str, Any]:
-    """The table's figures per arm, gradientmail ÷ torchft at each H, the failure side by
-    side and the ordering check, from the arms' results."""
+    """The table's figures per arm, gradientmail ÷ torchft at each H (the time ratios only
+    for a pair measured ``together``), the failure side by side and the ordering check,
+    from the arms' results."""
     dp = per_arm.get("dp")
     single = per_arm.get("single")
     table: dict[str, Any] = {}
@@ -539,23 +578,58 @@ def _figures(per_arm: dict[str, dict[str, Any]], size: dict[str, Any]) -> dict[s
         gm, ft = per_arm.get(f"gm-fp32-H{sync_every}"), per_arm.get(f"torchft-fp32-H{sync_every}")
         if gm is None or ft is None:
             continue
+        timed = together(gm, ft)
         versus[str(sync_every)] = {
             "bits_per_byte_ratio": gm["bits_per_byte"] / ft["bits_per_byte"],
             "excess_over_dp": [
                 table[f"gm-fp32-H{sync_every}"].get("excess_over_dp"),
                 table[f"torchft-fp32-H{sync_every}"].get("excess_over_dp"),
             ],
-            "wall_ratio": h.ratio(gm["wall_seconds"], ft["wall_seconds"]),
-            "train_ratio": h.ratio(gm["train_seconds"], ft["train_seconds"]),
-            "cpu_ratio": h.ratio(gm["cpu_seconds"], ft["cpu_seconds"]),
+            "measured_together": timed,
             "bytes_ratio": h.ratio(gm["bytes_per_learner"], ft["bytes_per_learner"]),
+        } | {
+            f"{key}_ratio": h.ratio(gm[f"{key}_seconds"], ft[f"{key}_seconds"]) if timed else None
+            for key in ("wall", "train", "cpu")
         }
     failure = {
-        arm: result["failure"] | {"bits_per_byte": result["bits_per_byte"]}
+        arm: _failure(kill_times(result), result["learners"], size["eval_every"])
+        | {"bits_per_byte": result["bits_per_byte"]}
         for arm, result in per_arm.items()
         if "failure" in result
     }
     return {"table": table, "versus_torchft": versus, "failure": failure}
+
+
+_SAME = ("size", "learners", "fragments", "pattern", "lr", "steps", "batch", "model", "corpus")
+"""The parameters a kept run must share with the invocation that keeps it."""
+
+
+def kept(path: Path, parameters: dict[str, Any], chosen: list[str]) -> dict[str, dict[str, Any]]:
+    """The runs of ``path``'s arms that ``chosen`` does not repeat, each with its
+    ``measured`` (when, at which commit, with which ``RunConfig.overlap`` its invocation
+    ran it: the stored file's header for a run without one); none when there is no file.
+    Raises ``SystemExit`` naming the parameters that differ when the stored runs measured
+    another task."""
+    if not path.exists():
+        return {}
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    before = stored["parameters"]
+    differ = [key for key in _SAME if before.get(key) != parameters.get(key)]
+    if differ:
+        raise SystemExit(
+            f"--keep: the runs in {path} measured another task ({', '.join(differ)} differ); "
+            "run every arm without --keep, or keep them in another --results directory"
+        )
+    header = {
+        "date": stored["date"],
+        "git_commit": stored["git_commit"],
+        "overlap": before.get("overlap"),
+    }
+    return {
+        arm: {"measured": header} | run
+        for arm, run in stored["figures"]["arms"].items()
+        if arm not in chosen and arm in arms(before)
+    }
 
 
 def run(
@@ -564,9 +638,12 @@ def run(
     only: list[str] | None,
     log: Callable[[str], None] = print,
     changes: dict[str, Any] | None = None,
+    keep: bool = False,
 ) -> Path:
     """Every arm of the size (or ``only`` those), the gradientmail arms' ``RunConfig`` with
-    ``changes``; writes ``results/text.json`` (full size) or ``results/text-{size}.json``."""
+    ``changes``; writes ``results/text.json`` (full size) or ``results/text-{size}.json``.
+    With ``keep`` the file keeps the runs of the arms this invocation does not run
+    (``kept``), and every run says which invocation measured it (``measured``)."""
     size = SIZES[size_name]
     chosen = [arm for arm in arms(size) if only is None or arm in only]
     if not chosen:
@@ -602,11 +679,19 @@ def run(
     )
     name = NAME if size_name == "full" else f"{NAME}-{size_name}"
     result = h.header(name, quick=size_name == "quick", parameters=parameters)
+    measured = {
+        "date": result["date"],
+        "git_commit": result["git_commit"],
+        "overlap": config.overlap,
+    }
+    stored = kept(results / f"{name}.json", parameters, chosen) if keep else {}
     per_arm: dict[str, dict[str, Any]] = {}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-") as scratch:
         for arm in chosen:
-            per_arm[arm] = run_arm(arm, size_name, 0, Path(scratch), changes)
+            per_arm[arm] = {"measured": measured} | run_arm(
+                arm, size_name, 0, Path(scratch), changes
+            )
             r = per_arm[arm]
             log(
                 f"  {arm}: {r['bits_per_byte']:.4f} bits/byte, {r['wall_seconds']:.0f} s"
@@ -617,8 +702,10 @@ def run(
                 )
             )
             # After every arm, so that an interrupted run keeps what it measured.
-            result["figures"] = _figures(per_arm, size) | {
-                "arms": per_arm,
+            every = {a: (per_arm | stored)[a] for a in arms(size) if a in per_arm | stored}
+            result["parameters"]["arms"] = list(every)
+            result["figures"] = _figures(every, size) | {
+                "arms": every,
                 "total_seconds": time.perf_counter() - began,
             }
             h.write_result(results, name, result)
@@ -676,6 +763,11 @@ def main() -> None:
         help="RunConfig.overlap of the gradientmail arms, a number of steps or none "
         "(--mode arms; default: the default's)",
     )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the stored runs of the arms not run now in the results file (--mode arms)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -690,7 +782,7 @@ def main() -> None:
 
         path = bench_text_seeds.run(args.results, args.size, args.mode, args.seeds, args.only)
     else:
-        path = run(args.results, args.size, args.only, changes=args.changes)
+        path = run(args.results, args.size, args.only, changes=args.changes, keep=args.keep)
     print(f"wrote {path}")
 
 

@@ -85,6 +85,7 @@ def run(
         "steps": size["steps"],
         "model": size["model"],
         "pacing": size.get("pacing"),
+        "overlap": bt.run_config(size["sync_every"][0], "fp32").overlap,
     }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     began = time.perf_counter()

@@ -1047,6 +1047,83 @@ def text(page: Page, by_size: dict[str, Any] | None) -> None:
         _text_size(page, result)
 
 
+def _pacing(overlap: int | None) -> str:
+    return "unpaced" if overlap is None else f"overlap {overlap}"
+
+
+def _invocations(result: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]]:
+    """The invocations that measured ``result``'s arms (``bench_text.py --keep``), oldest
+    first, each with its arms; a run without ``measured`` is the file's header's."""
+    p = result["parameters"]
+    header = {
+        "date": result["date"],
+        "git_commit": result["git_commit"],
+        "overlap": p.get("overlap"),
+    }
+    found: list[tuple[dict[str, Any], list[str]]] = []
+    for arm in sorted(result["figures"]["arms"], key=_text_order):
+        measured = result["figures"]["arms"][arm].get("measured", header)
+        for seen, names in found:
+            if seen == measured:
+                names.append(arm)
+                break
+        else:
+            found.append((measured, [arm]))
+    return sorted(found, key=lambda item: str(item[0]["date"]))
+
+
+def _gm_pacing(result: dict[str, Any]) -> str:
+    """What the page says of the gradientmail arms' pacing: one sentence when every
+    invocation ran them alike, else a pointer to the invocations' list."""
+    overlaps = {
+        measured["overlap"]
+        for measured, names in _invocations(result)
+        if any(name.startswith("gm-") for name in names)
+    }
+    if len(overlaps) > 1:
+        return (
+            "gradientmail's learners ran unpaced in some invocations and paced in others "
+            "(`RunConfig.overlap`: listed under the table). "
+        )
+    overlap = next(iter(overlaps), None)
+    if overlap is None:
+        return (
+            "gradientmail's learners are unpaced (`RunConfig.overlap` None): each applies "
+            "a round's version at the first step after it is ready. "
+        )
+    return (
+        f"gradientmail's learners apply each round's version {overlap} steps after "
+        "their snapshot, waiting for it there if need be (`RunConfig.overlap`). "
+    )
+
+
+def _text_produced(result: dict[str, Any]) -> list[str]:
+    """How the size's arms were produced: one invocation, or each of the invocations whose
+    runs the file kept."""
+    p, figures = result["parameters"], result["figures"]
+    invocations = _invocations(result)
+    if len(invocations) == 1:
+        return [
+            f"Produced by `benchmarks/bench_text.py --size {p['size']} --only "
+            f"{' '.join(p['arms'])}` in {figures['total_seconds'] / 60:.1f} minutes (`nox -s "
+            "bench-text` runs every arm at the full size).",
+            "",
+        ]
+    lines = [
+        f"Measured in {len(invocations)} invocations of `benchmarks/bench_text.py --size "
+        f"{p['size']} --keep --only ...` (each kept the runs of the others; gradientmail ÷ "
+        "torchft time ratios only for a pair measured in one invocation, the losses being "
+        "the same on any machine):",
+        "",
+    ]
+    for measured, names in invocations:
+        lines.append(
+            f"- {measured['date']}, commit `{str(measured['git_commit'])[:12]}`, gradientmail "
+            f"{_pacing(measured['overlap'])}: {', '.join(names)}"
+        )
+    return [*lines, ""]
+
+
 def _text_size(page: Page, result: dict[str, Any]) -> None:
     """One size: every arm, gradientmail ÷ torchft, the failure and the ordering."""
     p, figures = result["parameters"], result["figures"]
@@ -1072,13 +1149,7 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         f"at {p['lr']} with warm-up and cosine decay; {p['fragments']} fragments "
         f"(`{p['pattern']}`) in both systems, outer Nesterov SGD "
         f"{p.get('outer_lr', 0.7)} / {p.get('outer_momentum', 0.9)} in both. "
-        + (
-            f"gradientmail's learners apply each round's version {p['overlap']} steps after "
-            "their snapshot, waiting for it there if need be (`RunConfig.overlap`). "
-            if p.get("overlap") is not None
-            else "gradientmail's learners are unpaced (`RunConfig.overlap` None): each applies "
-            "a round's version at the first step after it is ready. "
-        )
+        + _gm_pacing(result)
         + "Data-parallel trains one model on the union of the learners' batches. "
         "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
         "torchft runs each learner as its own replica group with `torchft.local_sgd.DiLoCo`, "
@@ -1107,10 +1178,7 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         )
         + scale,
         "",
-        f"Produced by `benchmarks/bench_text.py --size {size} --only {' '.join(p['arms'])}` "
-        f"in {figures['total_seconds'] / 60:.1f} minutes (`nox -s bench-text` runs every arm "
-        "at the full size).",
-        "",
+        *_text_produced(result),
     )
     rows = []
     for arm in sorted(table, key=_text_order):
@@ -1154,22 +1222,42 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
             rows,
         )
     )
-    _text_versus(page, figures["versus_torchft"], size, result.get("timing"))
+    _text_versus(page, result)
     if result.get("timing") is not None:
         _text_timing(page, result["timing"])
     _text_failure(page, figures["failure"], arms, p)
     _text_plot(page, arms, size)
 
 
-def _text_versus(
-    page: Page, versus: dict[str, Any], size: str, timing: dict[str, Any] | None
-) -> None:
+def _timing_pairs(result: dict[str, Any]) -> dict[str, Any]:
+    """The pairs run in both orders (``text-timing-{size}.json``) whose gradientmail runs
+    were paced as the matrix's gradientmail arm of the same H (a timing file without
+    ``overlap`` is older than the paced default: unpaced)."""
+    timing = result.get("timing")
+    if timing is None:
+        return {}
+    paced = timing["parameters"].get("overlap")
+    header = {"overlap": result["parameters"].get("overlap")}
+    arms = result["figures"]["arms"]
+    return {
+        sync_every: pair
+        for sync_every, pair in timing["figures"]["pairs"].items()
+        if arms.get(f"gm-fp32-H{sync_every}", {}).get("measured", header)["overlap"] == paced
+    }
+
+
+def _text_versus(page: Page, result: dict[str, Any]) -> None:
     """gradientmail ÷ torchft at each H; the wall target is judged on the pairs run in both
-    orders (``timing``) where they were measured, else on this run's pair."""
+    orders (``_timing_pairs``) where they were measured, else on the matrix's pair (and
+    not at all for a pair whose arms two invocations measured)."""
+    versus, size = result["figures"]["versus_torchft"], result["parameters"]["size"]
     if not versus:
         return
-    pairs = timing["figures"]["pairs"] if timing is not None else {}
-    page.add("gradientmail ÷ torchft, fp32, the same H, measured in this run:", "")
+    pairs = _timing_pairs(result)
+    page.add(
+        "gradientmail ÷ torchft, fp32, the same H, each pair measured in one invocation (–: not):",
+        "",
+    )
     rows = []
     for sync_every, v in sorted(versus.items(), key=lambda item: int(item[0])):
         gm_excess, ft_excess = v["excess_over_dp"]
@@ -1194,13 +1282,17 @@ def _text_versus(
         )
         both = pairs.get(sync_every, {}).get("wall_ratio")
         wall = v["wall_ratio"] if both is None else both
+        own = (
+            _num(v["wall_ratio"], 2)
+            if v["wall_ratio"] is not None
+            else "not measured: its arms come from two invocations"
+        )
         page.target(
             f"real text ({size}) H={sync_every}: wall time ÷ torchft's",
             "≤ 1.0",
-            _num(v["wall_ratio"], 2)
+            own
             if both is None
-            else f"{_num(both, 3)} (each pair in both orders; the matrix's own pair "
-            f"{_num(v['wall_ratio'], 2)})",
+            else f"{_num(both, 3)} (each pair in both orders; the matrix's own pair {own})",
             None if wall is None else wall <= 1.0,
             "bench_text" if both is None else "bench_text --mode timing",
         )
@@ -1245,7 +1337,9 @@ def _text_timing(page: Page, timing: dict[str, Any]) -> None:
         "Wall time with each fp32 pair run in both orders ("
         + ", ".join(p["order"])
         + "), so that this machine's drift weighs on both systems alike; the ratio is both "
-        "gradientmail runs' time over both torchft runs'. "
+        "gradientmail runs' time over both torchft runs'; gradientmail "
+        + _pacing(p.get("overlap"))
+        + ". "
         + _provenance(timing)
         + f" Produced by `benchmarks/bench_text.py --size {p['size']} --mode timing`.",
         "",
@@ -1292,7 +1386,9 @@ def _text_failure(
         f"{kill['at_fraction']:.0%} of its steps and started again "
         f"{kill['restart_after']:.0f} s later; it resumes at the step it reached, on a new "
         "stream of its shard. A survivor's pause and time beyond its median step are "
-        'measured against its own median step before the kill; "on the group\'s model" is '
+        "measured against its own median step before the kill, leaving out the gaps that "
+        f"hold an evaluation (every {p['eval_every']} steps, in both systems alike); "
+        '"on the group\'s model" is '
         "when the restarted learner first holds the committed model (gradientmail: loaded "
         "before its first step; torchft: its first committed sync, which heals it).",
         "",

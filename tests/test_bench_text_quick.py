@@ -93,7 +93,14 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
             "bytes_ratio": 1.5,
         }
     }
-    report._text_versus(page, versus, "quick", timing)
+    paced = timing["parameters"]["overlap"]
+    assert paced == RunConfig().overlap
+    result = {
+        "parameters": {"size": "quick", "overlap": paced},
+        "figures": {"versus_torchft": versus, "arms": {}},
+        "timing": timing,
+    }
+    report._text_versus(page, result)
     report._text_timing(page, timing)
     wall = next(row for row in page.targets if "wall time" in row[0])
     assert wall[2].startswith(f"{pair['wall_ratio']:.3f} (each pair in both orders")
@@ -101,7 +108,81 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     assert wall[3] == report._verdict(pair["wall_ratio"] <= 1.0)
     text = "\n".join(page.lines)
     assert "Wall time with each fp32 pair run in both orders (gm, torchft, torchft, gm)" in text
+    assert f"gradientmail overlap {paced}." in text
     assert f"| 10 | {gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |" in text
+
+    # A timing file whose gradientmail runs were paced otherwise than the matrix's arm does
+    # not judge that arm's pair.
+    other = report.Page(tmp_path / "docs")
+    unpaced = {"measured": {"overlap": None}}
+    report._text_versus(
+        other,
+        result | {"figures": {"versus_torchft": versus, "arms": {"gm-fp32-H10": unpaced}}},
+    )
+    wall = next(row for row in other.targets if "wall time" in row[0])
+    assert wall[2] == "2.00"
+    assert wall[3] == report._verdict(False)
+
+
+def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocation(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torchft")
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    quick = ("bench_text.py", "--size", "quick", "--results", str(results))
+    run_benchmark(*quick, "--only", "dp", "gm-fp32-H10", "--overlap", "none")
+    path = results / "text-quick.json"
+    first = json.loads(path.read_text(encoding="utf-8"))
+    run_benchmark(*quick, "--keep", "--only", "torchft-fp32-H10")
+    second = json.loads(path.read_text(encoding="utf-8"))
+    arms = second["figures"]["arms"]
+    assert second["parameters"]["arms"] == ["dp", "gm-fp32-H10", "torchft-fp32-H10"]
+    for arm in ("dp", "gm-fp32-H10"):
+        assert arms[arm]["bits_per_byte"] == first["figures"]["arms"][arm]["bits_per_byte"]
+        assert arms[arm]["measured"] == {
+            "date": first["date"],
+            "git_commit": first["git_commit"],
+            "overlap": None,
+        }
+    assert arms["torchft-fp32-H10"]["measured"]["overlap"] == RunConfig().overlap
+    versus = second["figures"]["versus_torchft"]["10"]
+    assert versus["measured_together"] is False
+    assert versus["wall_ratio"] is None
+    assert versus["bits_per_byte_ratio"] == (
+        arms["gm-fp32-H10"]["bits_per_byte"] / arms["torchft-fp32-H10"]["bits_per_byte"]
+    )
+
+    # The page's section for the size (the report shows the sizes a full run has, not quick).
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import report
+
+    page = report.Page(docs)
+    report._text_size(page, second | {"timing": None})
+    section = "\n".join(page.lines)
+    wall = next(row for row in page.targets if "wall time" in row[0])
+    assert "Measured in 2 invocations" in section
+    commit = first["git_commit"][:12]
+    assert f"- {first['date']}, commit `{commit}`, gradientmail unpaced: dp, " in section
+    # Its gradientmail arms all come from the first invocation.
+    assert "gradientmail's learners are unpaced" in section
+    assert wall[2] == "not measured: its arms come from two invocations"
+    assert wall[3] == report._verdict(None)
+
+    # The pair run again in one invocation is timed; the kept dp run stays.
+    run_benchmark(*quick, "--keep", "--only", "gm-fp32-H10", "torchft-fp32-H10")
+    third = json.loads(path.read_text(encoding="utf-8"))
+    versus = third["figures"]["versus_torchft"]["10"]
+    gm, ft = third["figures"]["arms"]["gm-fp32-H10"], third["figures"]["arms"]["torchft-fp32-H10"]
+    assert versus["wall_ratio"] == gm["wall_seconds"] / ft["wall_seconds"]
+    assert third["figures"]["arms"]["dp"]["measured"]["date"] == first["date"]
+
+    # Runs of another task are not kept.
+    changed = third | {"parameters": third["parameters"] | {"steps": 7}}
+    path.write_text(json.dumps(changed), encoding="utf-8")
+    import bench_text
+
+    with pytest.raises(SystemExit, match=r"measured another task \(steps differ\)"):
+        bench_text.kept(path, third["parameters"], ["dp"])
 
 
 def test_rerun_rows_and_the_spread_of_excesses_that_share_a_sign() -> None:
