@@ -546,6 +546,17 @@ def run_arm(
     return run_torchft(size_name, seed, sync_every, where, killed)
 
 
+def invocation(result: dict[str, Any]) -> dict[str, Any]:
+    """What tells the invocation that wrote ``result`` (a results file's header) apart from
+    another: when, at which commit, with which ``RunConfig.overlap``; a run's
+    ``measured``."""
+    return {
+        "date": result["date"],
+        "git_commit": result["git_commit"],
+        "overlap": result["parameters"].get("overlap"),
+    }
+
+
 def together(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two arms' runs came from one invocation (``measured``; a run without it is
     from a file that one invocation wrote whole): only then is the ratio of their times a
@@ -620,11 +631,7 @@ def kept(path: Path, parameters: dict[str, Any], chosen: list[str]) -> dict[str,
             f"--keep: the runs in {path} measured another task ({', '.join(differ)} differ); "
             "run every arm without --keep, or keep them in another --results directory"
         )
-    header = {
-        "date": stored["date"],
-        "git_commit": stored["git_commit"],
-        "overlap": before.get("overlap"),
-    }
+    header = invocation(stored)
     return {
         arm: {"measured": header} | run
         for arm, run in stored["figures"]["arms"].items()
@@ -679,11 +686,7 @@ def run(
     )
     name = NAME if size_name == "full" else f"{NAME}-{size_name}"
     result = h.header(name, quick=size_name == "quick", parameters=parameters)
-    measured = {
-        "date": result["date"],
-        "git_commit": result["git_commit"],
-        "overlap": config.overlap,
-    }
+    measured = invocation(result)
     stored = kept(results / f"{name}.json", parameters, chosen) if keep else {}
     per_arm: dict[str, dict[str, Any]] = {}
     began = time.perf_counter()
@@ -702,7 +705,8 @@ def run(
                 )
             )
             # After every arm, so that an interrupted run keeps what it measured.
-            every = {a: (per_arm | stored)[a] for a in arms(size) if a in per_arm | stored}
+            runs = per_arm | stored
+            every = {a: runs[a] for a in arms(size) if a in runs}
             result["parameters"]["arms"] = list(every)
             result["figures"] = _figures(every, size) | {
                 "arms": every,

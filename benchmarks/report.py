@@ -1054,12 +1054,7 @@ def _pacing(overlap: int | None) -> str:
 def _invocations(result: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]]:
     """The invocations that measured ``result``'s arms (``bench_text.py --keep``), oldest
     first, each with its arms; a run without ``measured`` is the file's header's."""
-    p = result["parameters"]
-    header = {
-        "date": result["date"],
-        "git_commit": result["git_commit"],
-        "overlap": p.get("overlap"),
-    }
+    header = bench_text.invocation(result)
     found: list[tuple[dict[str, Any], list[str]]] = []
     for arm in sorted(result["figures"]["arms"], key=_text_order):
         measured = result["figures"]["arms"][arm].get("measured", header)
