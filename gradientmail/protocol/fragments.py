@@ -222,17 +222,21 @@ def offset(fragment: int, config: RunConfig) -> int:
     return (fragment + 1) * config.sync_every // config.fragments % config.sync_every
 
 
-def joined_phase(newest_round: int, config: RunConfig) -> int:
-    """The schedule's phase of a learner that joins once round ``newest_round`` has
-    committed (-1: none): the step of the run, modulo ``sync_every``, at which that round
-    came due (``offset`` of its fragment), so that the rounds come due for the joiner in
-    order from the next one, a fragment's interval apart, as they did at the run's start
-    (phase 0 before round 0). Without it a learner that joins mid-run keeps the steps it
-    started at out of step with the others' for good when the rounds pace the learners
-    (its schedule never moves), and waits at every round."""
-    if newest_round < 0:
+def joined_phase(seen_round: int, config: RunConfig) -> int:
+    """The schedule's phase of a learner that joined a run in progress, taken at its first
+    step, ``seen_round`` the newest round whose record it had seen by then (-1: none): the
+    round after it comes due at that first step, and the rounds after that in order, a
+    fragment's interval apart. Phase 0 before round 0: learners that start a run together
+    come due together a fragment's interval in.
+
+    A joiner cannot tell how far the others are into the interval of the round they are
+    in; due at once, it is ahead of them by at most that interval, and the wait at its
+    overlap step (``RunConfig.overlap``; unpaced, its schedule holds) brings it back in
+    step, while the others' rounds do not wait for it. Due an interval after joining, it
+    was behind them by as much, and they waited for it instead."""
+    if seen_round < 0:
         return 0
-    return offset(newest_round % config.fragments, config)
+    return (offset((seen_round + 1) % config.fragments, config) - 1) % config.sync_every
 
 
 def due(step: int, config: RunConfig) -> tuple[int, ...]:

@@ -57,8 +57,9 @@ the last participant's, ``Participant.arrived``: the schedule stands still for t
 steps, ``hold_until``, so that it moves back without any fragment coming due twice).
 With ``overlap`` (``paced``) neither rule moves the schedule: the wait at the overlap step
 holds a learner that runs ahead, and one that fell behind catches up while the others'
-rounds wait for it (up to the grace each, or for good under quorum 1.0). Every learner
-starts in step with the rounds committed when it joins (``fragments.joined_phase``).
+rounds wait for it (up to the grace each, or for good under quorum 1.0). A learner that
+joins a run in progress takes the round after the newest it has seen at its first step
+(``fragments.joined_phase``): ahead of the others rather than behind them.
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times
@@ -122,9 +123,10 @@ class Learner:
 
     ``committed`` counts the records folded that this learner's node committed; ``held`` the
     records seen but not yet folded (each with the time it was seen); ``phase`` the steps
-    added to the step count for ``due``; the steps after ``step`` up to ``hold_until`` do not
-    advance the schedule (each takes one from the phase), ``stood`` counts those taken so
-    far; ``step_time`` the mean step time."""
+    added to the step count for ``due`` (``joining``: set at the first step, the learner
+    joined a run in progress); the steps after ``step`` up to ``hold_until`` do not advance
+    the schedule (each takes one from the phase), ``stood`` counts those taken so far;
+    ``step_time`` the mean step time."""
 
     config: RunConfig
     name: str
@@ -136,6 +138,7 @@ class Learner:
     committed: int = 0
     held: tuple[tuple[RoundRecord, float], ...] = ()
     phase: int = 0
+    joining: bool = False
     hold_until: int = 0
     stood: int = 0
     last_step_at: float | None = None
@@ -151,9 +154,9 @@ class Learner:
         thetas: Sequence[Tensors],
         newest_round: int,
     ) -> "Learner":
-        """A learner that joined at ``versions`` (θ ``thetas``) after round ``newest_round``,
-        its schedule in step with the rounds (``fragments.joined_phase``): the round after
-        ``newest_round`` comes due a fragment's interval of steps from now."""
+        """A learner that joined at ``versions`` (θ ``thetas``) after round ``newest_round``
+        (-1: none yet). Joined to a run in progress, its first step makes the round after
+        the newest it has seen by then come due (``fragments.joined_phase``)."""
         if len(versions) != config.fragments or len(thetas) != config.fragments:
             raise ValueError(f"a run of {config.fragments} fragments needs one version each")
         return cls(
@@ -162,7 +165,7 @@ class Learner:
             ledger=Ledger.new(config.fragments),
             slots=tuple(Slot(v, tuple(t)) for v, t in zip(versions, thetas, strict=True)),
             newest_round=newest_round,
-            phase=joined_phase(newest_round, config),
+            joining=newest_round >= 0,
         )
 
     # -- queries -----------------------------------------------------------------------------
@@ -271,6 +274,9 @@ class Learner:
             last_step_at=now,
             step_time=step_time,
         )
+        if state.joining:
+            phase = joined_phase(state.seen_round, state.config)
+            state = replace(state, phase=phase, joining=False)
         state, actions = state._apply_ready()
         if state.step <= state.hold_until:
             # The schedule stands still this step: nothing comes due (again).

@@ -504,10 +504,12 @@ def test_a_learner_that_joins_mid_run_takes_the_rounds_in_order_from_the_next(
 ) -> None:
     """Joined once round ``newest`` committed (versions as a joiner loads them), its
     snapshots go to rounds ``newest + 1``, ``newest + 2``, ... with the fragment's interval
-    of steps between them, the first one interval after joining, as at the run's start.
-    Before the phase, a learner that restarted at step 0 in a run at step 445 (H 100, F 5)
-    published each fragment 45 steps out of step with the others and, paced, waited at
-    every round for the rest of the run (the full-size kill benchmark)."""
+    of steps between them, the first at its first step (at the run's start, before round 0:
+    one interval in, as the learners that start the run). Before the phase, a learner that
+    restarted at step 0 in a run at step 445 (H 100, F 5) published each fragment 45 steps
+    out of step with the others and, paced, waited at every round for the rest of the run
+    (the full-size kill benchmark); due an interval after joining, the others' rounds
+    waited for it instead (up to an interval: 3.7 s there)."""
     config = RunConfig(fragments=fragments, sync_every=sync_every, overlap=overlap)
     versions = tuple((newest - f) // fragments + 1 if newest >= f else 0 for f in range(fragments))
     zero = (torch.zeros(2),)
@@ -524,8 +526,27 @@ def test_a_learner_that_joins_mid_run_takes_the_rounds_in_order_from_the_next(
     assert [r for r, _ in rounds] == expected
     interval = sync_every // fragments
     steps = [s for _, s in rounds]
-    assert steps[0] in (interval, interval + 1)
+    assert steps[0] in ((interval, interval + 1) if newest < 0 else (1,))
     assert all(b - a in (interval, interval + 1) for a, b in itertools.pairwise(steps))
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["applied", "pending"])
+def test_a_joiner_takes_the_round_after_the_newest_record_seen_by_its_first_step(
+    prepared: bool,
+) -> None:
+    """A record that commits between joining (after round 6) and the first step moves the
+    joiner's first round on with it: round 8, at the first step, whether round 7's version
+    is applied by then or still downloading (a phase fixed at joining made round 7's
+    fragment due: a snapshot for round 9, a whole period early, or none)."""
+    config = RunConfig(fragments=2, sync_every=8, overlap=2)
+    zero = (torch.zeros(2),)
+    learner = Learner.start(config, "me", (4, 3), (zero, zero), 6)
+    learner, _ = learner.record_seen(record(7, included=("other",)), now=0.5)
+    if prepared:
+        learner = learner.version_ready(1, 7, zero)
+    learner, actions = learner.stepped(1, now=1.0)
+    snapshots = [a for a in actions if isinstance(a, Snapshot)]
+    assert [(a.fragment, a.round) for a in snapshots] == [(0, 8)]
 
 
 def test_a_round_is_due_from_a_snapshot_until_its_record_or_twice_the_grace() -> None:
