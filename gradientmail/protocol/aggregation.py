@@ -22,15 +22,18 @@ order of checks, each with a reason:
     version, n its number of elements; only when the caller passes θ): a delta that large is
     a learner that diverged, whatever the number of snapshots, so one or two of them cannot
     take the model. Or, with three or more snapshots left after the checks above, its
-    delta's L2 norm per step (recomputed here; ``Snapshot.norm`` is the writer's claim and
-    is not trusted) exceeds ``outlier_factor`` times the median norm per step of those
-    snapshots. Per step, ``‖Δ‖ / min(max(steps, 1), sync_every)``: a round mixes full
+    delta's L2 norm (recomputed here; ``Snapshot.norm`` is the writer's claim and
+    is not trusted) exceeds ``outlier_factor`` times the median of the snapshots' norms
+    brought to its steps (``s = min(max(steps, 1), sync_every)``): a round mixes full
     snapshots with short ones (the partial deltas of learners closing, the first of a
-    learner that restarted), and a raw norm would reject the honest full one for the steps
-    it covers; a claim of more than ``sync_every`` steps buys no larger allowance. Divided
-    by steps, not √steps, the test errs on the short side: where noise dominates the steps,
-    a delta grows as √steps and a short snapshot looks faster per step than a full one, but
-    it carries only its few steps' weight, where √steps would reject the full one.
+    learner that joined), and a raw norm would reject the honest full one for the steps it
+    covers. Another's norm over ``t`` steps is brought to ``s`` as an honest delta grows at
+    the most: times ``s / t`` for more steps (steps that go one way add up), times
+    ``√(s / t)`` for fewer (noisy steps add up as √n: a one-step snapshot of a restarted
+    learner, its optimizer fresh, among full ones of 100 steps was rejected when they were
+    brought to it as ``1 / 100``). With equal steps it is the raw median test; a claim of
+    more than ``sync_every`` steps buys no larger allowance, and claiming fewer buys a
+    smaller one.
 
 The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
 equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
@@ -314,7 +317,7 @@ def _drop_large(
 ) -> Kept:
     """``kept`` without the deltas too large to be honest, which go to ``rejected``: over
     ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (when θ is known), then, among three or more, over
-    ``outlier_factor`` times the median norm per step (``_per_step``)."""
+    ``outlier_factor`` times the median of the norms brought to its steps (``_allowance``)."""
     if theta is not None:
         theta_norm = l2_norm(theta)
         numel = sum(t.numel() for t in theta)
@@ -325,24 +328,37 @@ def _drop_large(
         kept = _drop_over(kept, bound, why, rejected)
     if len(kept) >= 3:
         steps = [_per_step(candidate, config) for candidate, _, _ in kept]
-        rates = [norm / n for (_, _, norm), n in zip(kept, steps, strict=True)]
-        median = statistics.median(rates)
-        limit = config.outlier_factor * median
-        for (candidate, _, norm), n, rate in zip(kept, steps, rates, strict=True):
-            if rate > limit:
+        norms = [norm for _, _, norm in kept]
+        limits = []
+        for mine in steps:
+            scaled = [n * _allowance(mine, theirs) for n, theirs in zip(norms, steps, strict=True)]
+            limits.append(config.outlier_factor * statistics.median(scaled))
+        for (candidate, _, norm), n, limit in zip(kept, steps, limits, strict=True):
+            if norm > limit:
+                over = f"{n:g} step{'' if n == 1 else 's'}"
                 detail = (
-                    f"norm {norm:.6g} over {n:g} steps is {rate:.6g} per step, over "
-                    f"{config.outlier_factor:g} × the median {median:.6g} per step"
+                    f"norm {norm:.6g} over {over}, over {config.outlier_factor:g} × the "
+                    f"median {limit / config.outlier_factor:.6g} of the round's norms brought "
+                    f"to {over}"
                 )
                 rejected.append(_rejection(candidate.snapshot, "outlier", detail))
-        kept = [entry for entry, rate in zip(kept, rates, strict=True) if rate <= limit]
+        kept = [entry for entry, limit in zip(kept, limits, strict=True) if entry[2] <= limit]
     return kept
 
 
 def _per_step(candidate: Candidate, config: RunConfig) -> float:
-    """The steps a snapshot's norm is divided by for the median test: its claim, at least
+    """The steps a snapshot's norm is judged for in the median test: its claim, at least
     one (a final snapshot claims none) and at most ``sync_every``."""
     return float(min(max(candidate.snapshot.steps, 1), config.sync_every))
+
+
+def _allowance(mine: float, theirs: float) -> float:
+    """What another snapshot's norm over ``theirs`` steps is multiplied by to bring it to
+    ``mine``, at the most an honest learner's delta grows between the two: as the steps
+    where the steps go one way (more steps), as their square root where noise dominates
+    them (fewer: ``n`` noisy steps sum to √n of one)."""
+    ratio = mine / theirs
+    return ratio if ratio >= 1 else math.sqrt(ratio)
 
 
 def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) -> Kept:

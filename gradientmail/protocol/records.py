@@ -108,9 +108,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         settings").
     weighting, max_staleness, outlier_factor, max_tokens_per_step
         How a round weighs snapshots and which it rejects: based more than ``max_staleness``
-        versions behind, a norm per step over ``outlier_factor`` times the median (3+
-        snapshots; ``protocol.aggregation``), or more than ``max_tokens_per_step`` tokens
-        per claimed step.
+        versions behind, a norm over ``outlier_factor`` times the median of the round's
+        norms brought to its steps (3+ snapshots; ``protocol.aggregation``), or more than
+        ``max_tokens_per_step`` tokens per claimed step.
     quorum_min, quorum_fraction, grace
         A round closes once it has at least ``quorum_min`` snapshots and at least
         ``quorum_fraction`` of the live learners, then waits up to ``grace`` seconds more for

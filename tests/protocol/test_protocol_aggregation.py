@@ -192,7 +192,25 @@ def test_a_full_snapshot_among_short_closing_ones_is_judged_per_step() -> None:
     fast = good("d", 55.0, steps=100)
     rejected = aggregate(VERSION, [*short, fast], SPEC, config)
     assert reasons(rejected) == {"d": "outlier"}
-    assert "per step" in rejected.rejected[0].detail
+    assert "brought to 100 steps" in rejected.rejected[0].detail
+
+
+def test_a_short_snapshot_among_full_ones_is_allowed_the_square_root_of_its_steps() -> None:
+    """A learner restarted with a fresh optimizer publishes after one step among three full
+    snapshots of 100 steps: its one AdamW step moves each element by about the learning
+    rate, the full ones' 100 steps (noise, mostly) move about 3 of it, as √100 steps of
+    a third of it would. Brought to one step as 1/100 of theirs (per step) the others
+    allowed it 5 × 0.03 and rejected it (the full-size kill benchmark's restarted learner,
+    when its first snapshot came at its first step); as 1/√100 they allow it 5 × 0.3. One
+    moving as much as a full snapshot in its one step is still rejected."""
+    config = RunConfig(fragments=2, sync_every=100, max_tokens_per_step=100)
+    full = [good(name, 3.0, steps=100) for name in ("a", "b", "c")]
+    result = aggregate(VERSION, [*full, good("d", 1.0, steps=1)], SPEC, config)
+    assert reasons(result) == {}
+    assert [p.learner for p in result.participants] == ["a", "b", "c", "d"]
+    liar = aggregate(VERSION, [*full, good("d", 3.0, steps=1)], SPEC, config)
+    assert reasons(liar) == {"d": "outlier"}
+    assert "brought to 1 step" in liar.rejected[0].detail
 
 
 def test_claiming_more_than_sync_every_steps_buys_no_larger_allowance() -> None:
