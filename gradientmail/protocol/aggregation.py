@@ -327,26 +327,31 @@ def _drop_large(
         why = f"{MAX_DELTA_RATIO:g} × (‖θ‖ + √n) = {bound:.6g}"
         kept = _drop_over(kept, bound, why, rejected)
     if len(kept) >= 3:
-        steps = [_per_step(candidate, config) for candidate, _, _ in kept]
+        steps = [_judged_steps(candidate, config) for candidate, _, _ in kept]
         norms = [norm for _, _, norm in kept]
-        limits = []
-        for mine in steps:
-            scaled = [n * _allowance(mine, theirs) for n, theirs in zip(norms, steps, strict=True)]
-            limits.append(config.outlier_factor * statistics.median(scaled))
-        for (candidate, _, norm), n, limit in zip(kept, steps, limits, strict=True):
-            if norm > limit:
-                over = f"{n:g} step{'' if n == 1 else 's'}"
-                detail = (
-                    f"norm {norm:.6g} over {over}, over {config.outlier_factor:g} × the "
-                    f"median {limit / config.outlier_factor:.6g} of the round's norms brought "
-                    f"to {over}"
-                )
-                rejected.append(_rejection(candidate.snapshot, "outlier", detail))
-        kept = [entry for entry, limit in zip(kept, limits, strict=True) if entry[2] <= limit]
+        medians = [
+            statistics.median(
+                n * _allowance(mine, theirs) for n, theirs in zip(norms, steps, strict=True)
+            )
+            for mine in steps
+        ]
+        passed: Kept = []
+        for entry, n, median in zip(kept, steps, medians, strict=True):
+            candidate, _, norm = entry
+            if norm <= config.outlier_factor * median:
+                passed.append(entry)
+                continue
+            over = f"{n:g} step{'' if n == 1 else 's'}"
+            detail = (
+                f"norm {norm:.6g} over {over}, over {config.outlier_factor:g} × the "
+                f"median {median:.6g} of the round's norms brought to {over}"
+            )
+            rejected.append(_rejection(candidate.snapshot, "outlier", detail))
+        kept = passed
     return kept
 
 
-def _per_step(candidate: Candidate, config: RunConfig) -> float:
+def _judged_steps(candidate: Candidate, config: RunConfig) -> float:
     """The steps a snapshot's norm is judged for in the median test: its claim, at least
     one (a final snapshot claims none) and at most ``sync_every``."""
     return float(min(max(candidate.snapshot.steps, 1), config.sync_every))
