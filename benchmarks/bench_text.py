@@ -48,9 +48,9 @@ closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
 [--size quick|small|medium|full] [--results DIR] [--only ARM ...]
 [--mode arms|defaults|repeat|rerun|timing] [--seeds N ...] [--overlap N|none] [--keep]``
 (``--overlap``: the gradientmail arms with that ``RunConfig.overlap`` rather than the
-default's; ``--keep``: the results file keeps the stored runs of the arms not run now, every
-run marked with the invocation that measured it, and gradientmail ÷ torchft time ratios
-only for a pair from one invocation; ``bench_text_seeds`` has the
+default's; ``--keep``: the results file keeps the stored runs of the arms (``--mode timing``:
+the pairs) not run now, every run marked with the invocation that measured it, and
+gradientmail ÷ torchft time ratios only for a pair from one invocation; ``bench_text_seeds`` has the
 modes over seeds: the defaults confirmed, and repeatability with plain SGD over seeds and
 over reruns of one seed;
 ``bench_text_timing`` the fp32 pairs' wall time, each pair in both orders); ``nox -s bench-text``
@@ -770,7 +770,8 @@ def main() -> None:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="keep the stored runs of the arms not run now in the results file (--mode arms)",
+        help="keep the stored runs of the arms (--mode timing: the pairs) not run now in the "
+        "results file (--mode arms|timing)",
     )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -780,7 +781,7 @@ def main() -> None:
     if args.mode == "timing":
         import bench_text_timing
 
-        path = bench_text_timing.run(args.results, args.size, args.only)
+        path = bench_text_timing.run(args.results, args.size, args.only, keep=args.keep)
     elif args.mode != "arms":
         import bench_text_seeds
 

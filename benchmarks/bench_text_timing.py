@@ -11,10 +11,13 @@ Per H (``figures["pairs"]``): each run's wall, training and CPU seconds and bits
 the ratio of the sums (``wall_ratio``: both gradientmail runs' wall over both torchft runs',
 likewise ``train_ratio`` and ``cpu_ratio``), and each order's own ratio
 (``wall_ratio_gm_first``, ``wall_ratio_torchft_first``). Written to
-``text-timing-{size}.json`` after every run, so an interrupted mode keeps what it measured
-(a later invocation starts over).
+``text-timing-{size}.json`` after every run, so an interrupted mode keeps what it measured.
+Every pair says which invocation measured it (``measured``: when, at which commit, with which
+``RunConfig.overlap``); with ``--keep`` the file keeps the stored pairs of the H not run now
+(without it, a later invocation starts over).
 """
 
+import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -62,11 +65,40 @@ def figures(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     return out
 
 
+def kept(path: Path, parameters: dict[str, Any], chosen: list[int]) -> dict[str, Any]:
+    """The pairs stored in ``path`` of the H that ``chosen`` does not repeat, each with its
+    ``measured`` (the stored file's header for a pair without one); none when there is no
+    file. Raises ``SystemExit`` naming the parameters that differ when the stored pairs
+    measured another task."""
+    if not path.exists():
+        return {}
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    before = stored["parameters"]
+    same = ("size", "learners", "fragments", "steps", "model", "pacing")
+    differ = [key for key in same if before.get(key) != parameters.get(key)]
+    if differ:
+        raise SystemExit(
+            f"--keep: the pairs in {path} measured another task ({', '.join(differ)} differ); "
+            "run without --keep, or keep them in another --results directory"
+        )
+    header = bt.invocation(stored)
+    return {
+        sync_every: {"measured": header} | pair
+        for sync_every, pair in stored["figures"]["pairs"].items()
+        if int(sync_every) not in chosen
+    }
+
+
 def run(
-    results: Path, size_name: str, only: list[str] | None, log: Callable[[str], None] = print
+    results: Path,
+    size_name: str,
+    only: list[str] | None,
+    log: Callable[[str], None] = print,
+    keep: bool = False,
 ) -> Path:
     """Every H of the size that both systems have (``only``: those whose arm names it lists,
-    ``gm-fp32-H{H}`` or ``torchft-fp32-H{H}``), in the ABBA order; returns the file."""
+    ``gm-fp32-H{H}`` or ``torchft-fp32-H{H}``), in the ABBA order; with ``keep`` the file
+    keeps the stored pairs of the other H (``kept``). Returns the file."""
     size = bt.SIZES[size_name]
     chosen = [
         s
@@ -90,6 +122,8 @@ def run(
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     began = time.perf_counter()
     path = results / f"{name}.json"
+    stored = kept(path, parameters, chosen) if keep else {}
+    measured = bt.invocation(h.header(name, quick=size_name == "quick", parameters=parameters))
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-timing-") as scratch:
         for sync_every in chosen:
             for turn, system in enumerate(ORDER):
@@ -102,8 +136,9 @@ def run(
                 runs.setdefault(str(sync_every), {}).setdefault(system, []).append(result)
                 log(f"  {arm} ({turn + 1} of 4): {result['wall_seconds']:.0f} s")
                 document = h.header(name, quick=size_name == "quick", parameters=parameters)
+                pairs = {key: {"measured": measured} | pair for key, pair in figures(runs).items()}
                 document["figures"] = {
-                    "pairs": figures(runs),
+                    "pairs": dict(sorted((stored | pairs).items(), key=lambda item: int(item[0]))),
                     "seconds": time.perf_counter() - began,
                 }
                 path = h.write_result(results, name, document)

@@ -1231,14 +1231,21 @@ def _timing_pairs(result: dict[str, Any]) -> dict[str, Any]:
     timing = result.get("timing")
     if timing is None:
         return {}
-    paced = timing["parameters"].get("overlap")
     header = {"overlap": result["parameters"].get("overlap")}
     arms = result["figures"]["arms"]
     return {
         sync_every: pair
         for sync_every, pair in timing["figures"]["pairs"].items()
-        if arms.get(f"gm-fp32-H{sync_every}", {}).get("measured", header)["overlap"] == paced
+        if arms.get(f"gm-fp32-H{sync_every}", {}).get("measured", header)["overlap"]
+        == _timing_overlap(timing, pair)
     }
+
+
+def _timing_overlap(timing: dict[str, Any], pair: dict[str, Any]) -> int | None:
+    """The ``RunConfig.overlap`` of a pair's gradientmail runs: its invocation's (a pair
+    without ``measured`` is the file header's; a header without ``overlap`` is older than
+    the paced default: unpaced)."""
+    return pair.get("measured", {"overlap": timing["parameters"].get("overlap")})["overlap"]
 
 
 def _text_versus(page: Page, result: dict[str, Any]) -> None:
@@ -1316,9 +1323,12 @@ def _text_timing(page: Page, timing: dict[str, Any]) -> None:
             system: ", ".join(_num(run["wall_seconds"], 0) for run in pair[system])
             for system in ("gm", "torchft")
         }
+        measured = pair.get("measured", bench_text.invocation(timing))
         rows.append(
             [
                 sync_every,
+                _pacing(_timing_overlap(timing, pair)),
+                f"{measured['date'][:10]}, `{measured['git_commit'][:7]}`",
                 walls["gm"],
                 walls["torchft"],
                 _num(pair.get("wall_ratio"), 3),
@@ -1332,15 +1342,15 @@ def _text_timing(page: Page, timing: dict[str, Any]) -> None:
         "Wall time with each fp32 pair run in both orders ("
         + ", ".join(p["order"])
         + "), so that this machine's drift weighs on both systems alike; the ratio is both "
-        "gradientmail runs' time over both torchft runs'; gradientmail "
-        + _pacing(p.get("overlap"))
-        + ". "
+        "gradientmail runs' time over both torchft runs'. "
         + _provenance(timing)
         + f" Produced by `benchmarks/bench_text.py --size {p['size']} --mode timing`.",
         "",
         *_table(
             [
                 "H",
+                "gradientmail",
+                "measured",
                 "gradientmail wall (s)",
                 "torchft wall (s)",
                 "wall ratio",

@@ -108,8 +108,24 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     assert wall[3] == report._verdict(pair["wall_ratio"] <= 1.0)
     text = "\n".join(page.lines)
     assert "Wall time with each fp32 pair run in both orders (gm, torchft, torchft, gm)" in text
-    assert f"gradientmail overlap {paced}." in text
-    assert f"| 10 | {gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |" in text
+    measured = pair["measured"]
+    assert measured["overlap"] == paced
+    assert measured["git_commit"] == timing["git_commit"]
+    assert (
+        f"| 10 | overlap {paced} | {measured['date'][:10]}, `{measured['git_commit'][:7]}` | "
+        f"{gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
+    ) in text
+
+    # --keep: another invocation that runs no pair of H 10 keeps it, with its own ``measured``.
+    import bench_text_timing
+
+    stored = timing["parameters"]
+    assert bench_text_timing.kept(results / "text-timing-quick.json", stored, [20]) == {"10": pair}
+    assert bench_text_timing.kept(results / "text-timing-quick.json", stored, [10]) == {}
+    with pytest.raises(SystemExit, match="steps differ"):
+        bench_text_timing.kept(
+            results / "text-timing-quick.json", stored | {"steps": stored["steps"] + 1}, [20]
+        )
 
     # A timing file whose gradientmail runs were paced otherwise than the matrix's arm does
     # not judge that arm's pair.
