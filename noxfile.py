@@ -14,7 +14,7 @@ nox.options.sessions = ["lint", "types", "tests"]
 nox.options.default_venv_backend = "none"
 
 PYTHON = sys.executable
-SOURCES = ["gradientmail", "tests", "benchmarks", "noxfile.py"]
+SOURCES = ["gradientmail", "tests", "benchmarks", "docs/examples", "noxfile.py"]
 
 
 @nox.session

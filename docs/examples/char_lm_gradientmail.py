@@ -8,6 +8,7 @@ import argparse
 import math
 import random
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -33,12 +34,25 @@ torch.manual_seed(args.seed)
 
 
 def sentences(count: int, seed: int) -> str:
-    words = "the a mail bucket learner round sends reads merges model step every".split()
+    words = [
+        "the",
+        "a",
+        "mail",
+        "bucket",
+        "learner",
+        "round",
+        "sends",
+        "reads",
+        "merges",
+        "model",
+        "step",
+        "every",
+    ]
     rng = random.Random(seed)
     return "".join(" ".join(rng.choices(words, k=rng.randint(3, 9))) + ". " for _ in range(count))
 
 
-text = open(args.data).read() if args.data else sentences(4000, seed=0)
+text = Path(args.data).read_text() if args.data else sentences(4000, seed=0)
 vocabulary = sorted(set(text))
 codes = torch.tensor([vocabulary.index(c) for c in text])
 split = int(len(codes) * 0.9)
@@ -72,8 +86,10 @@ def evaluate(source: torch.Tensor) -> float:
     model.eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        losses = [loss_of(model(x).flatten(0, 1), y.flatten()) for x, y in
-                  (batch(source, generator) for _ in range(20))]
+        losses = [
+            loss_of(model(x).flatten(0, 1), y.flatten())
+            for x, y in (batch(source, generator) for _ in range(20))
+        ]
     model.train()
     return float(torch.stack(losses).mean())
 
@@ -90,8 +106,11 @@ def train(epoch: int) -> None:
         optimizer.step()
         node.step(tokens=x.numel())
         if index % 50 == 0:
-            print(f"| epoch {epoch} | batch {index} | loss {loss.item():.3f} "
-                  f"| {1e3 * (time.time() - started) / (index + 1):.1f} ms/batch", flush=True)
+            print(
+                f"| epoch {epoch} | batch {index} | loss {loss.item():.3f} "
+                f"| {1e3 * (time.time() - started) / (index + 1):.1f} ms/batch",
+                flush=True,
+            )
 
 
 def fit() -> None:
