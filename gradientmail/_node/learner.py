@@ -143,6 +143,19 @@ class LearnerDriver:
         self._changed = anyio.Event()
         self.waited = 0.0
         """Seconds ``wait_to_step`` has waited in all."""
+        self._marks: tuple[tuple[float, float], ...] = ((rt.clock.now(), 0.0),)
+
+    def waiting_share(self) -> float:
+        """The share of its time this learner waited on rounds (``wait_to_step``) over about
+        the last fragment period (the last ``fragments`` snapshots), 0 to 1; notes the
+        present as the start of the next snapshot's interval."""
+        now = self._rt.clock.now()
+        marks = (*self._marks, (now, self.waited))[-(self._rt.config.fragments + 1) :]
+        self._marks = marks
+        (began, before), _ = marks[0], marks[-1]
+        if now <= began:
+            return 0.0
+        return min(1.0, max(0.0, (self.waited - before) / (now - began)))
 
     @property
     def state(self) -> Learner:
@@ -440,6 +453,8 @@ class LearnerDriver:
             closing=True if p.closing else msgspec.UNSET,
             final=True if p.final else msgspec.UNSET,
             parts=parts,
+            step_time=msgspec.UNSET if p.step_time is None else min(round(p.step_time, 6), 1e9),
+            waited=round(self.waiting_share(), 4),
         )
         if not await rt.store.put_snapshot(snapshot):
             raise RecordError(

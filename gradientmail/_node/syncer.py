@@ -55,6 +55,7 @@ from gradientmail.protocol.rounds import (
     RoundState,
     TakeOver,
     Wait,
+    expectation,
     observed,
     quorum_learners,
 )
@@ -128,7 +129,8 @@ async def _run_round(
     published: Nudge,
 ) -> tuple[SyncerState, LeaseWatch]:
     """Run round ``state.next_round`` until it is adopted or committed."""
-    held = RoundState(state.next_round, rt.learner, rt.options.claim_timeout)
+    expected = expectation(state.previous, rt.config)
+    held = RoundState(state.next_round, rt.learner, rt.options.claim_timeout, expected)
     fresh = False
     while True:
         view, watch = await _observe(rt, held, watch, verified, fresh)

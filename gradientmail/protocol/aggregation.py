@@ -426,6 +426,8 @@ def aggregate(
             tokens=s.tokens,
             base_version=s.base_version,
             closing=s.closing,
+            step_time=s.step_time,
+            waited=s.waited,
         )
         for s, weight in zip(snapshots, weights, strict=True)
     )

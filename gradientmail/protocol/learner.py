@@ -66,7 +66,6 @@ The step accounting is the ``Ledger``'s: for every fragment at all times
 ``committed + dropped + since_base == total``.
 """
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -93,8 +92,10 @@ from gradientmail.protocol.learner_values import (
     Unavailable,
 )
 from gradientmail.protocol.merge import Ledger, Outcome
+from gradientmail.protocol.pace import Pace, fleet_step_time
 from gradientmail.protocol.records import DropReason, RoundRecord, RunConfig
 from gradientmail.protocol.rounds import due_for
+from gradientmail.protocol.schedule import phase_shift, positions_until_due, steps_to_hold
 
 __all__ = [
     "Action",
@@ -113,8 +114,7 @@ __all__ = [
 ]
 
 
-_EMA = 0.2
-"""Weight of the newest step duration in the mean step time."""
+_STILL = Pace()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +125,9 @@ class Learner:
     records seen but not yet folded (each with the time it was seen); ``phase`` the steps
     added to the step count for ``due`` (``joining``: set at the first step, the learner
     joined a run in progress); the steps after ``step`` up to ``hold_until`` do not advance
-    the schedule (each takes one from the phase), ``stood`` counts those taken so far;
-    ``step_time`` the mean step time."""
+    the schedule (each takes its advance from the phase), ``stood`` counts those taken so
+    far; ``position`` is the schedule's count of positions (``pace``: how many a step
+    advances; the step count itself at rate 1)."""
 
     config: RunConfig
     name: str
@@ -141,8 +142,8 @@ class Learner:
     joining: bool = False
     hold_until: int = 0
     stood: int = 0
-    last_step_at: float | None = None
-    step_time: float | None = None
+    position: int = 0
+    pace: Pace = _STILL
     closing: Closing | None = None
 
     @classmethod
@@ -262,29 +263,28 @@ class Learner:
 
     def stepped(self, tokens: int, now: float) -> tuple["Learner", list[Action]]:
         """One local step that consumed ``tokens``, at time ``now``."""
-        step_time = self.step_time
-        if self.last_step_at is not None and now > self.last_step_at:
-            took = now - self.last_step_at
-            step_time = took if step_time is None else (1 - _EMA) * step_time + _EMA * took
+        pace, advance = self.pace.stepped(now)
         state = replace(
             self,
             ledger=self.ledger.stepped(tokens),
             step=self.step + 1,
             tokens=self.tokens + tokens,
-            last_step_at=now,
-            step_time=step_time,
+            pace=pace,
         )
         if state.joining:
             phase = joined_phase(state.seen_round, state.config)
             state = replace(state, phase=phase, joining=False)
         state, actions = state._apply_ready()
+        start = state.position
+        state = replace(state, position=start + advance)
         if state.step <= state.hold_until:
             # The schedule stands still this step: nothing comes due (again).
-            phase = (state.phase - 1) % state.config.sync_every
+            phase = (state.phase - advance) % state.config.sync_every
             return replace(state, phase=phase, stood=state.stood + 1), actions
-        for fragment in due(state.step + state.phase, state.config):
-            state, more = state._snapshot(fragment, now)
-            actions.extend(more)
+        for position in range(start + 1, start + advance + 1):
+            for fragment in due(position + state.phase, state.config):
+                state, more = state._snapshot(fragment, now)
+                actions.extend(more)
         return state, actions
 
     def flush(self, now: float) -> tuple["Learner", list[Action]]:
@@ -339,6 +339,7 @@ class Learner:
             steps=flight.covers.steps,
             tokens=flight.covers.tokens,
             closing=self.closing is not None,
+            step_time=self.pace.step_time,
         )
         return self._with(fragment, slot), job
 
@@ -541,6 +542,8 @@ class Learner:
             # from clock readings (which include those waits) could step over a fragment's due
             # step every period, and would make the snapshots' steps depend on the timing.
             return state, actions
+        fleet = fleet_step_time([state.pace.step_time, *(p.pace for p in record.participants)])
+        state = replace(state, pace=state.pace.rated(fleet, state.config))
         missed = (
             had_steps
             and bool(record.participants)
@@ -562,53 +565,35 @@ class Learner:
         self, record: RoundRecord, seen_at: float, published: Published | None, least: float
     ) -> "Learner":
         """Advance the phase when this learner was more than ``least`` seconds behind the
-        first snapshots of ``record``'s round (see the module docstring)."""
-        tau = self.step_time
-        if tau is None or tau <= 0 or not math.isfinite(tau):
+        first snapshots of ``record``'s round (``schedule.phase_shift``)."""
+        tau, rate = self.pace.step_time, self.pace.rate
+        if tau is None:
             return self
-        first = seen_at - record.grace_seconds
         if published is not None and published.round == record.round:
             mine = published.at
         else:
-            ahead = self._steps_until_due(record.fragment)
+            ahead = positions_until_due(record.fragment, self.position + self.phase, self.config)
             if ahead is None:
                 return self
-            mine = seen_at + ahead * tau
-        lag = mine - first
-        period = tau * self.config.sync_every
-        # Within a period shorter than the grace every phase lands in time; a lag of a
-        # period or more is not a phase (a pause, a blocked fragment): moving would not help.
-        if lag <= least or period <= self.config.grace or lag >= period:
-            return self
-        shift = math.ceil((lag + self.config.grace / 2) / tau)
+            mine = seen_at + (ahead / rate + max(0, self.hold_until - self.step)) * tau
+        lag = mine - (seen_at - record.grace_seconds)
+        shift = phase_shift(lag, least, tau, rate, self.config)
         return replace(self, phase=(self.phase + shift) % self.config.sync_every)
 
     def _held_back(self, record: RoundRecord, published: Published | None) -> "Learner":
-        """Hold the schedule for as many steps as the round waited, a step or more, after
-        this learner's snapshot for its last participant's (see the module docstring), less
-        the steps held (or still to hold) since the snapshot was taken: they closed part of
-        that gap already."""
+        """Hold the schedule for as many steps as the round waited after this learner's
+        snapshot for its last participant's (``schedule.steps_to_hold``), less the steps
+        held (or still to hold) since the snapshot was taken: they closed part of that gap."""
         if published is None:
-            return self
-        tau = self.step_time
-        if tau is None or tau <= 0 or not math.isfinite(tau):
             return self
         arrived = {p.learner: p.arrived for p in record.participants if p.arrived is not UNSET}
         mine = arrived.get(self.name)
         if mine is None:
             return self
-        early = max(arrived.values()) - mine
-        # A wait of a period or more is a pause of the others, not a phase.
-        if early < tau or early >= tau * self.config.sync_every:
-            return self
         pending = max(0, self.hold_until - self.step)
-        needed = int(early / tau) - (self.stood - published.stood) - pending
+        held = (self.stood - published.stood) + pending
+        early = max(arrived.values()) - mine
+        needed = steps_to_hold(early, self.pace.step_time, self.pace.rate, held, self.config)
         if needed <= 0:
             return self
         return replace(self, hold_until=self.step + pending + needed)
-
-    def _steps_until_due(self, fragment: int) -> int | None:
-        for ahead in range(1, self.config.sync_every + 1):
-            if fragment in due(self.step + self.phase + ahead, self.config):
-                return ahead + max(0, self.hold_until - self.step)
-        return None

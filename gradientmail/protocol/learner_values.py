@@ -68,7 +68,8 @@ class Publish:
     """Write ``snapshot − base`` of ``fragment`` for ``round`` (covering ``steps`` and
     ``tokens``), then report ``publish_done`` or ``publish_failed``. ``closing``: taken
     after closing began (the flush); ``final``: a closing learner's last snapshot
-    (``Learner.finalize``)."""
+    (``Learner.finalize``); ``step_time``: the learner's median step time (None: not known
+    yet)."""
 
     fragment: int
     round: int
@@ -79,6 +80,7 @@ class Publish:
     tokens: int
     closing: bool = False
     final: bool = False
+    step_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,8 @@ Count: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
 """A round, fragment, version, size or dimension: decoding rejects a negative one."""
 Seconds: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
 """A duration a record states: decoding rejects a negative or absurd one (and infinity)."""
+Share: TypeAlias = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+"""A share of a learner's time: decoding rejects one outside [0, 1]."""
 Sha256: TypeAlias = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 """A blob's address: 64 lowercase hex digits."""
 
@@ -322,7 +324,12 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     held when it began closing minus θ of ``base_version``, with 0 steps and tokens; a round
     made only of final snapshots averages them without an outer step (docs/protocol.md,
     "The last round of a run"). Both are absent (not encoded) when false, so records written
-    before the fields existed read and verify as they did."""
+    before the fields existed read and verify as they did.
+
+    ``step_time`` (the learner's median step duration, seconds) and ``waited`` (the share of
+    its time it spent waiting on rounds lately) are its pace, which the round copies into
+    its ``Participant`` for the other learners' schedules and for ``status``; absent when
+    unknown."""
 
     learner: str
     round: Count
@@ -335,6 +342,8 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     closing: bool | msgspec.UnsetType = msgspec.UNSET
     final: bool | msgspec.UnsetType = msgspec.UNSET
     parts: tuple[SnapshotPart, ...] | msgspec.UnsetType = msgspec.UNSET
+    step_time: Seconds | msgspec.UnsetType = msgspec.UNSET
+    waited: Share | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         whole = isinstance(self.delta, BlobRef)
@@ -362,7 +371,8 @@ class Participant(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot accepted into a round with its normalized ``weight``; ``closing`` as the
     snapshot's (absent when false); ``arrived``: how many seconds after the round's first
     snapshot the closer first listed this one (its clock, to its poll; absent from records
-    of writers that did not note it)."""
+    of writers that did not note it); ``step_time`` and ``waited``: the snapshot's pace
+    (absent when it stated none)."""
 
     learner: str
     weight: float
@@ -371,6 +381,13 @@ class Participant(msgspec.Struct, frozen=True, kw_only=True):
     base_version: int
     closing: bool | msgspec.UnsetType = msgspec.UNSET
     arrived: Seconds | msgspec.UnsetType = msgspec.UNSET
+    step_time: Seconds | msgspec.UnsetType = msgspec.UNSET
+    waited: Share | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def pace(self) -> float | None:
+        """The step time the snapshot stated, None when it stated none."""
+        return None if isinstance(self.step_time, msgspec.UnsetType) else self.step_time
 
 
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,14 @@ leave the run one learner per round.
 Live learners are the nodes holding a live lease whose role is ``learner``
 (``quorum_learners``); a syncer-only node never counts toward a quorum.
 
+In an adaptive run (``RunConfig.overlap`` None) a round counts only the live learners that
+took part in the round before it (``expectation``: participants and rejected): a learner
+that paused, hung or just joined is not waited for until its snapshots come again, and one
+that took part is waited for at most ``Expectation.patience`` after the round's first
+snapshot (the grace plus the slowest step time the round before stated, at most
+``MAX_PATIENCE_GRACES`` graces). A paced run (the repeatable mode) waits for every live
+learner, as above.
+
 Pure: no I/O, no clock; the caller passes ``now``.
 """
 
@@ -47,11 +55,13 @@ from gradientmail.protocol.records import RoundRecord, RunConfig
 
 __all__ = [
     "MAX_CLAIMS",
+    "MAX_PATIENCE_GRACES",
     "Adopt",
     "Again",
     "Claim",
     "CloseView",
     "Commit",
+    "Expectation",
     "Follow",
     "Observation",
     "Resume",
@@ -65,6 +75,7 @@ __all__ = [
     "decide_close",
     "decide_round",
     "due_for",
+    "expectation",
     "observed",
     "quorate",
     "quorum_learners",
@@ -207,6 +218,38 @@ def decide_round(view: RoundView) -> RoundAction:
     return TakeOver(k + 1, cause) if k + 1 < MAX_CLAIMS else Resume()
 
 
+MAX_PATIENCE_GRACES = 10
+"""An adaptive round waits for a learner that took part in the round before at most this
+many graces past its first snapshot, whatever step time was stated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """Whom an adaptive round waits for (``learners``), and for how long after its first
+    snapshot at most (``patience``, seconds)."""
+
+    learners: frozenset[str]
+    patience: float
+
+
+def expectation(previous: RoundRecord | None, config: RunConfig) -> Expectation | None:
+    """Whom the round after ``previous`` waits for in an adaptive run: the learners that
+    took part in ``previous`` (participants and rejected), for the grace plus the slowest
+    step time they stated (at most ``MAX_PATIENCE_GRACES`` graces). None (every live
+    learner, without a deadline) in a paced run, and when there is no previous round or
+    nobody took part in it."""
+    if config.overlap is not None or previous is None:
+        return None
+    learners = frozenset(p.learner for p in previous.participants) | frozenset(
+        r.learner for r in previous.rejected
+    )
+    if not learners:
+        return None
+    slowest = max((p.pace or 0.0 for p in previous.participants), default=0.0)
+    patience = min(config.grace + slowest, MAX_PATIENCE_GRACES * max(config.grace, 1.0))
+    return Expectation(learners, patience)
+
+
 def quorum_learners(live: frozenset[str], learners: frozenset[str]) -> frozenset[str]:
     """The learners a quorum counts: holders of a live lease whose role is ``learner``."""
     return live & learners
@@ -224,6 +267,7 @@ class CloseView:
     quorum_at: float | None
     now: float
     passed_at: float | None = None
+    deadline: float | None = None
 
 
 def quorate(snapshots: frozenset[str], learners: frozenset[str], config: RunConfig) -> bool:
@@ -240,12 +284,19 @@ def decide_close(view: CloseView, config: RunConfig) -> Literal["waiting", "grac
     waiting would stall the run (a round nobody published to closes empty, its fragment
     unchanged; this is what lets the last node's flush rounds close when its own progress
     skipped a fragment, and lets learners closing together finish when one of them still
-    had steps of a fragment the others had published in full).
+    had steps of a fragment the others had published in full). Past ``deadline`` (an
+    adaptive round's patience) a round with ``quorum_min`` snapshots closes with them.
     """
     if view.passed_at is not None and view.now - view.passed_at >= config.grace:
         return "close"
     if not view.snapshots:
         return "waiting"
+    if (
+        view.deadline is not None
+        and view.now >= view.deadline
+        and len(view.snapshots) >= config.quorum_min
+    ):
+        return "close"
     if not quorate(view.snapshots, view.learners, config):
         return "waiting"
     if view.learners <= view.snapshots:
@@ -278,11 +329,13 @@ class RoundState:
     """A syncer's state in round ``round``: who it follows and since when, when it first saw
     a snapshot there, and once it holds the round (``claimed_at``) when the quorum was first
     reached, since when every live learner without a snapshot in it has moved past it, and
-    when it first listed each learner's snapshot (``arrivals``, in that order)."""
+    when it first listed each learner's snapshot (``arrivals``, in that order).
+    ``expected``: whom the round waits for in an adaptive run (``expectation``)."""
 
     round: int
     me: str
     claim_timeout: float
+    expected: Expectation | None = None
     following: str | None = None
     following_since: float | None = None
     first_snapshot_at: float | None = None
@@ -361,6 +414,8 @@ def _closing(
     state: RoundState, view: Observation, now: float, config: RunConfig
 ) -> tuple[RoundState, Step]:
     learners = quorum_learners(view.live, view.learners)
+    if state.expected is not None:
+        learners &= state.expected.learners
     missing = learners - view.snapshots
     passed_at = state.passed_at
     if view.later is None:
@@ -376,9 +431,16 @@ def _closing(
         (learner, view.snapshots_at) for learner in sorted(view.snapshots - listed)
     )
     state = replace(state, quorum_at=quorum_at, passed_at=passed_at, arrivals=arrivals)
-    decision = decide_close(CloseView(view.snapshots, learners, quorum_at, now, passed_at), config)
+    deadline = None
+    if state.expected is not None and arrivals:
+        deadline = arrivals[0][1] + state.expected.patience
+    close = CloseView(view.snapshots, learners, quorum_at, now, passed_at, deadline)
+    decision = decide_close(close, config)
     if decision != "close":
-        due = bool(arrivals) and now - arrivals[0][1] < due_for(config)
+        window = due_for(config)
+        if state.expected is not None:
+            window = max(window, state.expected.patience)
+        due = bool(arrivals) and now - arrivals[0][1] < window
         return state, Wait(due=due)
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)

@@ -2,20 +2,32 @@
 
 from dataclasses import replace
 
+import msgspec
 import pytest
 import torch
 
 from gradientmail._node.commit import _outcome
 from gradientmail._node.options import NodeOptions
 from gradientmail.protocol.aggregation import Candidate
-from gradientmail.protocol.records import BlobRef, FragmentSpec, ParamSpec, RunConfig, Snapshot
+from gradientmail.protocol.records import (
+    BlobRef,
+    FragmentSpec,
+    ParamSpec,
+    Participant,
+    Rejection,
+    RoundRecord,
+    RunConfig,
+    Snapshot,
+)
 from gradientmail.protocol.rounds import (
     MAX_CLAIMS,
+    MAX_PATIENCE_GRACES,
     Adopt,
     Again,
     Claim,
     CloseView,
     Commit,
+    Expectation,
     Follow,
     Observation,
     Resume,
@@ -26,6 +38,7 @@ from gradientmail.protocol.rounds import (
     decide_close,
     decide_round,
     due_for,
+    expectation,
     observed,
     quorum_learners,
 )
@@ -328,3 +341,76 @@ def test_an_outer_step_that_overflows_commits_nothing() -> None:
     assert [(r.learner, r.reason) for r in result.rejected] == [("a", "non-finite")]
     assert torch.equal(new_theta[0], theta[0])
     assert bool(torch.isfinite(momentum[0]).all())
+
+
+def took_part(**paces: float | None) -> RoundRecord:
+    """A committed round whose participants stated these step times (None: none)."""
+    participants = tuple(
+        Participant(learner=name, weight=1.0, steps=1, tokens=1, base_version=0)
+        if pace is None
+        else Participant(
+            learner=name, weight=1.0, steps=1, tokens=1, base_version=0, step_time=pace
+        )
+        for name, pace in paces.items()
+    )
+    ref = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
+    return RoundRecord(
+        round=6,
+        fragment=2,
+        version=2,
+        committed_by="a",
+        participants=participants,
+        rejected=(Rejection(learner="r", reason="outlier", steps=1, tokens=1),),
+        quorum_seconds=0.0,
+        grace_seconds=0.0,
+        cosine=None,
+        update=ref,
+    )
+
+
+ADAPTIVE = RunConfig(grace=1.0, overlap=None)
+
+
+def test_an_adaptive_round_expects_who_took_part_in_the_one_before_for_a_bounded_time() -> None:
+    previous = took_part(a=0.5, b=3.0, c=None)
+    expected = expectation(previous, ADAPTIVE)
+    assert expected == Expectation(frozenset({"a", "b", "c", "r"}), patience=4.0)
+    absurd = expectation(took_part(a=1e6), ADAPTIVE)
+    assert absurd is not None
+    assert absurd.patience == MAX_PATIENCE_GRACES * 1.0
+    # The repeatable mode, the first round and a round nobody took part in: every live one.
+    assert expectation(previous, RunConfig(overlap=2)) is None
+    assert expectation(None, ADAPTIVE) is None
+    empty = msgspec.structs.replace(took_part(), rejected=())
+    assert expectation(empty, ADAPTIVE) is None
+
+
+def test_an_adaptive_round_does_not_wait_for_a_live_learner_that_sat_the_last_one_out() -> None:
+    """c holds a live lease but took no part in the round before (paused, hung, or just
+    joined): the round closes once a and b published, with no grace."""
+    three = frozenset({"a", "b", "c"})
+    expected = Expectation(frozenset({"a", "b"}), patience=5.0)
+    state = RoundState(7, "a", claim_timeout=30.0, expected=expected).claimed(0.0)
+    both = look(snapshots=frozenset({"a", "b"}), live=three, learners=three, snapshots_at=1.0)
+    _, step = observed(state, replace(both, leases_at=1.0), 1.0, ADAPTIVE)
+    assert step == Commit(missing=frozenset(), published=frozenset({"a", "b"}))
+    # The same round in the repeatable mode waits for c, a live learner.
+    paced = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)
+    _, step = observed(paced, replace(both, leases_at=1.0), 1.0, RunConfig(grace=1.0, overlap=2))
+    assert step == Wait(due=True)
+
+
+def test_an_adaptive_round_waits_for_an_expected_learner_only_its_patience() -> None:
+    """b took part in the round before and stated its pace; it is waited for until the
+    patience after the round's first snapshot has passed, then the round closes without it
+    (quorum 1.0 or not)."""
+    both = frozenset({"a", "b"})
+    expected = Expectation(both, patience=3.0)
+    state = RoundState(7, "a", claim_timeout=30.0, expected=expected).claimed(0.0)
+    only_a = {"snapshots": frozenset({"a"}), "live": both, "learners": both}
+    state, step = observed(state, look(**only_a, snapshots_at=1.0, leases_at=1.0), 1.0, ADAPTIVE)
+    assert step == Wait(due=True)
+    state, step = observed(state, look(**only_a, snapshots_at=3.9, leases_at=3.9), 3.9, ADAPTIVE)
+    assert step == Wait(due=True)
+    _, step = observed(state, look(**only_a, snapshots_at=4.0, leases_at=4.0), 4.0, ADAPTIVE)
+    assert step == Commit(missing=frozenset({"b"}), published=frozenset({"a"}))

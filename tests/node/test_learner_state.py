@@ -7,6 +7,7 @@ import inspect
 import itertools
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from hypothesis import settings
@@ -43,9 +44,10 @@ def record(
     closing: tuple[str, ...] = (),
     grace: float = 0.0,
     arrived: dict[str, float] | None = None,
+    paces: dict[str, float] | None = None,
 ) -> RoundRecord:
     times = arrived or {}
-    return RoundRecord(
+    made = RoundRecord(
         round=round,
         fragment=round % 2,
         version=round // 2 + 1,
@@ -72,6 +74,12 @@ def record(
         outer=REF,
         update=REF,
     )
+    stated = paces or {}
+    participants = tuple(
+        msgspec.structs.replace(p, step_time=stated[p.learner]) if p.learner in stated else p
+        for p in made.participants
+    )
+    return msgspec.structs.replace(made, participants=participants)
 
 
 def fresh(name: str = "me") -> Learner:
@@ -616,12 +624,24 @@ class LearnerMachine(RuleBasedStateMachine):
             self.learner, actions = self.learner.publish_failed(job.fragment, job.round)
         self._carry(actions)
 
-    @rule(fate=st.sampled_from(["included", "rejected", "absent"]), grace=st.floats(0, 2))
-    def commit(self, fate: str, grace: float) -> None:
+    @rule(
+        fate=st.sampled_from(["included", "rejected", "absent"]),
+        grace=st.floats(0, 2),
+        pace=st.floats(0.001, 5.0),
+    )
+    def commit(self, fate: str, grace: float, pace: float) -> None:
+        """A record; the other learner ``x`` states the step time ``pace`` (an adaptive
+        learner's rate follows it)."""
         round = self.learner.seen_round + 1
         names: dict[str, tuple[str, ...]] = {"included": ("me", "x"), "rejected": ("x",)}
         rejected = ("me",) if fate == "rejected" else ()
-        made = record(round, included=names.get(fate, ("x",)), rejected=rejected, grace=grace)
+        made = record(
+            round,
+            included=names.get(fate, ("x",)),
+            rejected=rejected,
+            grace=grace,
+            paces={"x": pace},
+        )
         self.rounds.append(made)
         self.learner, actions = self.learner.record_seen(made, self.now)
         self._carry(actions)
@@ -672,7 +692,9 @@ class LearnerMachine(RuleBasedStateMachine):
             assert (ledger.in_flight is not None) == unresolved
             if ledger.in_flight is not None and slot.published is not None:
                 assert ledger.in_flight.round == slot.published.round
-        assert 0 <= learner.phase < CONFIG.sync_every
+        assert 0 <= learner.phase < self.config.sync_every
+        most = self.config.sync_every / self.config.fragments
+        assert 1.0 <= learner.pace.rate <= max(1.0, most)
 
 
 TestLearnerMachine = LearnerMachine.TestCase
@@ -687,6 +709,20 @@ class PacedLearnerMachine(LearnerMachine):
 
 TestPacedLearnerMachine = PacedLearnerMachine.TestCase
 TestPacedLearnerMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+
+
+class AdaptiveLearnerMachine(LearnerMachine):
+    """The same with a period long enough for a rate of up to 6: steps of 0 to 3 s against
+    another learner's stated 0.001 to 5 s, so the rate goes up and down, and some steps make
+    two fragments due."""
+
+    config = RunConfig(fragments=2, sync_every=12, grace=1.0, overlap=None)
+
+
+TestAdaptiveLearnerMachine = AdaptiveLearnerMachine.TestCase
+TestAdaptiveLearnerMachine.settings = settings(
+    max_examples=80, stateful_step_count=50, deadline=None
+)
 
 
 @pytest.mark.parametrize(
