@@ -377,6 +377,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
             "aligned_round": end.aligned_round,
             "events": counts,
             "lag_steps": lags,
+            "waited_seconds": end.waited_seconds,
         }
 
     return anyio.run(main)
@@ -406,6 +407,7 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
                     "participants": len(record.participants),
                     "rejected": [r.reason for r in record.rejected],
                     "cosine": record.cosine,
+                    "steps": {p.learner: p.steps for p in record.participants},
                     "seconds": event.seconds,
                 }
             )

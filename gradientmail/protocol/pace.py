@@ -29,7 +29,7 @@ from gradientmail.protocol.records import RunConfig
 
 __all__ = ["SAME_PACE", "WINDOW", "Pace", "fleet_step_time"]
 
-WINDOW = 15
+WINDOW = 7
 """Step durations the median is taken over."""
 
 SAME_PACE = 1.1

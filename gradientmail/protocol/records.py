@@ -121,16 +121,19 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         ``keep-progress``: a learner keeps its progress since its snapshot on top of the new
         version; ``alpha``: θ ← alpha·θ_local + (1 − alpha)·θ_global.
     overlap
-        When a learner applies the version of a round it published to (Streaming DiLoCo's
-        overlap τ): exactly ``overlap`` local steps after its snapshot (at most
-        ``sync_every``: a version is applied by its fragment's next snapshot; see
-        ``applied_after``), its ``step`` waiting for the version when it is not ready by
-        then (at most ``rounds.due_for``, twice the grace, after the snapshot: with no
-        grace, never; past that it goes on and applies it when it comes; a sharded group
-        never waits). The trajectory then depends on the steps, not on how fast the store
-        answered: the same run twice gives the same model (docs/protocol.md, "Rounds that
-        pace the learners"; the default, 2, is the measured one). None: at the first step
-        after the version is ready, never waiting (a lag that varies with the timing).
+        The schedule. None (the default, for fleets of unequal or pausing machines: the
+        adaptive schedule): each learner applies a round's version at its first step after
+        the version is ready, never waiting; a slower learner takes fewer local steps per
+        round (``protocol.pace``) so that a round's snapshots arrive together, and a round
+        waits only for the learners that took part in the round before, each for a bounded
+        time (``rounds.expectation``). A number of steps (the repeatable mode,
+        ``RunConfig.repeatable``): every learner takes ``sync_every`` steps per period and
+        applies the version of a round it published to exactly ``overlap`` local steps after
+        its snapshot (at most ``sync_every``; ``applied_after``), its ``step`` waiting for
+        the version when it is not ready by then (at most ``rounds.due_for``, twice the
+        grace, after the snapshot), and the rounds wait for every live learner: the same run
+        on the same batches gives the same model, and every learner runs at the pace of the
+        slowest (docs/protocol.md, "Rounds that pace the learners").
     checkpoint_every
         θ and the outer momentum of a fragment are stored (a checkpoint) with every
         ``checkpoint_every``-th version of it; every other record carries only its update,
@@ -160,7 +163,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     grace: float = 2.0
     merge: MergeRule = "keep-progress"
     alpha: float = 0.5
-    overlap: int | None = 2
+    overlap: int | None = None
     keep_rounds: int = 16
     keep_versions: int = 2
     checkpoint_every: int = 8
@@ -208,6 +211,12 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 f"RunConfig.overlap must be None (never wait) or a positive number of steps, "
                 f"got {self.overlap}"
             )
+
+    @classmethod
+    def repeatable(cls, overlap: int = 2, **fields: Any) -> "RunConfig":
+        """The repeatable mode: ``RunConfig(overlap=overlap, **fields)`` (see ``overlap``):
+        for fleets of equal machines and for research that must rerun a run exactly."""
+        return cls(overlap=overlap, **fields)
 
     @property
     def applied_after(self) -> int | None:

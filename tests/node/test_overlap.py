@@ -5,7 +5,7 @@ is late, so that what the run computes depends on the steps and not on the timin
 Two learners train the same steps on the same batches twice, each time with its own random
 pauses between steps (one run's learner ``b`` several times slower than the other's): the
 two runs commit the same rounds with the same participants and bit for bit the same θ.
-This holds with the default ``overlap`` and with a larger one. Without overlap
+This holds with the repeatable mode's ``overlap`` (2) and with a larger one. Without overlap
 (``overlap=None``) the same two runs apply versions at steps that depend on the timing and
 their θ differ (the control that shows the timing does reach the numbers here).
 """
@@ -27,8 +27,10 @@ pytestmark = pytest.mark.anyio
 STEPS = 48
 PAUSE = 0.01
 """The longest random pause between two steps of the faster learner."""
-CONFIG = RunConfig(fragments=2, sync_every=8, grace=1.0, keep_versions=1000, keep_rounds=1000)
-"""The defaults' overlap (2)."""
+CONFIG = RunConfig.repeatable(
+    fragments=2, sync_every=8, grace=1.0, keep_versions=1000, keep_rounds=1000
+)
+"""The repeatable mode (overlap 2)."""
 
 
 async def run(
@@ -81,7 +83,7 @@ async def run(
     return committed, lags, waited
 
 
-@pytest.mark.parametrize("overlap", [CONFIG.overlap, 3], ids=["default", "overlap-3"])
+@pytest.mark.parametrize("overlap", [CONFIG.overlap, 3], ids=["repeatable", "overlap-3"])
 async def test_with_overlap_the_run_computes_the_same_whatever_the_timing(
     overlap: int | None,
 ) -> None:

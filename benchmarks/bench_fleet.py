@@ -1,0 +1,296 @@
+"""Fleets of unequal machines on real text: does every learner train at its own speed, and
+does the run learn more for it?
+
+The real-text task of ``bench_text.py`` (the standard library's source, the byte GPT of its
+``medium`` size, AdamW, ``K = 4`` learners, ``F = 5`` fragments, H 50). Every learner gets
+the same wall-clock budget. A learner of speed ``s`` takes ``s × BASE_STEP`` seconds a step:
+its compute, then a sleep up to that time (slowness made by sleep, so that a slow learner
+does not take the fast ones' cores on this 2-core machine; a step whose compute alone is
+longer is not padded). The learning rate follows ``bench_convergence.lr_at`` over the
+fraction of the budget elapsed, so a slow learner is not left at a high rate.
+
+Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and ``pausing``
+(1/1/1/1, learner 3 pausing ``PAUSE`` seconds every ``PAUSE_EVERY`` steps, a validation pass
+as a user's trainer makes one). Arms: ``gm`` (the default, ``RunConfig.overlap`` None: the
+adaptive schedule), ``gm-repeatable`` (``overlap=2``: the rounds pace every learner), and
+``dp`` (data-parallel, one process, every learner's batch per step at the fastest speed).
+
+Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
+a fragment, averaged over fragments), what each would do alone in the budget
+(``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
+rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model (the mean
+of the learners' models after their close) and its curve against wall time.
+
+Usage: ``.venv/bin/python benchmarks/bench_fleet.py [--fleets NAME ...] [--arms NAME ...]
+[--repeats N] [--budget SECONDS] [--quick]``.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+import bench_convergence as bc
+import bench_text as bt
+import bench_text_data as data
+import msgspec
+
+NAME = "fleet"
+SIZE = "medium"
+BASE_STEP = 0.1
+"""Seconds per step of a speed-1 learner (the medium model's compute is about a third)."""
+SYNC_EVERY = 50
+BUDGET = 120.0
+PAUSE = 15.0
+PAUSE_EVERY = 250
+FLEETS: dict[str, list[float]] = {
+    "equal": [1.0, 1.0, 1.0, 1.0],
+    "mixed": [1.0, 1.5, 2.0, 3.0],
+    "straggler": [1.0, 1.0, 1.0, 4.0],
+    "pausing": [1.0, 1.0, 1.0, 1.0],
+}
+ARMS = ("gm", "gm-repeatable", "dp")
+
+
+def config(arm: str) -> Any:
+    overlap = 2 if arm == "gm-repeatable" else None
+    return msgspec.structs.replace(bt.run_config(SYNC_EVERY, "fp32"), overlap=overlap)
+
+
+def lr_scale(started: float, budget: float) -> float:
+    """The learning rate's factor at this moment of the budget (``lr_at``'s schedule)."""
+    fraction = min(1.0, (time.monotonic() - started) / budget)
+    return bc.lr_at(int(fraction * 1000), 1000) / bc.LR
+
+
+def timed_steps(
+    step: Callable[[], None],
+    *,
+    speed: float,
+    budget: float,
+    started: float,
+    pauses: bool,
+    after_step: Callable[[], None],
+) -> int:
+    """Run ``step`` at ``speed × BASE_STEP`` seconds a step until ``budget`` seconds after
+    ``started``; with ``pauses`` a pause of ``PAUSE`` seconds every ``PAUSE_EVERY`` steps.
+    Returns the steps taken."""
+    steps = 0
+    while time.monotonic() - started < budget:
+        began = time.monotonic()
+        step()
+        after_step()
+        steps += 1
+        left = speed * BASE_STEP - (time.monotonic() - began)
+        if pauses and steps % PAUSE_EVERY == 0:
+            left += PAUSE
+        if left > 0:
+            time.sleep(left)
+    return steps
+
+
+def learning(spec: dict[str, Any], index: int) -> bc.Learning:
+    """Learner ``index`` of the fleet in ``spec``: the real-text model and batches of
+    ``bench_text``, trained for the budget at its speed."""
+    import torch
+
+    from gradientmail.demo.data import evaluate
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    size = bt.SIZES[SIZE]
+    corpus = data.stdlib_corpus(shards=spec["learners"], seed=spec["seed"])
+    length = size["model"]["context"]
+    final_set = corpus.evaluation(*size["final_eval"], length=length)
+    model = GPT(bt.model_config(size), seed=spec["seed"])
+    optimizer, lr = bt.inner_optimizer("adamw", model)
+    batches = corpus.train(index, batch_size=size["batch"], length=length)
+    speed = spec["speeds"][index]
+    pauses = spec["fleet"] == "pausing" and index == len(spec["speeds"]) - 1
+
+    def run(first: int, after_step: Callable[[], None]) -> list[list[float]]:
+        started = time.monotonic()  # every learner starts once all have joined
+
+        def step() -> None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr * lr_scale(started, spec["budget"])
+            loss = model.loss(next(batches))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        timed_steps(
+            step,
+            speed=speed,
+            budget=spec["budget"],
+            started=started,
+            pauses=pauses,
+            after_step=after_step,
+        )
+        return []
+
+    return bc.Learning(
+        model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
+    )
+
+
+def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
+    """Data-parallel at the fastest speed: every learner's batch in one step, for the
+    budget."""
+    import torch
+
+    from gradientmail.demo.data import evaluate
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    size = bt.SIZES[SIZE]
+    learners = len(FLEETS[fleet])
+    corpus = data.stdlib_corpus(shards=learners, seed=seed)
+    length = size["model"]["context"]
+    streams = [corpus.train(k, batch_size=size["batch"], length=length) for k in range(learners)]
+    model = GPT(bt.model_config(size), seed=seed)
+    optimizer, lr = bt.inner_optimizer("adamw", model)
+    started = time.monotonic()
+
+    def step() -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr * lr_scale(started, budget)
+        loss = model.loss(torch.cat([next(s) for s in streams]))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    steps = timed_steps(
+        step, speed=1.0, budget=budget, started=started, pauses=False, after_step=lambda: None
+    )
+    final = evaluate(model, corpus.evaluation(*size["final_eval"], length=length))
+    return {"bits_per_byte": bt._bits(final), "steps": steps, "wall_seconds": budget}
+
+
+def committed_steps(rounds: list[dict[str, Any]], fragments: int) -> dict[str, float]:
+    """Each learner's steps that reached a committed round, averaged over fragments."""
+    totals: dict[str, float] = {}
+    for r in rounds:
+        for learner, steps in r["steps"].items():
+            totals[learner] = totals.get(learner, 0.0) + steps / fragments
+    return totals
+
+
+def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dict[str, Any]:
+    """One gradientmail arm: ``K`` learner processes and a syncer; the fleet's figures."""
+    speeds = FLEETS[fleet]
+    spec = bt._spec(
+        SIZE,
+        seed,
+        scratch,
+        system="gm",
+        config=msgspec.structs.asdict(config(arm)),
+        learners=len(speeds),
+        speeds=speeds,
+        fleet=fleet,
+        budget=budget,
+    )
+    launched = bc.launch(Path(__file__).resolve(), spec)
+    reports = [launched["reports"][str(k)] for k in range(len(speeds))]
+    committed = committed_steps(launched["reports"]["syncer"]["rounds"], bt.FRAGMENTS)
+    learners = []
+    for k, (report, speed) in enumerate(zip(reports, speeds, strict=True)):
+        alone = budget / (speed * BASE_STEP)
+        learners.append(
+            {
+                "speed": speed,
+                "steps": len(report["step_times"]),
+                "committed_steps": committed.get(f"learner-{k}", 0.0),
+                "alone_steps": alone,
+                "waiting_share": report["waited_seconds"] / max(report["train_seconds"], 1e-9),
+                "close_seconds": report["seconds_with_flush"] - report["train_seconds"],
+            }
+        )
+    finals = [r["final_loss"] for r in reports]
+    rounds = launched["reports"]["syncer"]["rounds"]
+    lags = [lag for r in reports for lag in r["lag_steps"]]
+    fastest = min(range(len(speeds)), key=lambda k: speeds[k])
+    return {
+        "bits_per_byte": bt._bits(sum(finals) / len(finals)),
+        "learners": learners,
+        "fastest_waiting_share": learners[fastest]["waiting_share"],
+        "committed_over_alone": sum(x["committed_steps"] for x in learners)
+        / sum(x["alone_steps"] for x in learners),
+        "rounds": len(rounds),
+        "mean_participants": sum(r["participants"] for r in rounds) / max(1, len(rounds)),
+        "lag_steps_median": statistics.median(lags) if lags else None,
+        "wall_seconds": launched["wall_seconds"],
+    }
+
+
+def run(fleets: list[str], arms: list[str], repeats: int, budget: float, results: Path) -> Path:
+    """Every fleet × arm × repeat (seed 0, run again: the timing differs), written to
+    ``results/fleet.json`` after each."""
+    result = h.header(
+        NAME,
+        quick=budget < BUDGET,
+        parameters={
+            "size": SIZE,
+            "base_step": BASE_STEP,
+            "sync_every": SYNC_EVERY,
+            "budget": budget,
+            "pause": [PAUSE, PAUSE_EVERY],
+            "fleets": {f: FLEETS[f] for f in fleets},
+            "arms": arms,
+            "repeats": repeats,
+        },
+    )
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for fleet in fleets:
+        for arm in arms:
+            for repeat in range(repeats if arm != "dp" else 1):
+                with tempfile.TemporaryDirectory(prefix="gm-fleet-") as tmp:
+                    if arm == "dp":
+                        figures = run_dp(fleet, 0, budget)
+                    else:
+                        figures = run_gm(arm, fleet, 0, budget, Path(tmp) / "run")
+                figures["load"] = os.getloadavg()
+                runs.setdefault(f"{fleet}/{arm}", []).append(figures)
+                print(f"{fleet}/{arm} #{repeat}: {json.dumps(_brief(figures))}", flush=True)
+                result["figures"] = {"runs": runs}
+                h.write_result(results, NAME, result)
+    return results / f"{NAME}.json"
+
+
+def _brief(figures: dict[str, Any]) -> dict[str, Any]:
+    keys = ("bits_per_byte", "fastest_waiting_share", "committed_over_alone", "rounds")
+    return {k: round(figures[k], 4) for k in keys if k in figures}
+
+
+def _worker(spec_path: Path, role: str) -> None:
+    spec = json.loads(spec_path.read_text())
+    if role == "syncer":
+        report = bc.syncer_worker(spec)
+    else:
+        report = bc.learner_worker(spec, int(role), learning(spec, int(role)))
+    (Path(spec["scratch"]) / f"result-{role}.json").write_text(json.dumps(report))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fleets", nargs="+", choices=list(FLEETS), default=list(FLEETS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=BUDGET)
+    parser.add_argument("--results", type=Path, default=h.RESULTS)
+    parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(Path(args.worker[0]), args.worker[1])
+        return
+    print(run(args.fleets, args.arms, args.repeats, args.budget, args.results))
+
+
+if __name__ == "__main__":
+    main()
