@@ -56,6 +56,7 @@ from gradientmail.events import (
     SyncerStopped,
     TookOverCreation,
     TookOverRound,
+    Waiting,
     combined,
     console,
     json_logs,
@@ -129,6 +130,7 @@ def samples(*, raised: bool = True) -> list[Event]:
         PublishCancelled("alpha", 60.0),
         LeaseReleased("alpha"),
         ReleaseFailed("alpha", error(MailboxUnavailable("connection refused"))),
+        Waiting("alpha", 0.62, ("gamma",)),
         Recovered("beta", 42),
         RecoveryFailed("beta", error(MailboxUnavailable("list timed out")), 4.0),
         RoundClaimed("beta", 42),
@@ -241,6 +243,7 @@ def test_levels_match_the_documented_rule() -> None:
         "StepsDropped",
         "EventsDropped",
         "RoundIncomplete",
+        "Waiting",
     }
     assert by_level["debug"] == {"RoundRecorded"}
 

@@ -45,12 +45,14 @@ import anyio.to_thread
 import msgspec
 import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from msgspec import UNSET
 from torch import Tensor
 
 from gradientmail._node.runtime import Runtime
 from gradientmail._node.sharded import ShardedRank, squares
 from gradientmail.errors import MailboxUnavailable, RecordError
 from gradientmail.events.kinds import (
+    WAITING_WARNING,
     FragmentAligned,
     PollFailed,
     PublishFailed,
@@ -58,6 +60,7 @@ from gradientmail.events.kinds import (
     SnapshotPublished,
     SnapshotRejected,
     StepsDropped,
+    Waiting,
 )
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import l2_norm
@@ -144,18 +147,38 @@ class LearnerDriver:
         self.waited = 0.0
         """Seconds ``wait_to_step`` has waited in all."""
         self._marks: tuple[tuple[float, float], ...] = ((rt.clock.now(), 0.0),)
+        self._waited_for: tuple[str, ...] = ()
+        self._warned = 0
 
-    def waiting_share(self) -> float:
+    def _waiting(self) -> float:
         """The share of its time this learner waited on rounds (``wait_to_step``) over about
-        the last fragment period (the last ``fragments`` snapshots), 0 to 1; notes the
-        present as the start of the next snapshot's interval."""
-        now = self._rt.clock.now()
-        marks = (*self._marks, (now, self.waited))[-(self._rt.config.fragments + 1) :]
+        the last fragment period (its last ``fragments`` snapshots), 0 to 1, noting the
+        present as the start of the next snapshot's interval; reports ``Waiting`` when it is
+        over ``WAITING_WARNING``, at most once a period."""
+        rt = self._rt
+        now = rt.clock.now()
+        period = rt.config.fragments
+        marks = (*self._marks, (now, self.waited))[-(period + 1) :]
         self._marks = marks
-        (began, before), _ = marks[0], marks[-1]
-        if now <= began:
-            return 0.0
-        return min(1.0, max(0.0, (self.waited - before) / (now - began)))
+        began, before = marks[0]
+        share = 0.0 if now <= began else min(1.0, max(0.0, (self.waited - before) / (now - began)))
+        self._warned = max(0, self._warned - 1)
+        if share > WAITING_WARNING and not self._warned:
+            rt.emit(Waiting(rt.learner, round(share, 3), self._waited_for))
+            self._warned = period
+        return share
+
+    def _note_waits(self, record: RoundRecord) -> None:
+        """The learners ``record``'s round took after this learner's snapshot, a step time
+        or more later (``Participant.arrived``): whom its waits are for."""
+        arrived = {p.learner: p.arrived for p in record.participants if p.arrived is not UNSET}
+        mine = arrived.get(self._rt.learner)
+        tau = self._state.pace.step_time
+        if mine is None or tau is None:
+            return
+        later = tuple(sorted(n for n, at in arrived.items() if at - mine >= tau))
+        if later:
+            self._waited_for = later
 
     @property
     def state(self) -> Learner:
@@ -247,6 +270,7 @@ class LearnerDriver:
 
     def record_seen(self, record: RoundRecord, now: float) -> None:
         """The next committed record (the receive task's); wakes the closing flush."""
+        self._note_waits(record)
         self._logged(RecordSeen(record, now))
         self._input(lambda s: s.record_seen(record, now), wake=True)
 
@@ -454,7 +478,7 @@ class LearnerDriver:
             final=True if p.final else msgspec.UNSET,
             parts=parts,
             step_time=msgspec.UNSET if p.step_time is None else min(round(p.step_time, 6), 1e9),
-            waited=round(self.waiting_share(), 4),
+            waited=round(self._waiting(), 4),
         )
         if not await rt.store.put_snapshot(snapshot):
             raise RecordError(

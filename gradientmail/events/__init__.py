@@ -10,6 +10,7 @@ from gradientmail.events._tensorboard import TensorBoardSink, tensorboard
 from gradientmail.events.bus import BusStatistics, EventBus, Sink, SinkStatistics
 from gradientmail.events.kinds import (
     KINDS,
+    WAITING_WARNING,
     AwaitingCreator,
     Closed,
     Closing,
@@ -44,6 +45,7 @@ from gradientmail.events.kinds import (
     Takeover,
     TookOverCreation,
     TookOverRound,
+    Waiting,
     kind_name,
 )
 from gradientmail.events.sinks import (
@@ -59,6 +61,7 @@ from gradientmail.events.sinks import (
 
 __all__ = [
     "KINDS",
+    "WAITING_WARNING",
     "AwaitingCreator",
     "BusStatistics",
     "Closed",
@@ -101,6 +104,7 @@ __all__ = [
     "TensorBoardSink",
     "TookOverCreation",
     "TookOverRound",
+    "Waiting",
     "combined",
     "console",
     "fields",

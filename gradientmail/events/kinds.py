@@ -21,6 +21,7 @@ from gradientmail.protocol.records import DropReason, RejectReason, RoundRecord,
 
 __all__ = [
     "KINDS",
+    "WAITING_WARNING",
     "AwaitingCreator",
     "Closed",
     "Closing",
@@ -55,6 +56,7 @@ __all__ = [
     "Takeover",
     "TookOverCreation",
     "TookOverRound",
+    "Waiting",
     "kind_name",
 ]
 
@@ -352,6 +354,24 @@ class RoundIncomplete:
 
 
 @dataclass(frozen=True, slots=True)
+class Waiting:
+    """This learner spent ``share`` of its time over about its last fragment period waiting
+    on rounds (at the step that applies a round's version, in the repeatable mode: every
+    learner then runs at the pace of the slowest); ``waiting_for`` names the learners whose
+    snapshots the rounds it waited on took last (empty when no record said). Emitted at most
+    once a period while the share stays over ``WAITING_WARNING``. The adaptive schedule
+    (``RunConfig.overlap`` None) does not wait."""
+
+    learner: str
+    share: float
+    waiting_for: tuple[str, ...]
+
+
+WAITING_WARNING = 0.2
+"""The share of its time a learner waits on rounds above which it reports ``Waiting``."""
+
+
+@dataclass(frozen=True, slots=True)
 class EventsDropped:
     """The sink or subscriber named ``sink`` fell behind and lost ``count`` events, all
     emitted just before this one; it is delivered to that sink alone, once it has room
@@ -380,6 +400,7 @@ LearnerEvent: TypeAlias = (
     | PublishCancelled
     | LeaseReleased
     | ReleaseFailed
+    | Waiting
 )
 """What the learner side of a node reports: joining, aligning, publishing, closing."""
 
@@ -419,6 +440,7 @@ KINDS: tuple[type[Event], ...] = (
     PublishCancelled,
     LeaseReleased,
     ReleaseFailed,
+    Waiting,
     Recovered,
     RecoveryFailed,
     RoundClaimed,

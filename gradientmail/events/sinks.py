@@ -52,6 +52,7 @@ from gradientmail.events.kinds import (
     SyncerStopped,
     TookOverCreation,
     TookOverRound,
+    Waiting,
     kind_name,
 )
 
@@ -87,6 +88,7 @@ def level(event: Event) -> Level:
             | StepsDropped()
             | EventsDropped()
             | RoundIncomplete()
+            | Waiting()
         ):
             return "warning"
         case RoundRecorded():

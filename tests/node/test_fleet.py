@@ -6,17 +6,21 @@ third four times as long. With the default, the fast learners wait on rounds for
 ``MAX_WAITING`` of their time, the slow learner takes part in the rounds with the steps it
 has (its schedule runs four positions a step), and none of its steps is dropped. The same
 fleet in the repeatable mode is the control: there every learner runs at the pace of the
-slowest, and the fast ones spend most of their time waiting.
+slowest, the fast ones spend most of their time waiting, and they report it (``Waiting``,
+naming the slow one). A learner that pauses holds the others' rounds once, for a bounded
+time.
 """
+
+import statistics
 
 import anyio
 import pytest
 from node_helpers import FAST, Trainer, records, tiny_model
 
 from gradientmail._node import node as open_node
-from gradientmail.events import Event, StepsDropped
+from gradientmail.events import WAITING_WARNING, Event, RoundRecorded, StepsDropped, Waiting
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.protocol.records import RunConfig
+from gradientmail.protocol.records import RoundRecord, RunConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -25,22 +29,29 @@ SPEEDS = {"a": 1, "b": 1, "c": 4}
 TRAIN = 4.0
 """Seconds each learner trains."""
 MAX_WAITING = 0.05
+PAUSED = 2.0
 CONFIG = RunConfig(fragments=2, sync_every=16, grace=0.3)
 
 
-async def fleet(config: RunConfig) -> tuple[dict[str, float], dict[str, int], list[object]]:
+async def fleet(
+    config: RunConfig,
+) -> tuple[dict[str, float], dict[str, int], list[Waiting], list[RoundRecord]]:
     """Every learner trains ``TRAIN`` seconds at its speed, then closes. Returns each one's
-    share of its training time spent waiting, the steps each dropped, and the records."""
+    share of its training time spent waiting, the steps each dropped, the ``Waiting``
+    reports and the records."""
     box = MemoryMailbox()
     created = anyio.Event()
     joined: set[str] = set()
     everyone = anyio.Event()
     waiting: dict[str, float] = {}
     dropped = dict.fromkeys(SPEEDS, 0)
+    reports: list[Waiting] = []
 
     def seen(event: Event) -> None:
         if isinstance(event, StepsDropped):
             dropped[event.learner] += event.steps
+        if isinstance(event, Waiting):
+            reports.append(event)
 
     async def learner(name: str, seed: int) -> None:
         model = tiny_model(seed)
@@ -66,11 +77,12 @@ async def fleet(config: RunConfig) -> tuple[dict[str, float], dict[str, int], li
             await created.wait()
             tg.start_soon(learner, "b", 2)
             tg.start_soon(learner, "c", 3)
-    return waiting, dropped, await records(box)
+    return waiting, dropped, reports, await records(box)
 
 
 async def test_the_fast_learners_of_an_unequal_fleet_do_not_wait_for_the_slow_one() -> None:
-    waiting, dropped, history = await fleet(CONFIG)
+    waiting, dropped, reports, history = await fleet(CONFIG)
+    assert reports == []
     assert waiting["a"] <= MAX_WAITING
     assert waiting["b"] <= MAX_WAITING
     assert dropped == dict.fromkeys(SPEEDS, 0)
@@ -79,11 +91,72 @@ async def test_the_fast_learners_of_an_unequal_fleet_do_not_wait_for_the_slow_on
     assert len(with_c) >= len(history) // 2, [
         sorted(p.learner for p in r.participants) for r in history
     ]
-    steps = {p.learner: p.steps for r in with_c[2:-2] for p in r.participants}
-    assert steps["c"] < steps["a"]
+    steps: dict[str, list[int]] = {}
+    for r in with_c:
+        for p in r.participants:
+            steps.setdefault(p.learner, []).append(p.steps)
+    assert statistics.median(steps["c"]) < statistics.median(steps["a"])
 
 
 async def test_the_repeatable_mode_paces_every_learner_at_the_slowest() -> None:
-    waiting, dropped, _ = await fleet(RunConfig.repeatable(fragments=2, sync_every=16, grace=0.3))
+    waiting, dropped, reports, _ = await fleet(
+        RunConfig.repeatable(fragments=2, sync_every=16, grace=0.3)
+    )
     assert waiting["a"] > 0.3
     assert dropped == dict.fromkeys(SPEEDS, 0)
+    # The fast learners say so, and whom they wait for.
+    assert {"a", "b"} <= {w.learner for w in reports}
+    assert all(w.share > WAITING_WARNING for w in reports)
+    assert any(w.waiting_for == ("c",) for w in reports if w.learner == "a")
+
+
+async def test_a_pausing_learner_holds_the_others_rounds_at_most_once_for_its_patience() -> None:
+    """c stops stepping for ``PAUSED`` seconds (a validation pass) while a and b train on:
+    one round waits for it, at most the grace plus its step time, and then the rounds go on
+    without it, a fragment's interval apart; once it steps again it is in them again. (In
+    the repeatable mode no round commits during the pause.)"""
+    box = MemoryMailbox()
+    created, everyone = anyio.Event(), anyio.Event()
+    joined: set[str] = set()
+    seen_by_a: list[tuple[float, RoundRecord]] = []
+    pause: list[float] = []
+
+    def seen(event: Event) -> None:
+        if isinstance(event, RoundRecorded) and event.learner == "a":
+            seen_by_a.append((anyio.current_time(), event.record))
+
+    async def learner(name: str, seed: int) -> None:
+        model = tiny_model(seed)
+        trainer = Trainer(model, seed)
+        async with open_node(
+            model, box, learner=name, config=CONFIG, options=FAST, sinks=[seen]
+        ) as node:
+            created.set()
+            joined.add(name)
+            if joined == {"a", "b", "c"}:
+                everyone.set()
+            await everyone.wait()
+            for step in range(200):
+                trainer.step()
+                await node.step(tokens=16)
+                await anyio.sleep(TICK)
+                if name == "c" and step == 80:
+                    pause.append(anyio.current_time())
+                    await anyio.sleep(PAUSED)
+                    pause.append(anyio.current_time())
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner, "a", 1)
+            await created.wait()
+            tg.start_soon(learner, "b", 2)
+            tg.start_soon(learner, "c", 3)
+    began, ended = pause
+    during = [r for at, r in seen_by_a if began < at < ended]
+    interval = CONFIG.sync_every // CONFIG.fragments * TICK
+    # Each round of the pause a fragment's interval apart (step times stretched by load),
+    # one of them held up to the patience: far from one round for the whole pause.
+    assert len(during) >= (PAUSED - CONFIG.grace) / (4 * interval), len(during)
+    assert sum("c" in {p.learner for p in r.participants} for r in during) <= 1
+    after = [r for at, r in seen_by_a if at > ended + 1.0]
+    assert any("c" in {p.learner for p in r.participants} for r in after)
