@@ -81,14 +81,12 @@ class SyncerState:
     recent: Mapping[int, RoundRecord] = field(default_factory=dict)
     deltas: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
-    @property
-    def previous(self) -> RoundRecord | None:
-        """The record of the round before ``next_round``, when this syncer holds it."""
-        record = self.recent.get(self.next_round - 1)
-        if record is None:
-            held = (f.record for f in self.fragments if f.record is not None)
-            record = next((r for r in held if r.round == self.next_round - 1), None)
-        return record
+    def newest(self, count: int) -> list[RoundRecord]:
+        """The records this syncer holds of the ``count`` rounds before ``next_round``, in
+        round order (those it does not hold left out)."""
+        held = {f.record.round: f.record for f in self.fragments if f.record is not None}
+        held.update(self.recent)
+        return [held[r] for r in range(self.next_round - count, self.next_round) if r in held]
 
     def adopted(
         self, record: RoundRecord, config: RunConfig, fragment: FragmentState

@@ -129,7 +129,7 @@ async def _run_round(
     published: Nudge,
 ) -> tuple[SyncerState, LeaseWatch]:
     """Run round ``state.next_round`` until it is adopted or committed."""
-    expected = expectation(state.previous, rt.config)
+    expected = expectation(state.newest(2 * rt.config.fragments), rt.config)
     held = RoundState(state.next_round, rt.learner, rt.options.claim_timeout, expected)
     fresh = False
     while True:

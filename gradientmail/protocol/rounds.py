@@ -42,12 +42,13 @@ took part in the round before it (``expectation``: participants and rejected): a
 that paused, hung or just joined is not waited for until its snapshots come again, and one
 that took part is waited for at most ``Expectation.patience`` after the round's first
 snapshot (the grace plus the slowest step time the round before stated, at most
-``MAX_PATIENCE_GRACES`` graces). A paced run (the repeatable mode) waits for every live
-learner, as above.
+``MAX_PATIENCE_GRACES`` graces). Closing learners stay expected while their final
+snapshots may still come. A paced run (the repeatable mode) waits for every live learner, as above.
 
 Pure: no I/O, no clock; the caller passes ``now``.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
@@ -232,19 +233,27 @@ class Expectation:
     patience: float
 
 
-def expectation(previous: RoundRecord | None, config: RunConfig) -> Expectation | None:
-    """Whom the round after ``previous`` waits for in an adaptive run: the learners that
-    took part in ``previous`` (participants and rejected), for the grace plus the slowest
-    step time they stated (at most ``MAX_PATIENCE_GRACES`` graces). None (every live
-    learner, without a deadline) in a paced run, and when there is no previous round or
-    nobody took part in it."""
-    if config.overlap is not None or previous is None:
+def expectation(recent: Sequence[RoundRecord], config: RunConfig) -> Expectation | None:
+    """Whom the round after ``recent`` (the records before it, in round order, the newest
+    last) waits for in an adaptive run: the learners that took part in the newest
+    (participants and rejected), and the closing ones (their newest snapshot in ``recent``
+    was taken after they began closing: their final snapshots may still come), for the
+    grace plus the slowest step time the newest stated (at most ``MAX_PATIENCE_GRACES``
+    graces). None (every live learner, without a deadline) in a paced run, and when there
+    is no previous record or nobody took part in it."""
+    if config.overlap is not None or not recent:
         return None
+    previous = recent[-1]
     learners = frozenset(p.learner for p in previous.participants) | frozenset(
         r.learner for r in previous.rejected
     )
     if not learners:
         return None
+    closing: dict[str, bool] = {}
+    for record in recent:
+        closing.update((r.learner, False) for r in record.rejected)
+        closing.update((p.learner, p.closing is True) for p in record.participants)
+    learners |= frozenset(learner for learner, yes in closing.items() if yes)
     slowest = max((p.pace or 0.0 for p in previous.participants), default=0.0)
     patience = min(config.grace + slowest, MAX_PATIENCE_GRACES * max(config.grace, 1.0))
     return Expectation(learners, patience)

@@ -373,16 +373,29 @@ ADAPTIVE = RunConfig(grace=1.0, overlap=None)
 
 def test_an_adaptive_round_expects_who_took_part_in_the_one_before_for_a_bounded_time() -> None:
     previous = took_part(a=0.5, b=3.0, c=None)
-    expected = expectation(previous, ADAPTIVE)
+    expected = expectation([previous], ADAPTIVE)
     assert expected == Expectation(frozenset({"a", "b", "c", "r"}), patience=4.0)
-    absurd = expectation(took_part(a=1e6), ADAPTIVE)
+    absurd = expectation([took_part(a=1e6)], ADAPTIVE)
     assert absurd is not None
     assert absurd.patience == MAX_PATIENCE_GRACES * 1.0
     # The repeatable mode, the first round and a round nobody took part in: every live one.
-    assert expectation(previous, RunConfig(overlap=2)) is None
-    assert expectation(None, ADAPTIVE) is None
+    assert expectation([previous], RunConfig(overlap=2)) is None
+    assert expectation([], ADAPTIVE) is None
     empty = msgspec.structs.replace(took_part(), rejected=())
-    assert expectation(empty, ADAPTIVE) is None
+    assert expectation([empty], ADAPTIVE) is None
+
+
+def test_a_closing_learner_stays_expected_while_its_final_snapshots_may_come() -> None:
+    """f's newest snapshot was a closing one (its final): rounds that follow, even without
+    it, still expect it; g's closing snapshot was followed by an ordinary one."""
+    final = Participant(learner="f", weight=1.0, steps=0, tokens=0, base_version=0, closing=True)
+    g_closing = msgspec.structs.replace(final, learner="g")
+    g_again = msgspec.structs.replace(g_closing, closing=msgspec.UNSET, steps=3)
+    older = msgspec.structs.replace(took_part(a=0.5), participants=(final, g_closing))
+    newer = msgspec.structs.replace(took_part(a=0.5), participants=(g_again,), rejected=())
+    expected = expectation([older, newer], ADAPTIVE)
+    assert expected is not None
+    assert expected.learners == {"f", "g"}
 
 
 def test_an_adaptive_round_does_not_wait_for_a_live_learner_that_sat_the_last_one_out() -> None:

@@ -154,9 +154,13 @@ async def test_two_learners_closing_a_few_steps_apart_end_on_the_same_model() ->
     nobody published to it yet) stays open while b, live, has not moved past it
     (``protocol.rounds``). Once such a round (below a's newest, above b's, no snapshot) has
     stayed so for ``grace`` seconds (not a snapshot of a's still on its way), b steps on, as
-    a trainer that did not stop would, until it publishes there."""
+    a trainer that did not stop would, until it publishes there.
+
+    The repeatable mode: its rounds wait for b, live, while it stalls. The adaptive schedule
+    stops expecting b once it misses a round, so a's final rounds close without it and a
+    leaves as soon as its own steps are committed, on a model without b's last steps."""
     box = MemoryMailbox()
-    config = RunConfig(fragments=2, sync_every=4, quorum_fraction=0.5)
+    config = RunConfig.repeatable(fragments=2, sync_every=4, quorum_fraction=0.5)
     async with gradientmail.node(mlp(), box, learner="creator", config=config, options=OPTIONS):
         pass
     a_final = anyio.Event()
