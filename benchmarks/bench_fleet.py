@@ -11,7 +11,9 @@ fraction of the budget elapsed, so a slow learner is not left at a high rate.
 
 Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and ``pausing``
 (1/1/1/1, learner 3 pausing ``PAUSE`` seconds every ``PAUSE_EVERY`` steps, a validation pass
-as a user's trainer makes one). Arms: ``gm`` (the default, ``RunConfig.overlap`` None: the
+as a user's trainer makes one); ``mixed-matched`` and ``straggler-matched``, equal fleets
+that take as many steps in the budget as those (every learner at the harmonic mean of
+their speeds): the reference an unequal fleet is held to. Arms: ``gm`` (the default, ``RunConfig.overlap`` None: the
 adaptive schedule), ``gm-repeatable`` (``overlap=2``: the rounds pace every learner), and
 ``dp`` (data-parallel, one process, every learner's batch per step at the fastest speed).
 
@@ -56,6 +58,18 @@ FLEETS: dict[str, list[float]] = {
     "pausing": [1.0, 1.0, 1.0, 1.0],
 }
 ARMS = ("gm", "gm-repeatable", "dp")
+
+
+def matched(fleet: str) -> list[float]:
+    """An equal fleet of ``fleet``'s size that takes as many steps in a budget: every
+    learner at the harmonic mean of its speeds (``X-matched``: the reference a fleet of
+    unequal machines is held to)."""
+    speeds = FLEETS[fleet]
+    return [len(speeds) / sum(1 / s for s in speeds)] * len(speeds)
+
+
+for _name in ("mixed", "straggler"):
+    FLEETS[f"{_name}-matched"] = matched(_name)
 
 
 def config(arm: str) -> Any:
