@@ -13,9 +13,10 @@ Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and 
 (1/1/1/1, learner 3 pausing ``PAUSE`` seconds every ``PAUSE_EVERY`` steps, a validation pass
 as a user's trainer makes one); ``mixed-matched`` and ``straggler-matched``, equal fleets
 that take as many steps in the budget as those (every learner at the harmonic mean of
-their speeds): the reference an unequal fleet is held to. Arms: ``gm`` (the default, ``RunConfig.overlap`` None: the
-adaptive schedule), ``gm-repeatable`` (``overlap=2``: the rounds pace every learner), and
-``dp`` (data-parallel, one process, every learner's batch per step at the fastest speed).
+their speeds): the reference an unequal fleet is held to. Arms: ``gm`` (the default,
+``RunConfig.overlap`` None: the adaptive schedule), ``gm-repeatable`` (``overlap=2``: the
+rounds pace every learner), and ``dp`` (data-parallel, one process, every learner's batch
+per step at the fastest speed).
 
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
 a fragment, averaged over fragments), what each would do alone in the budget
