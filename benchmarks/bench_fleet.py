@@ -16,7 +16,8 @@ that take as many steps in the budget as those (every learner at the harmonic me
 their speeds): the reference an unequal fleet is held to. Arms: ``gm`` (the default,
 ``RunConfig.overlap`` None: the adaptive schedule), ``gm-repeatable`` (``overlap=2``: the
 rounds pace every learner), and ``dp`` (data-parallel, one process, every learner's batch
-per step at the fastest speed).
+per step at the fastest speed), and ``torchft`` (its DiLoCo, ``bench_text_torchft``'s
+replicas with the same speeds: synchronous, every sync waits for the slowest).
 
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
 a fragment, averaged over fragments), what each would do alone in the budget
@@ -58,7 +59,7 @@ FLEETS: dict[str, list[float]] = {
     "straggler": [1.0, 1.0, 1.0, 4.0],
     "pausing": [1.0, 1.0, 1.0, 1.0],
 }
-ARMS = ("gm", "gm-repeatable", "dp")
+ARMS = ("gm", "gm-repeatable", "torchft", "dp")
 
 
 def matched(fleet: str) -> list[float]:
@@ -92,22 +93,24 @@ def timed_steps(
     started: float,
     pauses: bool,
     after_step: Callable[[], None],
-) -> int:
+) -> tuple[int, float]:
     """Run ``step`` at ``speed × BASE_STEP`` seconds a step until ``budget`` seconds after
     ``started``; with ``pauses`` a pause of ``PAUSE`` seconds every ``PAUSE_EVERY`` steps.
-    Returns the steps taken."""
-    steps = 0
+    Returns the steps taken and the seconds steps overran their time (a peer system's
+    blocking sync, the node's own work)."""
+    steps, overrun = 0, 0.0
     while time.monotonic() - started < budget:
         began = time.monotonic()
         step()
         after_step()
         steps += 1
         left = speed * BASE_STEP - (time.monotonic() - began)
+        overrun += max(0.0, -left)
         if pauses and steps % PAUSE_EVERY == 0:
             left += PAUSE
         if left > 0:
             time.sleep(left)
-    return steps
+    return steps, overrun
 
 
 def learning(spec: dict[str, Any], index: int) -> bc.Learning:
@@ -140,7 +143,7 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
             loss.backward()
             optimizer.step()
 
-        timed_steps(
+        _, overrun = timed_steps(
             step,
             speed=speed,
             budget=spec["budget"],
@@ -148,6 +151,7 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
             pauses=pauses,
             after_step=after_step,
         )
+        (Path(spec["scratch"]) / f"overrun-{index}").write_text(str(overrun))
         return []
 
     return bc.Learning(
@@ -181,7 +185,7 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
         loss.backward()
         optimizer.step()
 
-    steps = timed_steps(
+    steps, _ = timed_steps(
         step, speed=1.0, budget=budget, started=started, pauses=False, after_step=lambda: None
     )
     final = evaluate(model, corpus.evaluation(*size["final_eval"], length=length))
@@ -268,6 +272,8 @@ def run(fleets: list[str], arms: list[str], repeats: int, budget: float, results
                 with tempfile.TemporaryDirectory(prefix="gm-fleet-") as tmp:
                     if arm == "dp":
                         figures = run_dp(fleet, 0, budget)
+                    elif arm == "torchft":
+                        figures = run_torchft(fleet, 0, budget, Path(tmp) / "torchft")
                     else:
                         figures = run_gm(arm, fleet, 0, budget, Path(tmp) / "run")
                 figures["load"] = os.getloadavg()
@@ -283,10 +289,62 @@ def _brief(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: round(figures[k], 4) for k in keys if k in figures}
 
 
+def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str, Any]:
+    """torchft's DiLoCo with the fleet's speeds: one replica process per learner and a
+    lighthouse; its figures (waiting: the share of its budget a learner's steps overran
+    their time, blocked in a sync)."""
+    speeds = FLEETS[fleet]
+    base = config("gm")
+    scratch.mkdir(parents=True)
+    with bt.lighthouse(scratch / "log-lighthouse.txt") as address:
+        spec = bt._spec(
+            SIZE,
+            seed,
+            scratch / "run",
+            system="torchft",
+            lighthouse=address,
+            sync_every=SYNC_EVERY,
+            fragments=bt.FRAGMENTS,
+            outer_lr=base.outer_lr,
+            outer_momentum=base.outer_momentum,
+            learners=len(speeds),
+            speeds=speeds,
+            fleet=fleet,
+            budget=budget,
+        )
+        launched = bc.launch(Path(__file__).resolve(), spec, services=())
+    reports = [launched["reports"][str(k)] for k in range(len(speeds))]
+    learners = []
+    for k, (report, speed) in enumerate(zip(reports, speeds, strict=True)):
+        overrun = float((scratch / "run" / f"overrun-{k}").read_text())
+        learners.append(
+            {
+                "speed": speed,
+                "steps": len(report["step_times"]),
+                "alone_steps": budget / (speed * BASE_STEP),
+                "waiting_share": overrun / budget,
+                "syncs": report["syncs"],
+                "failed_syncs": report["failed_syncs"],
+            }
+        )
+    finals = [r["final_loss"] for r in reports]
+    fastest = min(range(len(speeds)), key=lambda k: speeds[k])
+    return {
+        "bits_per_byte": bt._bits(sum(finals) / len(finals)),
+        "learners": learners,
+        "fastest_waiting_share": learners[fastest]["waiting_share"],
+        "wall_seconds": launched["wall_seconds"],
+    }
+
+
 def _worker(spec_path: Path, role: str) -> None:
     spec = json.loads(spec_path.read_text())
     if role == "syncer":
         report = bc.syncer_worker(spec)
+    elif spec["system"] == "torchft":
+        import bench_text_torchft
+
+        report = bench_text_torchft.worker(spec, int(role), learning(spec, int(role)))
     else:
         report = bc.learner_worker(spec, int(role), learning(spec, int(role)))
     (Path(spec["scratch"]) / f"result-{role}.json").write_text(json.dumps(report))

@@ -54,8 +54,9 @@ def _fragments(model: Any, count: int) -> tuple[list[Any], list[int]]:
     return modules, sizes
 
 
-def worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
-    """Train learner ``index`` under torchft's DiLoCo; its report."""
+def worker(spec: dict[str, Any], index: int, learning: bc.Learning | None = None) -> dict[str, Any]:
+    """Train learner ``index`` under torchft's DiLoCo (``learning``: what it trains,
+    ``bench_text.learning``'s when None); its report."""
     import torch
     from torch.distributed import TCPStore
     from torchft import Manager
@@ -64,7 +65,7 @@ def worker(spec: dict[str, Any], index: int) -> dict[str, Any]:
     from torchft.process_group import ProcessGroupGloo
 
     scratch = Path(spec["scratch"])
-    learning = bt.learning(spec, index)
+    learning = learning or bt.learning(spec, index)
     model, inner = learning.model, learning.optimizer
     modules, sizes = _fragments(model, spec["fragments"])
     outer = [
