@@ -20,7 +20,8 @@ per step at the fastest speed), and ``torchft`` (its DiLoCo, ``bench_text_torchf
 replicas with the same speeds: synchronous, every sync waits for the slowest).
 
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
-a fragment, averaged over fragments), what each would do alone in the budget
+a fragment, averaged over fragments), the mean of the learners' own models' bits per byte
+when their budget ended (before their close), what each would do alone in the budget
 (``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
 rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model (the mean
 of the learners' models after their close) and its curve against wall time.
@@ -152,7 +153,7 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
             after_step=after_step,
         )
         (Path(spec["scratch"]) / f"overrun-{index}").write_text(str(overrun))
-        return []
+        return [[0.0, evaluate(model, final_set)]]
 
     return bc.Learning(
         model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
@@ -232,11 +233,13 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
             }
         )
     finals = [r["final_loss"] for r in reports]
+    before = [r["curve"][0][1] for r in reports]
     rounds = launched["reports"]["syncer"]["rounds"]
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     return {
         "bits_per_byte": bt._bits(sum(finals) / len(finals)),
+        "bits_per_byte_before_close": bt._bits(sum(before) / len(before)),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
         "committed_over_alone": sum(x["committed_steps"] for x in learners)
