@@ -288,7 +288,8 @@ def run(fleets: list[str], arms: list[str], repeats: int, budget: float, results
 
 
 def _brief(figures: dict[str, Any]) -> dict[str, Any]:
-    keys = ("bits_per_byte", "fastest_waiting_share", "committed_over_alone", "rounds")
+    keys = ("bits_per_byte", "bits_per_byte_before_close", "fastest_waiting_share")
+    keys += ("committed_over_alone", "rounds")
     return {k: round(figures[k], 4) for k in keys if k in figures}
 
 
