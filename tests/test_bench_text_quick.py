@@ -112,7 +112,7 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     assert measured["overlap"] == paced
     assert measured["git_commit"] == timing["git_commit"]
     assert (
-        f"| 10 | overlap {paced} | {measured['date'][:10]}, `{measured['git_commit'][:7]}` | "
+        f"| 10 | {report._pacing(paced)} | {measured['date'][:10]}, `{measured['git_commit'][:7]}` | "
         f"{gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
     ) in text
 
