@@ -20,7 +20,8 @@ per step at the fastest speed), and ``torchft`` (its DiLoCo, ``bench_text_torchf
 replicas with the same speeds: synchronous, every sync waits for the slowest).
 
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
-a fragment, averaged over fragments), the mean of the learners' own models' bits per byte
+a fragment, averaged over fragments, against what it would take alone in the budget, its
+pauses included), the mean of the learners' own models' bits per byte
 when their budget ended (before their close), what each would do alone in the budget
 (``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
 rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model (the mean
@@ -193,6 +194,16 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
     return {"bits_per_byte": bt._bits(final), "steps": steps, "wall_seconds": budget}
 
 
+def alone_steps(speed: float, budget: float, *, pauses: bool) -> int:
+    """The steps a learner of ``speed`` takes alone in ``budget`` seconds, its pauses
+    included."""
+    steps, elapsed = 0, 0.0
+    while elapsed < budget:
+        steps += 1
+        elapsed += speed * BASE_STEP + (PAUSE if pauses and steps % PAUSE_EVERY == 0 else 0.0)
+    return steps
+
+
 def committed_steps(rounds: list[dict[str, Any]], fragments: int) -> dict[str, float]:
     """Each learner's steps that reached a committed round, averaged over fragments."""
     totals: dict[str, float] = {}
@@ -221,7 +232,7 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
     committed = committed_steps(launched["reports"]["syncer"]["rounds"], bt.FRAGMENTS)
     learners = []
     for k, (report, speed) in enumerate(zip(reports, speeds, strict=True)):
-        alone = budget / (speed * BASE_STEP)
+        alone = alone_steps(speed, budget, pauses=fleet == "pausing" and k == len(speeds) - 1)
         learners.append(
             {
                 "speed": speed,
@@ -325,7 +336,9 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
             {
                 "speed": speed,
                 "steps": len(report["step_times"]),
-                "alone_steps": budget / (speed * BASE_STEP),
+                "alone_steps": alone_steps(
+                    speed, budget, pauses=fleet == "pausing" and k == len(speeds) - 1
+                ),
                 "waiting_share": overrun / budget,
                 "syncs": report["syncs"],
                 "failed_syncs": report["failed_syncs"],
