@@ -25,10 +25,11 @@ pauses included), the mean of the learners' own models' bits per byte
 when their budget ended (before their close), what each would do alone in the budget
 (``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
 rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model (the mean
-of the learners' models after their close) and its curve against wall time.
+of the learners' models after their close) and the learners' bits per byte against wall
+time (every ``CURVE_EVERY`` seconds, on the final evaluation's windows).
 
 Usage: ``.venv/bin/python benchmarks/bench_fleet.py [--fleets NAME ...] [--arms NAME ...]
-[--repeats N] [--budget SECONDS] [--quick]``.
+[--repeats N] [--budget SECONDS] [--keep]``.
 """
 
 import argparse
@@ -52,6 +53,8 @@ SIZE = "medium"
 BASE_STEP = 0.1
 """Seconds per step of a speed-1 learner (the medium model's compute is about a third)."""
 SYNC_EVERY = 50
+CURVE_EVERY = 10.0
+"""Seconds between two validation losses of a learner's model while it trains."""
 BUDGET = 120.0
 PAUSE = 15.0
 PAUSE_EVERY = 250
@@ -95,13 +98,18 @@ def timed_steps(
     started: float,
     pauses: bool,
     after_step: Callable[[], None],
-) -> tuple[int, float]:
+    probe: Callable[[], float],
+) -> tuple[int, float, list[list[float]]]:
     """Run ``step`` at ``speed × BASE_STEP`` seconds a step until ``budget`` seconds after
     ``started``; with ``pauses`` a pause of ``PAUSE`` seconds every ``PAUSE_EVERY`` steps.
-    Returns the steps taken and the seconds steps overran their time (a peer system's
-    blocking sync, the node's own work)."""
+    Returns the steps taken, the seconds steps overran their time (a peer system's blocking
+    sync, the node's own work) and ``probe()`` (a validation loss) every ``CURVE_EVERY``
+    seconds, as ``[seconds, loss]`` pairs."""
     steps, overrun = 0, 0.0
-    while time.monotonic() - started < budget:
+    curve: list[list[float]] = []
+    while (elapsed := time.monotonic() - started) < budget:
+        if elapsed >= len(curve) * CURVE_EVERY:
+            curve.append([elapsed, probe()])
         began = time.monotonic()
         step()
         after_step()
@@ -112,7 +120,7 @@ def timed_steps(
             left += PAUSE
         if left > 0:
             time.sleep(left)
-    return steps, overrun
+    return steps, overrun, curve
 
 
 def learning(spec: dict[str, Any], index: int) -> bc.Learning:
@@ -145,16 +153,19 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
             loss.backward()
             optimizer.step()
 
-        _, overrun = timed_steps(
+        _, overrun, curve = timed_steps(
             step,
             speed=speed,
             budget=spec["budget"],
             started=started,
             pauses=pauses,
             after_step=after_step,
+            probe=lambda: evaluate(model, final_set),
         )
         (Path(spec["scratch"]) / f"overrun-{index}").write_text(str(overrun))
-        return [[0.0, evaluate(model, final_set)]]
+        before = evaluate(model, final_set)
+        (Path(spec["scratch"]) / f"before-{index}").write_text(str(before))
+        return curve
 
     return bc.Learning(
         model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
@@ -187,11 +198,45 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
         loss.backward()
         optimizer.step()
 
-    steps, _ = timed_steps(
-        step, speed=1.0, budget=budget, started=started, pauses=False, after_step=lambda: None
+    final_set = corpus.evaluation(*size["final_eval"], length=length)
+    steps, _, curve = timed_steps(
+        step,
+        speed=1.0,
+        budget=budget,
+        started=started,
+        pauses=False,
+        after_step=lambda: None,
+        probe=lambda: evaluate(model, final_set),
     )
-    final = evaluate(model, corpus.evaluation(*size["final_eval"], length=length))
-    return {"bits_per_byte": bt._bits(final), "steps": steps, "wall_seconds": budget}
+    final = evaluate(model, final_set)
+    curve.append([budget, final])
+    return {
+        "bits_per_byte": bt._bits(final),
+        "steps": steps,
+        "wall_seconds": budget,
+        "curve": _bits_curve(curve),
+    }
+
+
+def _bits_curve(curve: list[list[float]]) -> list[list[float]]:
+    return [[t, bt._bits(loss)] for t, loss in curve]
+
+
+def fleet_curve(reports: list[dict[str, Any]], budget: float) -> list[list[float]]:
+    """The learners' validation loss against the seconds of the budget, averaged over
+    learners: their own models while they train, then the final model after their close
+    (at the budget's end)."""
+    trained = mean_curve([r["curve"][:-1] for r in reports])
+    return [*trained, [budget, statistics.fmean(r["final_loss"] for r in reports)]]
+
+
+def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
+    """The learners' curves averaged point by point (the shortest one's points)."""
+    length = min(len(c) for c in curves)
+    return [
+        [statistics.fmean(c[i][0] for c in curves), statistics.fmean(c[i][1] for c in curves)]
+        for i in range(length)
+    ]
 
 
 def alone_steps(speed: float, budget: float, *, pauses: bool) -> int:
@@ -244,13 +289,15 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
             }
         )
     finals = [r["final_loss"] for r in reports]
-    before = [r["curve"][0][1] for r in reports]
+    before = [float((scratch / f"before-{k}").read_text()) for k in range(len(speeds))]
+    curve = fleet_curve(reports, budget)
     rounds = launched["reports"]["syncer"]["rounds"]
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     return {
         "bits_per_byte": bt._bits(sum(finals) / len(finals)),
         "bits_per_byte_before_close": bt._bits(sum(before) / len(before)),
+        "curve": _bits_curve(curve),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
         "committed_over_alone": sum(x["committed_steps"] for x in learners)
@@ -262,9 +309,13 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
     }
 
 
-def run(fleets: list[str], arms: list[str], repeats: int, budget: float, results: Path) -> Path:
+def run(
+    fleets: list[str], arms: list[str], repeats: int, budget: float, results: Path, keep: bool
+) -> Path:
     """Every fleet × arm × repeat (seed 0, run again: the timing differs), written to
-    ``results/fleet.json`` after each."""
+    ``results/fleet.json`` after each, every run marked with the invocation that measured it
+    (``measured``: date, commit); with ``keep`` the runs already stored there stay (a matrix
+    measured in parts; ``SystemExit`` when their budget or sizes differ)."""
     result = h.header(
         NAME,
         quick=budget < BUDGET,
@@ -280,6 +331,17 @@ def run(fleets: list[str], arms: list[str], repeats: int, budget: float, results
         },
     )
     runs: dict[str, list[dict[str, Any]]] = {}
+    stored = results / f"{NAME}.json"
+    if keep and stored.exists():
+        before = json.loads(stored.read_text(encoding="utf-8"))
+        same = ("size", "base_step", "sync_every", "budget", "pause")
+        if any(before["parameters"][k] != result["parameters"][k] for k in same):
+            raise SystemExit(f"{stored}: its runs were measured with other parameters")
+        runs = before["figures"]["runs"]
+        result["parameters"]["fleets"] = before["parameters"]["fleets"] | {
+            f: FLEETS[f] for f in fleets
+        }
+    measured = {"date": result["date"], "git_commit": result["git_commit"]}
     for fleet in fleets:
         for arm in arms:
             for repeat in range(repeats if arm != "dp" else 1):
@@ -291,6 +353,7 @@ def run(fleets: list[str], arms: list[str], repeats: int, budget: float, results
                     else:
                         figures = run_gm(arm, fleet, 0, budget, Path(tmp) / "run")
                 figures["load"] = os.getloadavg()
+                figures["measured"] = measured
                 runs.setdefault(f"{fleet}/{arm}", []).append(figures)
                 print(f"{fleet}/{arm} #{repeat}: {json.dumps(_brief(figures))}", flush=True)
                 result["figures"] = {"runs": runs}
@@ -346,8 +409,10 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
         )
     finals = [r["final_loss"] for r in reports]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
+    curve = fleet_curve(reports, budget)
     return {
         "bits_per_byte": bt._bits(sum(finals) / len(finals)),
+        "curve": _bits_curve(curve),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
         "wall_seconds": launched["wall_seconds"],
@@ -374,12 +439,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget", type=float, default=BUDGET)
     parser.add_argument("--results", type=Path, default=h.RESULTS)
+    parser.add_argument("--keep", action="store_true", help="keep the stored runs")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return
-    print(run(args.fleets, args.arms, args.repeats, args.budget, args.results))
+    print(run(args.fleets, args.arms, args.repeats, args.budget, args.results, args.keep))
 
 
 if __name__ == "__main__":
