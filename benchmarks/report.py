@@ -8,7 +8,6 @@ Usage: ``.venv/bin/python benchmarks/report.py [--results DIR] [--docs DIR]``.
 """
 
 import argparse
-import json
 import math
 import statistics
 from collections.abc import Callable
@@ -17,100 +16,15 @@ from typing import Any
 
 import _harness as h
 import bench_text
+from _page import Page
+from _page import byte_size as _bytes
+from _page import load as _load
+from _page import num as _num
+from _page import provenance as _provenance
+from _page import spread as _spread
+from _page import table as _table
 
 PAGE = "benchmarks.md"
-PLOTS = "benchmarks"
-
-
-def _load(results: Path, name: str) -> dict[str, Any] | None:
-    path = results / f"{name}.json"
-    if not path.exists():
-        return None
-    loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return loaded
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    return f"{value:,.{digits}f}"
-
-
-def _bytes(value: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= size:
-            return f"{value / size:,.2f} {unit}"
-    return f"{value:,.0f} B"
-
-
-def _spread(entry: dict[str, Any], digits: int = 3, scale: float = 1.0) -> str:
-    """``median [min, max]`` of a summary (just the value for one sample)."""
-    median = entry["median"] * scale
-    if entry["n"] == 1:
-        return _num(median, digits)
-    return (
-        f"{_num(median, digits)} [{_num(entry['min'] * scale, digits)}, "
-        f"{_num(entry['max'] * scale, digits)}]"
-    )
-
-
-def _provenance(result: dict[str, Any]) -> str:
-    machine = result["machine"]
-    label = " **quick variant (smoke-test sizes, not the full run)**" if result["quick"] else ""
-    load_after = result.get("load_average_1m_after")
-    dirty = "+dirty" if result["git_commit"].endswith("+dirty") else ""
-    torch = result["versions"].get("torch")
-    torch = f", torch {torch}" if torch else ""
-    return (
-        f"_Source: `benchmarks/results/{result['benchmark']}.json`, {result['date']}, commit "
-        f"`{result['git_commit'][:12]}{dirty}`, "
-        f"{machine['cpus']} CPUs ({machine['processor']}), 1-minute load "
-        f"{_num(machine['load_average_1m'], 1)} at the start and {_num(load_after, 1)} at the "
-        f"end, Python {result['versions']['python']}{torch}.{label}_"
-    )
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return [*lines, ""]
-
-
-def _verdict(met: bool | None) -> str:
-    if met is None:
-        return "not run"
-    return "met" if met else "**missed**"
-
-
-class Page:
-    """The page being written, its plots, and the targets table gathered along the way."""
-
-    def __init__(self, docs: Path) -> None:
-        self.docs = docs
-        self.lines: list[str] = []
-        self.targets: list[list[str]] = []
-        (docs / PLOTS).mkdir(parents=True, exist_ok=True)
-
-    def add(self, *lines: str) -> None:
-        self.lines.extend(lines)
-
-    def plot(self, name: str, draw: Callable[[Any], None], alt: str) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        figure = plt.figure(figsize=(8, 4.8), dpi=100)
-        try:
-            draw(figure)
-            figure.tight_layout()
-            figure.savefig(self.docs / PLOTS / name, metadata={"Software": None})
-        finally:
-            plt.close(figure)
-        self.add(f"![{alt}]({PLOTS}/{name})", "")
-
-    def target(self, what: str, target: str, measured: str, met: bool | None, note: str) -> None:
-        self.targets.append([what, target, measured, _verdict(met), note])
 
 
 # -- sections ---------------------------------------------------------------------------

@@ -80,6 +80,7 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     # The page judges the wall target on both orders, not on the matrix's own pair (given
     # here as 2.0 so that the two verdicts differ whenever the pairs' ratio is at most 1).
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _page
     import report
 
     page = report.Page(tmp_path / "docs")
@@ -105,15 +106,15 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     wall = next(row for row in page.targets if "wall time" in row[0])
     assert wall[2].startswith(f"{pair['wall_ratio']:.3f} (each pair in both orders")
     assert "the matrix's own pair 2.00" in wall[2]
-    assert wall[3] == report._verdict(pair["wall_ratio"] <= 1.0)
+    assert wall[3] == _page.verdict(pair["wall_ratio"] <= 1.0)
     text = "\n".join(page.lines)
     assert "Wall time with each fp32 pair run in both orders (gm, torchft, torchft, gm)" in text
     measured = pair["measured"]
     assert measured["overlap"] == paced
     assert measured["git_commit"] == timing["git_commit"]
     assert (
-        f"| 10 | {report._pacing(paced)} | {measured['date'][:10]}, `{measured['git_commit'][:7]}` | "
-        f"{gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
+        f"| 10 | {report._pacing(paced)} | {measured['date'][:10]}, "
+        f"`{measured['git_commit'][:7]}` | {gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
     ) in text
 
     # --keep: another invocation that runs no pair of H 10 keeps it, with its own ``measured``.
@@ -137,7 +138,7 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     )
     wall = next(row for row in other.targets if "wall time" in row[0])
     assert wall[2] == "2.00"
-    assert wall[3] == report._verdict(False)
+    assert wall[3] == _page.verdict(False)
 
 
 def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocation(
@@ -170,6 +171,7 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
 
     # The page's section for the size (the report shows the sizes a full run has, not quick).
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _page
     import report
 
     page = report.Page(docs)
@@ -182,7 +184,7 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
     # Its gradientmail arms all come from the first invocation.
     assert "gradientmail's learners are unpaced" in section
     assert wall[2] == "not measured: its arms come from two invocations"
-    assert wall[3] == report._verdict(None)
+    assert wall[3] == _page.verdict(None)
 
     # The pair run again in one invocation is timed; the kept dp run stays.
     run_benchmark(*quick, "--keep", "--only", "gm-fp32-H10", "torchft-fp32-H10")
