@@ -114,7 +114,8 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     assert measured["git_commit"] == timing["git_commit"]
     assert (
         f"| 10 | {report._pacing(paced)} | {measured['date'][:10]}, "
-        f"`{measured['git_commit'][:7]}` | {gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
+        f"`{measured['git_commit'][:7]}` | "
+        f"{gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
     ) in text
 
     # --keep: another invocation that runs no pair of H 10 keeps it, with its own ``measured``.
