@@ -16,6 +16,7 @@ from typing import Any
 
 import _harness as h
 import bench_text
+import report_fleet
 from _page import Page
 from _page import byte_size as _bytes
 from _page import load as _load
@@ -2097,6 +2098,7 @@ def generate(results: Path, docs: Path) -> Path:
         (transfer, "transfer"),
         (large_fragments, "memory"),
         (rejoin, "rejoin"),
+        (report_fleet.fleets, "fleet"),
     ]
     body = Page(docs)
     for section, name in sections:

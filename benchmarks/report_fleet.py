@@ -1,0 +1,159 @@
+"""The page's section on fleets of unequal machines (``bench_fleet.py``'s results)."""
+
+import statistics
+from typing import Any
+
+import bench_fleet
+from _page import Page, num, provenance, table
+
+HETEROGENEOUS = ("mixed", "straggler", "pausing")
+ARM_LABEL = {
+    "gm": "gradientmail, default (adaptive)",
+    "gm-repeatable": "gradientmail, repeatable mode",
+    "torchft": "torchft DiLoCo",
+    "dp": "data-parallel, fastest speed",
+}
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def _range(runs: list[dict[str, Any]], key: str, digits: int = 3) -> str:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return num(values[0], digits)
+    low, high = num(min(values), digits), num(max(values), digits)
+    return f"{num(statistics.median(values), digits)} [{low}, {high}]"
+
+
+def _row(fleet: str, arm: str, runs: list[dict[str, Any]]) -> list[str]:
+    speeds = "/".join(f"{s:g}" for s in bench_fleet.FLEETS.get(fleet, []))
+    learners = [r["learners"] for r in runs if "learners" in r]
+    committed = [sum(x.get("committed_steps", 0.0) for x in ls) for ls in learners]
+    steps = "–"
+    if learners:
+        steps = ", ".join(f"{x['steps']}" for x in learners[0])
+    return [
+        f"{fleet} ({speeds})",
+        ARM_LABEL.get(arm, arm),
+        str(len(runs)),
+        _range(runs, "bits_per_byte"),
+        _range(runs, "bits_per_byte_before_close"),
+        _range(runs, "fastest_waiting_share", 2),
+        _range(runs, "committed_over_alone", 2) if any(committed) else "–",
+        steps,
+        _range(runs, "rounds", 0),
+    ]
+
+
+def fleets(page: Page, result: dict[str, Any] | None) -> None:
+    """Section 14: every fleet × arm, the targets of the adaptive default, and the curves."""
+    page.add("## 14. Fleets of unequal machines", "")
+    if result is None:
+        page.add("_Not run: `benchmarks/bench_fleet.py` writes `fleet.json`._", "")
+        return
+    p, runs = result["parameters"], result["figures"]["runs"]
+    page.add(
+        f"The real-text task at size `{p['size']}` (K = 4, H {p['sync_every']}), every arm "
+        f"{p['budget']:.0f} s of wall time per learner; a learner of speed s takes s × "
+        f"{p['base_step']} s a step (its compute, then a sleep); `pausing`'s learner 3 stops "
+        f"{p['pause'][0]:.0f} s every {p['pause'][1]} steps; `*-matched` fleets are equal "
+        "fleets that take as many steps in the budget. Bits per byte: the shared model after "
+        "the close (the mean of the learners' models); before close: the learners' own "
+        "models when the budget ended. Waiting: the fastest learner's share of its time "
+        "waiting on rounds (torchft: its steps' time beyond their own, blocked in a sync). "
+        "Committed ÷ alone: the steps that reached a committed round over what each learner "
+        "takes alone in the budget. Several runs: median [min, max].",
+        "",
+        provenance(result),
+        "",
+    )
+    rows = [
+        _row(key.split("/")[0], key.split("/")[1], entries) for key, entries in sorted(runs.items())
+    ]
+    header = ["fleet", "arm", "runs", "bits/byte", "before close", "fastest waits"]
+    header += ["committed ÷ alone", "steps per learner (first run)", "rounds"]
+    page.add(*table(header, rows))
+    _targets(page, runs)
+    _plot(page, runs)
+
+
+def _targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
+    for fleet in HETEROGENEOUS:
+        gm = runs.get(f"{fleet}/gm", [])
+        if not gm:
+            continue
+        waits = max(r["fastest_waiting_share"] for r in gm)
+        page.target(
+            f"fleet {fleet}: the fastest learner's waiting, default",
+            "≤ 5% in every run",
+            f"{waits:.1%} at most, {len(gm)} run(s)",
+            waits <= 0.05,
+            "bench_fleet",
+        )
+        committed = min(r["committed_over_alone"] for r in gm)
+        page.target(
+            f"fleet {fleet}: steps committed ÷ each alone, default",
+            "≥ 0.9 in every run",
+            f"{committed:.3f} at least, {len(gm)} run(s)",
+            committed >= 0.9,
+            "bench_fleet",
+        )
+        worst = max(r["bits_per_byte"] for r in gm)
+        for other in ("gm-repeatable", "torchft"):
+            theirs = _median(runs.get(f"{fleet}/{other}", []), "bits_per_byte")
+            page.target(
+                f"fleet {fleet}: default's bits per byte vs {ARM_LABEL[other]}",
+                "lower in every run",
+                f"{num(worst)} at worst against {num(theirs)}",
+                None if theirs is None else worst < theirs,
+                "bench_fleet",
+            )
+        matched = _median(runs.get(f"{fleet}-matched/gm", []), "bits_per_byte")
+        if matched is not None:
+            page.target(
+                f"fleet {fleet}: default vs an equal fleet taking as many steps",
+                "within 1%",
+                f"{num(worst)} at worst against {num(matched)} ({worst / matched - 1:+.1%})",
+                worst <= 1.01 * matched,
+                "bench_fleet",
+            )
+    equal = _median(runs.get("equal/gm", []), "bits_per_byte")
+    repeatable = _median(runs.get("equal/gm-repeatable", []), "bits_per_byte")
+    if equal is not None and repeatable is not None:
+        page.target(
+            "equal fleet: default vs the repeatable mode",
+            "within 0.5%",
+            f"{num(equal)} against {num(repeatable)} ({equal / repeatable - 1:+.2%})",
+            equal <= 1.005 * repeatable,
+            "bench_fleet",
+        )
+
+
+def _plot(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
+    shown = [f for f in ("equal", *HETEROGENEOUS) if any(k.startswith(f"{f}/") for k in runs)]
+
+    def draw(figure: Any) -> None:
+        for i, fleet in enumerate(shown):
+            axes = figure.add_subplot(2, 2, i + 1)
+            for arm, style in (("gm", "-"), ("gm-repeatable", "--"), ("torchft", ":")):
+                entries = runs.get(f"{fleet}/{arm}", [])
+                if entries and entries[0].get("curve"):
+                    curve = entries[0]["curve"]
+                    axes.plot(*zip(*curve, strict=True), style, label=ARM_LABEL[arm])
+            dp = runs.get("equal/dp", [])
+            if dp and dp[0].get("curve"):
+                axes.plot(*zip(*dp[0]["curve"], strict=True), "k-", lw=0.8, label=ARM_LABEL["dp"])
+            axes.set_title(fleet, fontsize=9)
+            axes.set_xlabel("seconds", fontsize=8)
+            axes.set_ylabel("bits per byte", fontsize=8)
+            axes.set_ylim(2.3, 4.5)
+            axes.grid(True, alpha=0.3)
+            if i == 0:
+                axes.legend(fontsize=6)
+
+    page.plot("fleet.png", draw, "validation bits per byte against wall time, per fleet and arm")
