@@ -11,7 +11,9 @@ Tables use the whole width of a terminal; piped or redirected, their cells wrap 
 A run is flagged ``desynchronized`` when most of its newest rounds (up to two per fragment)
 closed with fewer participants than the learners running (live, under ``--watch``; else
 holding a learner lease) or empty: learners that drifted apart no longer meet in a round.
-Learners that still meet but at different times show in the arrivals (``Participant.arrived``,
+Each learner's pace shows in ``learners`` (``cli.learners.paces``: its step rate, local
+steps per round and share of time waiting, from the newest rounds). Learners that still
+meet but at different times show in the arrivals (``Participant.arrived``,
 noted by the closer): each round's first-to-last spread and who came last, and over the rounds
 listed the median spread and the learner last most often, the one the others wait for.
 
@@ -36,6 +38,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gradientmail.cli.learners import paces
 from gradientmail.clock import MonotonicClock
 from gradientmail.errors import NoRun, UsageError
 from gradientmail.lease import Liveness
@@ -145,6 +148,7 @@ def document(
         },
         "desync": desync(observation, live),
         "arrivals": arrivals(rounds),
+        "learners": paces(ordered),
         "verified": observation.verified,
         "problems": list(observation.problems),
     }
@@ -314,6 +318,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         rounds,
         in_flight,
         leases if doc["leases"] else no_leases,
+        *_learners(doc["learners"]),
         summary,
     ]
     came = doc["arrivals"]
@@ -351,6 +356,24 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         )
     parts.extend(Text(f"problem: {p}", style="yellow") for p in doc["problems"])
     return Group(*parts)
+
+
+def _learners(learners: list[dict[str, Any]]) -> list[RenderableType]:
+    """Each learner's pace (``cli.learners.paces``) as a table; nothing for none."""
+    if not learners:
+        return []
+    table = Table(title="learners (newest rounds)", title_justify="left")
+    for column in ("learner", "steps/s", "steps/round", "waiting"):
+        table.add_column(column, justify="left" if column == "learner" else "right")
+    for x in learners:
+        rate, waited = x["steps_per_second"], x["waited"]
+        table.add_row(
+            x["learner"],
+            "–" if rate is None else f"{rate:.2f}",
+            f"{x['steps_per_round']:g}",
+            "–" if waited is None else f"{waited:.0%}",
+        )
+    return [table]
 
 
 async def status(

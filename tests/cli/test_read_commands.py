@@ -5,6 +5,7 @@ import io
 import json
 import signal
 import stat
+import statistics
 import subprocess
 import sys
 import time
@@ -84,6 +85,21 @@ def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
     }
     assert doc["problems"] == []
     assert doc["verified"] is True
+    # Each learner's pace: its steps per round; these records state no step times.
+    taken: dict[str, list[int]] = {}
+    for record in written_run.records.values():
+        for p in record.participants:
+            taken.setdefault(p.learner, []).append(p.steps)
+    assert doc["learners"] == [
+        {
+            "learner": name,
+            "rounds": len(steps),
+            "steps_per_second": None,
+            "steps_per_round": statistics.median(steps),
+            "waited": None,
+        }
+        for name, steps in sorted(taken.items())
+    ]
     # Every round had both learners holding a lease.
     assert doc["desync"] == {"flagged": False, "learners": 2, "rounds": 5, "short": []}
     assert len(manifest.fragments) == FRAGMENTS
@@ -99,6 +115,7 @@ def test_status_table_shows_the_run(written_run: WrittenRun) -> None:
         "alpha 0.75",
         "claimed by alpha",
         "5 rounds committed",
+        "learners (newest rounds)",
     ):
         assert text in result.stdout, text
 
