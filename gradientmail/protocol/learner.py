@@ -60,6 +60,10 @@ holds a learner that runs ahead, and one that fell behind catches up while the o
 rounds wait for it (up to the grace each, or for good under quorum 1.0). A learner that
 joins a run in progress takes the round after the newest it has seen at its first step
 (``fragments.joined_phase``): ahead of the others rather than behind them.
+**Pace** (``protocol.pace``): the schedule counts positions, and a step advances it the
+learner's ``rate`` of them. Unpaced, the rate is its step time over the fastest the newest
+folded record states (1 within 10%), so a slower learner takes fewer steps per round and
+its snapshots arrive with the others'; paced, it stays 1.
 Times are the driver's clock readings, passed in; the learner never reads a clock.
 
 The step accounting is the ``Ledger``'s: for every fragment at all times

@@ -36,7 +36,7 @@ def phase_shift(
     shorter one every phase lands in time; a lag of a period or more is a pause or a blocked
     fragment, which moving would not help)."""
     if step_time is None or not _usable(step_time):
-        return 0
+        return 0  # no step timed yet
     per_position = step_time / rate
     period = per_position * config.sync_every
     if lag <= least or period <= config.grace or lag >= period:
