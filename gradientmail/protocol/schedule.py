@@ -7,6 +7,7 @@ A step advances the schedule ``rate`` positions (``protocol.pace``), so one posi
 """
 
 import math
+from typing import TypeGuard
 
 from gradientmail.protocol.fragments import due
 from gradientmail.protocol.records import RunConfig
@@ -23,7 +24,7 @@ def positions_until_due(fragment: int, position: int, config: RunConfig) -> int 
     return None
 
 
-def _usable(step_time: float | None) -> bool:
+def _usable(step_time: float | None) -> TypeGuard[float]:
     return step_time is not None and step_time > 0 and math.isfinite(step_time)
 
 
@@ -35,8 +36,8 @@ def phase_shift(
     ``least`` and shorter than a period, and a period is longer than the grace (within a
     shorter one every phase lands in time; a lag of a period or more is a pause or a blocked
     fragment, which moving would not help)."""
-    if step_time is None or not _usable(step_time):
-        return 0  # no step timed yet
+    if not _usable(step_time):
+        return 0
     per_position = step_time / rate
     period = per_position * config.sync_every
     if lag <= least or period <= config.grace or lag >= period:
@@ -50,7 +51,7 @@ def steps_to_hold(
     """The steps to hold the schedule for a snapshot ``early`` seconds before its round's
     last one, less the ``held`` steps already held (or to hold) since it was taken: none for
     less than a step, or for a period or more (a pause of the others, not a phase)."""
-    if step_time is None or not _usable(step_time):
+    if not _usable(step_time):
         return 0
     if early < step_time or early >= step_time / rate * config.sync_every:
         return 0
