@@ -43,8 +43,9 @@ __all__ = [
     "UsageError",
 ]
 
-Problem: TypeAlias = Literal["unsigned", "bad-signature"]
-"""Why a signed run ignores an object (the ``RejectReason`` values of the same names)."""
+Problem: TypeAlias = Literal["unsigned", "bad-signature", "not-admitted", "revoked"]
+"""Why a signed run ignores an object (the ``RejectReason`` values of the same names): the
+last two only for a learner's own objects in a run with identities."""
 
 
 class GradientmailError(Exception):
@@ -96,17 +97,24 @@ class CodecError(RecordError):
         self.reason: Literal["corrupt", "shape"] = reason
 
 
+_SIGNATURE_PROBLEMS: dict[str, str] = {
+    "unsigned": "carries no signature",
+    "bad-signature": "has a signature that fails under the run's or its learner's key",
+    "not-admitted": "names a learner with no admitted key",
+    "revoked": "is signed with a revoked learner key",
+}
+
+
 class SignatureError(RecordError):
     """An object of a signed run is unsigned or its signature does not verify.
 
-    ``reason`` is ``"unsigned"`` or ``"bad-signature"``; ``key`` the object's key.
+    ``reason`` is a ``Problem``; ``key`` the object's key.
     """
 
     def __init__(self, key: str, reason: Problem) -> None:
-        what = "carries no signature" if reason == "unsigned" else "has a signature that fails"
         super().__init__(
-            f"{key}: {what} under this run's key ({reason}); it was written by someone "
-            "without the run key, or damaged, and is ignored"
+            f"{key}: {_SIGNATURE_PROBLEMS[reason]} ({reason}); it was written by someone "
+            "without the key, or damaged, and is ignored"
         )
         self.key = key
         self.reason: Problem = reason

@@ -44,6 +44,7 @@ from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError, Si
 from gradientmail.mailbox import Mailbox, ObjectRefused, RangedMailbox, retrying
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import INDEX_CHUNK, chunk_index, chunks_of
+from gradientmail.protocol.identities import IDENTITIES, LearnerKey, Signing
 from gradientmail.protocol.records import (
     MAX_MANIFEST_BYTES,
     MAX_RECORD_BYTES,
@@ -115,7 +116,8 @@ class Store:
 
     ``unverified`` (read-only use, without ``run_key``): read a signed run without checking
     anything, for a reader that says so (``RunReader``); otherwise a signed run's manifest
-    read without its key raises ``RunMismatch``.
+    read without its key raises ``RunMismatch``. ``learner_key``: this node's own key in a
+    run with learner identities (``protocol.identities``).
     """
 
     def __init__(
@@ -127,9 +129,11 @@ class Store:
         attempts: int | None = None,
         run_key: RunKey | None = None,
         unverified: bool = False,
+        learner_key: LearnerKey | None = None,
     ) -> None:
         self.mailbox = mailbox
         self._run_key = run_key
+        self.signing = Signing(run_key, learner_key)
         self._unverified = unverified and run_key is None
         self._run = ""
         self._fragments: int | None = None
@@ -280,10 +284,28 @@ class Store:
     def _learn(self, manifest: Manifest) -> Manifest:
         self._run = manifest.run_id if isinstance(manifest.run_id, str) else ""
         self._fragments = manifest.config.fragments
+        if not self._unverified:
+            self.signing = self.signing.learn(manifest)
         return manifest
 
+    async def refresh_identities(self, *, now: bool = False) -> bool:
+        """In a run with learner identities, fold in the admissions and revocations not yet
+        seen (into ``signing``), listing them at most every ``REFRESH_EVERY`` seconds unless
+        ``now``; whether any was new."""
+        at, before = self._clock.now(), self.signing.identities
+        if before is None or not (now or self.signing.due(at)):
+            return False
+        self.signing = self.signing.listed_at(at)
+        for key in await self.list_keys(IDENTITIES):
+            if key not in self.signing.seen:
+                data = await self._object(key) or b""
+                self.signing, why = self.signing.fold(key, data, self._run, at)
+                if why is not None:
+                    self._ignore(key, why)
+        return self.signing.identities != before
+
     def _signed(self, key: str, obj: S) -> S:
-        return obj if self._run_key is None else self._run_key.sign(key, obj, self._run_of(key))
+        return self.signing.sign(key, obj, self._run_of(key))
 
     def _encode(self, key: str, obj: S) -> bytes:
         return encode(self._signed(key, obj))
@@ -291,7 +313,7 @@ class Store:
     def _problem(self, key: str, data: bytes) -> Problem | None:
         """Why ``data`` fails this store's run key (None: it passes, or the run is not
         signed); ``RecordError`` when it is not a bounded JSON object."""
-        return None if self._run_key is None else self._run_key.check(key, data, self._run_of(key))
+        return self.signing.check(key, data, self._run_of(key))
 
     def _decode(self, key: str, data: bytes, kind: type[S]) -> S:
         """``data`` read from ``key`` as a ``kind``; ``RecordError`` naming the key."""
@@ -543,6 +565,7 @@ class Store:
     async def leases(self) -> dict[str, tuple[int, keys.Role]]:
         """Every node holding a lease, with its newest good beat (one whose body is a beat
         of that node and, in a signed run, verifies) and that beat's role."""
+        await self.refresh_identities()
         listed: dict[str, list[tuple[int, keys.Role, str]]] = {}
         for key in await self.list_keys(keys.LEASES):
             parsed = keys.parse_lease(key)
@@ -581,6 +604,7 @@ class Store:
         beat of their node and, in a signed run, verifies under the run key and the run's id
         (each beat is read once and remembered), so a beat someone else planted under a
         node's lease is ignored."""
+        await self.refresh_identities()
         listed = [
             (key, parsed)
             for key in await self.list_keys(keys.LEASES)
@@ -661,6 +685,13 @@ class Store:
                 if data is None:
                     continue
                 known = self._snapshot_at(key, round, learner, data)
+                # A learner admitted since the last look is looked up once more, not refused.
+                if (
+                    known is not None
+                    and known[1] == "not-admitted"
+                    and await self.refresh_identities(now=True)
+                ):
+                    known = self._snapshot_at(key, round, learner, data)
                 if known is None:
                     continue
                 cache[key] = known
@@ -672,6 +703,7 @@ class Store:
     async def snapshot_learners(self, round: int) -> list[str]:
         """The learners with a snapshot in ``round`` that counts: one that decodes, names its
         key's round and learner and, in a signed run, verifies (each body read once)."""
+        await self.refresh_identities()
         for stale in [r for r in self._snapshots if r < round - _CLAIM_CACHE_ROUNDS]:
             del self._snapshots[stale]
         learners = []
@@ -685,6 +717,7 @@ class Store:
         """Each learner's snapshot of ``round`` (see ``_snapshot_of``), with why it fails the
         run key's check (None when it passes or the run is not signed): the round rejects
         those with that reason. Junk is logged and left out: it must not stop the round."""
+        await self.refresh_identities()
         listed = await self._listed_snapshots(round)
         found = []
         for learner in sorted(listed):

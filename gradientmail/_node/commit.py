@@ -207,13 +207,19 @@ async def _written(
     return RoundRecord.committed(draft, update=update_ref, theta=theta_ref, outer=outer_ref)
 
 
+_WHY: dict[Problem, str] = {
+    "unsigned": "the snapshot carries no signature",
+    "bad-signature": "the snapshot's signature fails under the run key or its learner's keys",
+    "not-admitted": "the snapshot's learner has no admitted key",
+    "revoked": "the snapshot is signed with a revoked learner key",
+}
+
+
 async def _candidate(
     rt: Runtime, snapshot: Snapshot, problem: Problem | None, fragment: int, spec: FragmentSpec
 ) -> Candidate:
     if problem is not None:
-        why = "no signature" if problem == "unsigned" else "a signature that fails"
-        detail = f"the snapshot carries {why} under the run key"
-        return Candidate(snapshot=snapshot, delta=None, problem=(problem, detail))
+        return Candidate(snapshot=snapshot, delta=None, problem=(problem, _WHY[problem]))
     if snapshot.fragment != fragment:
         detail = f"names fragment {snapshot.fragment}, but the round is of fragment {fragment}"
         return Candidate(snapshot=snapshot, delta=None, problem=("shape", detail))

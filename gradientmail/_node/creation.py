@@ -30,6 +30,7 @@ from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
 from gradientmail.protocol.codec import Rows, encode_fragment
 from gradientmail.protocol.fragments import signature
+from gradientmail.protocol.identities import listed
 from gradientmail.protocol.records import (
     BlobRef,
     FragmentSpec,
@@ -90,6 +91,7 @@ async def open_run(
         if manifest is not None:
             check_config(manifest.config, config)
             _check_model(manifest, named)
+            await _check_member(store, learner)
             return manifest
         claims = counted(tuple(await store.create_claims()))
         now = clock.now()
@@ -123,8 +125,16 @@ async def open_run(
             )
             check_config(manifest.config, config)
             _check_model(manifest, named)
+            await _check_member(store, learner)
             return manifest
         await clock.sleep(options.poll_interval)
+
+
+async def _check_member(store: Store, learner: str) -> None:
+    """``RunMismatch`` unless this node's learner key may speak for ``learner`` (in a run
+    with learner identities)."""
+    await store.refresh_identities()
+    store.signing.check_member(learner)
 
 
 async def _take_over(store: Store, learner: str, last: int) -> int | None:
@@ -159,7 +169,10 @@ async def _create(
             attempt, InitMarker(learner=learner, fragment=spec.index, blob=ref)
         )
         theta0.append(ref)
-    ours = Manifest(created_by=learner, config=config, fragments=specs, theta0=tuple(theta0))
+    ours = listed(
+        Manifest(created_by=learner, config=config, fragments=specs, theta0=tuple(theta0)),
+        store.signing.learner_key,
+    )
     return await store.create_manifest(ours)
 
 

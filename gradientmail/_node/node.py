@@ -447,6 +447,8 @@ async def node(
         key = RunKey.from_env()
     else:
         key = run_key if isinstance(run_key, RunKey) else RunKey(run_key)
+    if options.learner_key is not None and key is None:
+        raise ValueError("a node with options.learner_key needs the run key too (run_key=...)")
     bus = EventBus(sinks, learner=learner)
     async with AsyncExitStack() as stack:
         box: Mailbox
@@ -454,7 +456,13 @@ async def node(
             box = await stack.enter_async_context(open_mailbox(mailbox))
         else:
             box = mailbox
-        store = Store(box, clock=clock, max_retry_delay=options.max_retry_delay, run_key=key)
+        store = Store(
+            box,
+            clock=clock,
+            max_retry_delay=options.max_retry_delay,
+            run_key=key,
+            learner_key=options.learner_key,
+        )
         async with _running(
             bus, store, learner, named, config, options, clock, link, layout
         ) as node_:

@@ -3,6 +3,8 @@
 import math
 from dataclasses import dataclass
 
+from gradientmail.protocol.identities import LearnerKey
+
 __all__ = ["NodeOptions"]
 
 
@@ -40,6 +42,10 @@ class NodeOptions:
     group_timeout
         In a learner group (``group=``), the longest a rank waits in ``step()`` for the
         others; past it every waiting rank raises ``GroupFailed``.
+    learner_key
+        This node's own key (``LearnerKey``) in a run with learner identities: it signs the
+        node's snapshots and lease beats, and a node with one creates such a run (with a
+        run key only). None: the run has none.
 
     Raises ``ValueError`` naming the option when a value is out of range.
     """
@@ -54,6 +60,7 @@ class NodeOptions:
     syncer: bool = True
     max_retry_delay: float = 30.0
     group_timeout: float = 60.0
+    learner_key: LearnerKey | None = None
 
     def pause(self, *, due: bool) -> float:
         """The pause before the next poll: while a round is due ``due_poll_interval`` (or
@@ -84,6 +91,10 @@ class NodeOptions:
             raise ValueError(
                 f"NodeOptions.lease_timeout ({self.lease_timeout}) must exceed lease_every "
                 f"({self.lease_every}), or a live node would be judged gone between beats"
+            )
+        if self.learner_key is not None and not isinstance(self.learner_key, LearnerKey):
+            raise TypeError(
+                f"NodeOptions.learner_key must be a LearnerKey, got {self.learner_key!r}"
             )
         if not isinstance(self.syncer, bool):
             raise TypeError(f"NodeOptions.syncer must be a bool, got {self.syncer!r}")

@@ -80,6 +80,33 @@ def _syncer(args: argparse.Namespace) -> int:
     return syncer(args.url, learner=args.learner, backend=args.backend)
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from gradientmail.cli.identities import keygen
+
+    print(keygen(args.path))
+    return 0
+
+
+def _admit(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gradientmail.cli.identities import admit_at
+
+    anyio.run(admit_at, args.url, args.learner, args.public_key)
+    print(f"admitted {args.public_key} for {args.learner}")
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gradientmail.cli.identities import revoke_at
+
+    anyio.run(revoke_at, args.url, args.public_key)
+    print(f"revoked {args.public_key}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from gradientmail.demo.runner import run_demo, settings_from
 
@@ -230,7 +257,38 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("url", help="mailbox URL or directory of the run")
     export.add_argument("--out", type=Path, required=True, help="the safetensors file to write")
     export.set_defaults(handler=_export)
+    _identity_commands(commands)
     return top
+
+
+def _identity_commands(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    keygen = commands.add_parser(
+        "keygen",
+        help="write a new learner key to a file and print its public key",
+        description="Write a new Ed25519 learner key to PATH (PEM, mode 0600) and print the "
+        "public key to admit; the node loads it with LearnerKey.load(PATH).",
+    )
+    keygen.add_argument("path", type=Path, help="the private key file to create")
+    keygen.set_defaults(handler=_keygen)
+    admit = commands.add_parser(
+        "admit",
+        help="admit a learner's public key to a run with learner identities",
+        description="Let PUBLIC_KEY sign for LEARNER in the run at URL; the run key is read "
+        "from GRADIENTMAIL_RUN_KEY.",
+    )
+    admit.add_argument("url", help="mailbox URL or directory of the run")
+    admit.add_argument("learner", help="the learner id the key speaks for")
+    admit.add_argument("public_key", help="64 hex digits, as `gradientmail keygen` prints")
+    admit.set_defaults(handler=_admit)
+    revoke = commands.add_parser(
+        "revoke",
+        help="revoke a learner's public key in a run with learner identities",
+        description="From now on, snapshots signed with PUBLIC_KEY are rejected (revoked) "
+        "and its lease beats ignored; the run key is read from GRADIENTMAIL_RUN_KEY.",
+    )
+    revoke.add_argument("url", help="mailbox URL or directory of the run")
+    revoke.add_argument("public_key", help="64 hex digits of the key to revoke")
+    revoke.set_defaults(handler=_revoke)
 
 
 def _leaves(error: BaseException) -> list[BaseException]:

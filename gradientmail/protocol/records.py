@@ -68,7 +68,16 @@ Weighting = Literal["tokens", "steps", "equal"]
 MergeRule = Literal["keep-progress", "alpha"]
 """How a learner merges a new version with its local progress (see ``protocol.merge``)."""
 RejectReason = Literal[
-    "corrupt", "shape", "non-finite", "stale", "outlier", "tokens", "unsigned", "bad-signature"
+    "corrupt",
+    "shape",
+    "non-finite",
+    "stale",
+    "outlier",
+    "tokens",
+    "unsigned",
+    "bad-signature",
+    "not-admitted",
+    "revoked",
 ]
 """Why a round rejected a snapshot; each is explained in ``docs/protocol.md``."""
 DropReason = Literal["rejected", "reset", "closed-without-flush", "gave-up"]
@@ -279,6 +288,9 @@ class Manifest(_Object, frozen=True, kw_only=True):
     """32 random hex digits drawn when the run is created (``Store.create_manifest``): every
     signature of a signed run covers it, so nothing replays across runs; absent in runs
     created before it existed."""
+    learners: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
+    """In a run with learner identities, the public key of each learner listed at creation
+    (``protocol.identities``); absent otherwise."""
 
 
 class CreateClaim(_Object, frozen=True, kw_only=True):

@@ -1,0 +1,388 @@
+"""Learner identities: each learner signs its snapshots and lease beats with its own Ed25519 key.
+
+A run has identities when its manifest lists learners' public keys (``Manifest.learners``,
+learner id to 64 hex digits); such a run is also signed (``protocol.signing``): the run key
+signs the manifest, claims, markers and records, and it is the admission authority.
+
+Admitting and revoking
+    More keys are admitted by an ``Admission`` (a learner id and a public key) and a key is
+    revoked by a ``Revocation`` (a public key), each stored at its own key under
+    ``identities/`` and signed with the run key; only those that verify count. A learner
+    may have several admitted keys (a new one after a leak); a revoked key stays revoked
+    for the rest of the run. Neither is create-once on a single key: each goes to a fresh
+    key, so junk planted under ``identities/`` blocks no admission and no revocation.
+
+What a learner signs
+    A snapshot's or a beat's ``signature`` is ``ed25519:`` and the hex of an Ed25519
+    signature over a label of its own and the bytes the run key would cover
+    (``signing.canonical``: run id, object key, canonical JSON without the signature).
+
+What a reader decides (``Identities.check``)
+    For the learner the object's key names: ``"unsigned"`` when it carries no signature,
+    ``"not-admitted"`` when that learner has no admitted key that is not revoked,
+    ``"revoked"`` when it verifies only under a revoked key of that learner,
+    ``"bad-signature"`` otherwise (another learner's key, a run-key MAC, damage).
+
+Pure: no I/O, no clock.
+"""
+
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Final, TypeVar
+
+import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from gradientmail.errors import Problem, RecordError, RunMismatch
+from gradientmail.protocol import keys
+from gradientmail.protocol.records import DECODE_FAILURES, MAX_RECORD_BYTES, Manifest, _Object
+from gradientmail.protocol.records import decode as decode_record
+from gradientmail.protocol.records import encode as encode_record
+from gradientmail.protocol.signing import RunKey, canonical
+
+__all__ = [
+    "IDENTITIES",
+    "REFRESH_EVERY",
+    "Admission",
+    "Identities",
+    "LearnerKey",
+    "Revocation",
+    "Signing",
+    "check_public_key",
+    "identity_key",
+    "listed",
+    "parse_identity_key",
+]
+
+IDENTITIES: Final = "identities/"
+"""Where admissions (``identities/admit/…``) and revocations (``identities/revoke/…``) live."""
+
+REFRESH_EVERY: Final = 1.0
+"""Seconds between listings of ``IDENTITIES`` by a node that judges snapshots or leases: how
+long a revocation or an admission may take to reach it."""
+
+_PREFIX: Final = "ed25519:"
+_LABEL: Final = b"gradientmail-learner-v1\x00"
+_HEX: Final = frozenset("0123456789abcdef")
+
+StoredT = TypeVar("StoredT", bound=_Object)
+
+
+def check_public_key(public: str) -> str:
+    """``public`` when it is a learner's public key as the run stores it (64 lowercase hex
+    digits); else ``ValueError`` saying what one looks like."""
+    if not isinstance(public, str) or len(public) != 64 or not set(public) <= _HEX:
+        raise ValueError(
+            f"a learner's public key is 64 lowercase hex digits (`gradientmail keygen` "
+            f"prints one), got {public!r}"
+        )
+    return public
+
+
+class Admission(_Object, frozen=True, kw_only=True):
+    """``public_key`` speaks for ``learner`` from now on (signed with the run key)."""
+
+    learner: str
+    public_key: str
+
+
+class Revocation(_Object, frozen=True, kw_only=True):
+    """``public_key`` speaks for nobody from now on (signed with the run key)."""
+
+    public_key: str
+
+
+def identity_key(kind: type[Admission] | type[Revocation], public: str, nonce: str = "") -> str:
+    """A fresh key for an admission or revocation of ``public`` (``nonce``: random hex)."""
+    part = "admit" if kind is Admission else "revoke"
+    return f"{IDENTITIES}{part}/{check_public_key(public)}/{nonce or secrets.token_hex(8)}"
+
+
+def parse_identity_key(key: str) -> type[Admission] | type[Revocation] | None:
+    """Which kind of object ``key`` holds, or None for a key outside the layout."""
+    parts = key.split("/")
+    if len(parts) != 4 or f"{parts[0]}/" != IDENTITIES or parts[1] not in ("admit", "revoke"):
+        return None
+    if len(parts[2]) != 64 or not set(parts[2]) <= _HEX or not 1 <= len(parts[3]) <= 64:
+        return None
+    return Admission if parts[1] == "admit" else Revocation
+
+
+class LearnerKey:
+    """A learner's private Ed25519 key. Build one with ``generate``, ``from_pem`` or
+    ``load`` (a PEM file, PKCS#8, unencrypted, as ``save`` writes it).
+
+    ``public`` is the 64 hex digits the run lists; ``repr`` shows only those, and the key is
+    never pickled. Two keys are equal when their public keys are. Thread-safe (immutable).
+    """
+
+    __slots__ = ("_private", "public")
+
+    public: str
+
+    def __init__(self, private: Ed25519PrivateKey) -> None:
+        if not isinstance(private, Ed25519PrivateKey):
+            raise TypeError(f"a learner key is an Ed25519 key, got {type(private).__name__}")
+        self._private = private
+        raw = private.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        self.public = raw.hex()
+
+    @classmethod
+    def generate(cls) -> "LearnerKey":
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_pem(cls, pem: bytes) -> "LearnerKey":
+        """The key in ``pem``; ``ValueError`` when it is not an unencrypted Ed25519 key."""
+        try:
+            private = serialization.load_pem_private_key(pem, password=None)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                "not an unencrypted PEM private key (`gradientmail keygen` writes one)"
+            ) from exc
+        if not isinstance(private, Ed25519PrivateKey):
+            raise ValueError(f"a learner key is Ed25519, this one is {type(private).__name__}")
+        return cls(private)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LearnerKey":
+        """The key in the PEM file ``path``; ``ValueError`` naming the file when it is not one."""
+        try:
+            return cls.from_pem(Path(path).read_bytes())
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    def pem(self) -> bytes:
+        """The private key as PEM (PKCS#8, unencrypted): keep it as secret as the run key."""
+        return self._private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def __repr__(self) -> str:
+        return f"LearnerKey(public={self.public!r})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LearnerKey):
+            return NotImplemented
+        return self.public == other.public
+
+    def __hash__(self) -> int:
+        return hash(self.public)
+
+    def __reduce__(self) -> str:
+        raise TypeError("a LearnerKey is not pickled: pass its file to each process yourself")
+
+    def sign(self, key: str, obj: StoredT, run: str) -> StoredT:
+        """``obj``, to be stored under ``key`` of the run ``run``, with its ``signature``."""
+        unsigned = msgspec.structs.replace(obj, signature=msgspec.UNSET)
+        value = msgspec.json.decode(encode_record(unsigned))
+        signature = self._private.sign(_LABEL + canonical(key, value, run))
+        return msgspec.structs.replace(obj, signature=_PREFIX + signature.hex())
+
+
+def _verifies(public: str, signature: bytes, message: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(public)).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def _raw(signature: object) -> bytes | None:
+    """The Ed25519 signature a ``signature`` field holds, or None when it holds none."""
+    if not isinstance(signature, str) or not signature.startswith(_PREFIX):
+        return None
+    try:
+        return bytes.fromhex(signature.removeprefix(_PREFIX))
+    except ValueError:
+        return None
+
+
+def _body(key: str, data: bytes) -> dict[str, object]:
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError(f"{key}: {len(data)} bytes is over the {MAX_RECORD_BYTES} limit")
+    try:
+        value = msgspec.json.decode(data)
+    except DECODE_FAILURES as exc:
+        raise RecordError(f"{key}: not JSON") from exc
+    if not isinstance(value, dict):
+        raise RecordError(f"{key}: not a JSON object")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Identities:
+    """Who speaks for whom in a run with identities: each learner's admitted public keys
+    and the revoked keys."""
+
+    admitted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    revoked: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> "Identities | None":
+        """The identities ``manifest`` lists; None when its run has none."""
+        if not isinstance(manifest.learners, dict):
+            return None
+        return cls({learner: frozenset([public]) for learner, public in manifest.learners.items()})
+
+    def admit(self, learner: str, public: str) -> "Identities":
+        admitted = dict(self.admitted)
+        admitted[learner] = admitted.get(learner, frozenset()) | {public}
+        return Identities(admitted, self.revoked)
+
+    def revoke(self, public: str) -> "Identities":
+        return Identities(self.admitted, self.revoked | {public})
+
+    def speaks_for(self, public: str, learner: str) -> bool:
+        """Whether ``public`` is admitted for ``learner`` and not revoked."""
+        return public in self.admitted.get(learner, ()) and public not in self.revoked
+
+    def check(self, key: str, learner: str, data: bytes, run: str) -> Problem | None:
+        """None when ``data`` (read from ``key`` of the run ``run``) carries a signature of
+        an admitted, unrevoked key of ``learner``; else why not (module docstring). Raises
+        ``RecordError`` (only) for bytes that are not a bounded JSON object."""
+        value = _body(key, data)
+        signature = value.get("signature")
+        if signature is None:
+            return "unsigned"
+        owned = self.admitted.get(learner, frozenset())
+        message = _LABEL + canonical(key, value, run)
+        raw = _raw(signature)
+        for public in owned:
+            if raw is not None and _verifies(public, raw, message):
+                return "revoked" if public in self.revoked else None
+        return "bad-signature" if owned - self.revoked else "not-admitted"
+
+    def fold(self, key: str, data: bytes, run_key: RunKey, run: str) -> "Identities":
+        """These identities with the admission or revocation at ``key`` applied when it is
+        one that decodes, describes its key and verifies under ``run_key``; raises
+        ``RecordError`` naming what is wrong otherwise, for the caller to ignore it."""
+        kind = parse_identity_key(key)
+        if kind is None:
+            raise RecordError(f"{key}: not an admission or revocation key")
+        problem = run_key.check(key, data, run)
+        if problem is not None:
+            raise RecordError(f"{key}: {problem} under the run key")
+        obj = decode_record(data, kind)
+        if obj.public_key != key.split("/")[2]:
+            raise RecordError(f"{key}: names another public key than its key")
+        if isinstance(obj, Admission):
+            keys.check_learner(obj.learner)
+            return self.admit(obj.learner, obj.public_key)
+        return self.revoke(obj.public_key)
+
+
+def _learner_of(key: str) -> str | None:
+    """The learner whose own key signs the object at ``key``: snapshots and lease beats."""
+    snapshot = keys.parse_snapshot(key)
+    if snapshot is not None:
+        return snapshot[1]
+    lease = keys.parse_lease(key)
+    return None if lease is None else lease[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Signing:
+    """How one node signs and checks a run's objects: with the run key (None: unsigned
+    run), and in a run with identities snapshots and beats with learner keys.
+
+    ``seen``: the keys under ``IDENTITIES`` already folded in (or found junk);
+    ``checked_at``: when they were last listed, on the node's clock."""
+
+    run_key: RunKey | None = None
+    learner_key: "LearnerKey | None" = None
+    identities: Identities | None = None
+    seen: frozenset[str] = frozenset()
+    checked_at: float = -math.inf
+
+    def learn(self, manifest: Manifest) -> "Signing":
+        """This signing for the run of ``manifest``: its identities, or none. Raises
+        ``RunMismatch`` when a node with a learner key joins a run without identities or a
+        node without the run key joins a run with them."""
+        found = Identities.of(manifest)
+        if found is None and self.learner_key is not None:
+            raise RunMismatch(
+                f"this node has a learner key ({self.learner_key.public[:16]}…) but the run "
+                "has no learner identities; drop the key to join it"
+            )
+        if found is not None and self.run_key is None:
+            raise RunMismatch("the run has learner identities and this node has no run key")
+        if self.identities is not None:
+            return self
+        return Signing(self.run_key, self.learner_key, found)
+
+    def check_member(self, learner: str) -> None:
+        """Raise ``RunMismatch`` unless a node of ``learner`` with this signing may write to
+        the run: in a run with identities, only with a key admitted for ``learner`` and not
+        revoked."""
+        if self.identities is None:
+            return
+        if self.learner_key is None:
+            raise RunMismatch(
+                "the run has learner identities and this node has no learner key; pass "
+                "NodeOptions(learner_key=LearnerKey.load(...)) with a key admitted for it"
+            )
+        public = self.learner_key.public
+        if public in self.identities.revoked:
+            raise RunMismatch(f"learner key {public} is revoked in this run; use a new key")
+        if not self.identities.speaks_for(public, learner):
+            raise RunMismatch(
+                f"learner key {public} is not admitted for {learner!r} in this run; admit it "
+                f"with `gradientmail admit URL {learner} {public}` (run key in the environment)"
+            )
+
+    def due(self, now: float) -> bool:
+        """Whether ``IDENTITIES`` is to be listed again at ``now``: in a run with identities,
+        ``REFRESH_EVERY`` after the last listing."""
+        return self.identities is not None and now >= self.checked_at + REFRESH_EVERY
+
+    def fold(self, key: str, data: bytes, run: str, now: float) -> "tuple[Signing, str | None]":
+        """This signing with the object at ``key`` (of the run ``run``) folded in, listed at
+        ``now``, and why it was ignored (None: it counts)."""
+        seen = self.seen | {key}
+        if self.identities is None or self.run_key is None:
+            return self, "the run has no learner identities"
+        try:
+            found = self.identities.fold(key, data, self.run_key, run)
+        except RecordError as exc:
+            return replace(self, seen=seen, checked_at=now), str(exc)
+        return replace(self, identities=found, seen=seen, checked_at=now), None
+
+    def listed_at(self, now: float) -> "Signing":
+        return replace(self, checked_at=now)
+
+    def sign(self, key: str, obj: StoredT, run: str) -> StoredT:
+        if self.run_key is None:
+            return obj
+        if self.identities is not None and self.learner_key is not None and _learner_of(key):
+            return self.learner_key.sign(key, obj, run)
+        return self.run_key.sign(key, obj, run)
+
+    def check(self, key: str, data: bytes, run: str) -> Problem | None:
+        """Why ``data`` read from ``key`` fails (None: it passes, or the run is unsigned);
+        ``RecordError`` when it is not a bounded JSON object."""
+        if self.run_key is None:
+            return None
+        learner = _learner_of(key) if self.identities is not None else None
+        if self.identities is not None and learner is not None:
+            return self.identities.check(key, learner, data, run)
+        return self.run_key.check(key, data, run)
+
+
+def listed(manifest: Manifest, learner_key: LearnerKey | None) -> Manifest:
+    """``manifest`` as a node with ``learner_key`` creates it: listing its creator's key (a
+    run with identities), or unchanged without a key."""
+    if learner_key is None:
+        return manifest
+    return msgspec.structs.replace(manifest, learners={manifest.created_by: learner_key.public})
