@@ -278,7 +278,10 @@ class Identities:
         if obj.public_key != key.split("/")[2]:
             raise RecordError(f"{key}: names another public key than its key")
         if isinstance(obj, Admission):
-            keys.check_learner(obj.learner)
+            try:
+                keys.check_learner(obj.learner)
+            except ValueError as exc:
+                raise RecordError(f"{key}: {exc}") from None
             return self.admit(obj.learner, obj.public_key)
         return self.revoke(obj.public_key)
 
