@@ -2,6 +2,7 @@
 
 from gradientmail import events, sync
 from gradientmail._node import Node, NodeOptions, NodeState, StepHandle, node
+from gradientmail.admission import admit, revoke
 from gradientmail.errors import (
     CorruptBlob,
     GradientmailError,
@@ -15,6 +16,7 @@ from gradientmail.errors import (
 )
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.fragments import preview
+from gradientmail.protocol.identities import LearnerKey
 from gradientmail.protocol.records import RunConfig
 from gradientmail.reader import load
 
@@ -23,6 +25,7 @@ __all__ = [
     "CorruptBlob",
     "GradientmailError",
     "GroupFailed",
+    "LearnerKey",
     "MailboxUnavailable",
     "NoRun",
     "Node",
@@ -34,10 +37,12 @@ __all__ = [
     "RunMismatch",
     "StepHandle",
     "StoreAccessError",
+    "admit",
     "events",
     "load",
     "node",
     "preview",
+    "revoke",
     "shared_queue",
     "sync",
 ]

@@ -26,7 +26,7 @@ from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import LocalMailbox, Mailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import encode_fragment
-from gradientmail.protocol.identities import LearnerKey
+from gradientmail.protocol.identities import Admission, LearnerKey, identity_key
 from gradientmail.protocol.records import Manifest, RoundRecord, Snapshot, decode, encode
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
@@ -100,11 +100,18 @@ async def test_learners_sign_with_their_own_keys_and_cannot_speak_for_another(
         run = manifest.run_id
         assert isinstance(run, str)
         await admitted.wait()
+        # Neither junk nor an admission without the run key's MAC lets d's key speak for c.
+        await box.put_if_absent(identity_key(Admission, kd.public, "junk"), b"junk")
+        unsigned = Admission(learner="c", public_key=kd.public)
+        await box.put_if_absent(identity_key(Admission, kd.public), encode(unsigned))
+        forged = kb.sign(identity_key(Admission, kd.public, "b"), unsigned, run)
+        await box.put_if_absent(identity_key(Admission, kd.public, "b"), encode(forged))
         ahead = len(await _committed(box)) + 3
         signers = [
             ("c", "bad-signature", lambda k, s: kb.sign(k, s, run)),  # under b's key
             ("c", "bad-signature", lambda k, s: RUN_KEY.sign(k, s, run)),  # run key's MAC
             ("c", "unsigned", lambda k, s: s),
+            ("c", "bad-signature", lambda k, s: kd.sign(k, s, run)),  # d's key
             ("d", "not-admitted", lambda k, s: kd.sign(k, s, run)),  # its own key
         ]
         for round, (learner, reason, sign) in enumerate(signers, start=ahead):
