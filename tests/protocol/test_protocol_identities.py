@@ -1,10 +1,13 @@
 """Learner identities as pure decisions: who speaks for whom, admissions, revocations."""
 
+import contextlib
 import pickle
 from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradientmail.errors import RecordError, RunMismatch
 from gradientmail.protocol import keys
@@ -212,3 +215,35 @@ def test_a_learner_key_keeps_its_secret(tmp_path: Path) -> None:
     path.write_bytes(b"-----BEGIN PRIVATE KEY-----\nnope\n-----END PRIVATE KEY-----\n")
     with pytest.raises(ValueError, match=str(path)):
         LearnerKey.load(path)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=80),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "signature": _JSON | st.just("ed25519:" + "00" * 64),
+        "learner": _JSON,
+        "public_key": _JSON | st.just(A.public),
+    },
+)
+
+
+@given(
+    data=st.binary(max_size=512) | _JSON.map(msgspec.json.encode) | _FIELDS.map(msgspec.json.encode)
+)
+@settings(max_examples=300, deadline=None)
+def test_hostile_bytes_raise_only_record_error(data: bytes) -> None:
+    key = identity_key(Admission, A.public, "ab")
+    for judge in (
+        lambda: IDS.check(KEY, "a", data, RUN),
+        lambda: IDS.fold(key, data, RUN_KEY, RUN),
+        lambda: Signing(RUN_KEY, A, IDS).check(KEY, data, RUN),
+    ):
+        with contextlib.suppress(RecordError):
+            judge()
