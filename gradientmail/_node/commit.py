@@ -46,6 +46,7 @@ from gradientmail.protocol.records import (
 )
 from gradientmail.protocol.rounds import Commit, RoundState
 from gradientmail.protocol.signing import Problem
+from gradientmail.protocol.sparse import update_sparsity
 from gradientmail.reader import Rebuilt, RunReader
 
 __all__ = ["FragmentState", "SyncerState", "collect_garbage", "commit", "load"]
@@ -271,7 +272,12 @@ def _numerics(
     θ' of ``checkpoint.step`` (which a replay runs again), committed through its update."""
     raw, momentum = step(current.theta, current.momentum, mean, config, final=final)
     update, theta = committed_update(
-        current.theta, raw, spec, config.update_encoding, block_size=config.block_size
+        current.theta,
+        raw,
+        spec,
+        config.update_encoding,
+        block_size=config.block_size,
+        sparsity=update_sparsity(config),
     )
     return theta, momentum, update
 

@@ -25,6 +25,8 @@ each of them out right there, on the event-loop thread:
 
 ``Download`` is not fed back: the receive task asks ``state.downloads()`` for them.
 The publisher encodes ``S − B`` in a worker thread, uploads the blob and then the snapshot.
+Under the ``topk`` delta encoding it encodes ``S − B`` plus the fragment's error feedback
+(``protocol.feedback``), whose value this class holds and resolves with each ``Apply``.
 
 On a rank of a sharded learner group (``sharded``: FSDP2, ``_node.sharded``) the
 parameters are the rank's rows and every rank drives its own learner: the leader's is fed
@@ -65,6 +67,7 @@ from gradientmail.events.kinds import (
 from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import l2_norm
 from gradientmail.protocol.codec import encode_fragment, part_spec
+from gradientmail.protocol.feedback import Feedback, encoded
 from gradientmail.protocol.group import (
     BeganClosing,
     DownloadFailed,
@@ -103,6 +106,7 @@ from gradientmail.protocol.records import (
     SnapshotPart,
 )
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
+from gradientmail.protocol.sparse import TOPK, Sparsity, delta_sparsity
 
 __all__ = ["LearnerDriver"]
 
@@ -143,6 +147,7 @@ class LearnerDriver:
         self._jobs: MemoryObjectSendStream[_Job] = send
         self._pending: MemoryObjectReceiveStream[_Job] = receive
         self._log: list[Entry] | None = None
+        self._feedback = Feedback()
         self._changed = anyio.Event()
         self.waited = 0.0
         """Seconds ``wait_to_step`` has waited in all."""
@@ -360,6 +365,7 @@ class LearnerDriver:
                 raise AssertionError(f"{type(action).__name__} is answered, not fed back")
 
     def _apply(self, a: Apply) -> None:
+        self._feedback = self._feedback.resolved(a.fragment, a.round, a.outcome)
         merge_into(
             self._params[a.fragment],
             a.outcome,
@@ -437,7 +443,7 @@ class LearnerDriver:
         p = job.publish
         rows = sharded.rows[p.fragment]
         spec = part_spec(rt.specs[p.fragment], rows)
-        data, norm = await anyio.to_thread.run_sync(_encode_delta, job, spec, rt.config)
+        data, norm = await self._encoded(job, spec)
         ref = await rt.store.put_blob(data, rt.config.delta_encoding)
         part = SnapshotPart(delta=ref, rows=tuple(rows))
         return PartReport(sharded.rank, p.round, p.fragment, part, squares(norm))
@@ -450,9 +456,7 @@ class LearnerDriver:
         delta: BlobRef | msgspec.UnsetType = msgspec.UNSET
         parts: tuple[SnapshotPart, ...] | msgspec.UnsetType = msgspec.UNSET
         if sharded is None:
-            data, norm = await anyio.to_thread.run_sync(
-                _encode_delta, job, rt.specs[p.fragment], rt.config
-            )
+            data, norm = await self._encoded(job, rt.specs[p.fragment])
             delta = await rt.store.put_blob(data, rt.config.delta_encoding)
             size = len(data)
         else:
@@ -490,6 +494,29 @@ class LearnerDriver:
         rt.emit(
             SnapshotPublished(rt.learner, p.round, p.fragment, p.steps, p.tokens, size, seconds)
         )
+
+    async def _encoded(self, job: _Job, spec: FragmentSpec) -> tuple[bytes, float | None]:
+        """The delta blob of ``job`` and its norm, encoded in a worker thread; under
+        ``topk`` the error feedback's residual of the snapshot is pending from then on."""
+        p, config = job.publish, self._rt.config
+        if config.delta_encoding != TOPK:
+            return await anyio.to_thread.run_sync(_encode_delta, job, spec, config)
+        residual = self._feedback.residual(p.fragment)
+        data, norm, left = await anyio.to_thread.run_sync(
+            _encode_topk, job, spec, residual, delta_sparsity(config)
+        )
+        self._feedback = self._feedback.taken(p.fragment, p.round, left)
+        return data, norm
+
+
+def _encode_topk(
+    job: _Job, spec: FragmentSpec, residual: tuple[Tensor, ...] | None, sparsity: Sparsity
+) -> tuple[bytes, float | None, tuple[Tensor, ...]]:
+    if job.ready is not None:
+        job.ready.synchronize()
+    p = job.publish
+    data, opened, left = encoded(p.snapshot, p.base, residual, spec, sparsity)
+    return data, l2_norm(opened), left
 
 
 def _encode_delta(job: _Job, spec: FragmentSpec, config: RunConfig) -> tuple[bytes, float | None]:

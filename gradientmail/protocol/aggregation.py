@@ -69,6 +69,7 @@ from gradientmail.protocol.records import (
     RunConfig,
     Snapshot,
 )
+from gradientmail.protocol.sparse import SparseBlob
 
 __all__ = [
     "MAX_DELTA_RATIO",
@@ -87,7 +88,7 @@ MAX_DELTA_RATIO = 100.0
 times the fragment's norm, or a root-mean-square change of a hundred per element."""
 
 
-Delta: TypeAlias = Sequence[Tensor] | FragmentBlob | PartedBlob
+Delta: TypeAlias = Sequence[Tensor] | FragmentBlob | PartedBlob | SparseBlob
 """A snapshot's delta: its tensors (``spec.params`` order), or its checked blob (or parts)."""
 
 
@@ -115,7 +116,7 @@ class Aggregate:
 
 def _pieces(delta: Delta) -> Iterator[Tensor]:
     """``delta`` as flat pieces of ``CHUNK_ELEMENTS`` (a parameter's last shorter), in order."""
-    if isinstance(delta, FragmentBlob | PartedBlob):
+    if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
         for index, param in enumerate(delta.spec.params):
             for start, end in chunk_ranges(param.numel):
                 yield delta.piece(index, start, end)
@@ -128,7 +129,7 @@ def _pieces(delta: Delta) -> Iterator[Tensor]:
 
 def _piece(delta: Delta, index: int, start: int, end: int) -> Tensor:
     """Elements ``[start, end)`` of parameter ``index`` of ``delta``, as fp32."""
-    if isinstance(delta, FragmentBlob | PartedBlob):
+    if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
         return delta.piece(index, start, end)
     return delta[index].detach().reshape(-1)[start:end].to(torch.float32)
 
@@ -223,7 +224,7 @@ class _Passed:
 
 
 def _shape_problem(delta: Delta, spec: FragmentSpec) -> str | None:
-    if isinstance(delta, FragmentBlob | PartedBlob):
+    if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
         if delta.spec != spec:
             return f"the blob was opened for fragment {delta.spec.index}'s parameters"
         return None

@@ -46,19 +46,28 @@ torch operations, one pass over each parameter.
 
 import hashlib
 import itertools
-import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias, get_args
+from typing import Final, TypeAlias, get_args
 
-import msgspec
 import torch
 from torch import Tensor
 
 from gradientmail._bytes import Filling
 from gradientmail.errors import CodecError, CorruptBlob
-from gradientmail.protocol import pieces
+from gradientmail.protocol import pieces, sparse
+from gradientmail.protocol.framing import (
+    FRAGMENT_FORMAT,
+    MAX_HEADER_BYTES,
+    Meta,
+    check_header,
+    check_offsets,
+    read_header,
+    read_meta,
+    spec_digest,
+    write_header,
+)
 from gradientmail.protocol.pieces import (
     ITEMSIZE,
     LEVELS,
@@ -74,12 +83,10 @@ from gradientmail.protocol.pieces import (
     target,
 )
 from gradientmail.protocol.records import (
-    DECODE_FAILURES,
     Encoding,
     FragmentSpec,
     ParamSpec,
     Snapshot,
-    decode_failure,
 )
 
 __all__ = [
@@ -111,13 +118,9 @@ __all__ = [
     "verify",
 ]
 
-FRAGMENT_FORMAT: Final = "gradientmail-fragment/2"
-"""The ``format`` a fragment blob's metadata names; another value is not read."""
-MAX_HEADER_BYTES: Final = 1 << 16
-"""The largest safetensors header a reader parses (a fragment blob's is a few hundred bytes)."""
-ENCODINGS: Final[tuple[Encoding, ...]] = get_args(Encoding)
+ENCODINGS: Final[tuple[Encoding, ...]] = tuple(e for e in get_args(Encoding) if e != sparse.TOPK)
+"""The dense encodings; ``topk`` blobs are ``protocol.sparse``'s."""
 
-_METADATA_KEY: Final = "gradientmail"
 _VALUES: Final = "values"
 _SCALES: Final = "scales"
 
@@ -158,26 +161,6 @@ def chunks_of(size: int) -> int:
     return -(-size // INDEX_CHUNK)
 
 
-_meta_encoder = msgspec.json.Encoder(order="deterministic")
-# The safetensors header keeps its keys in the order they are given.
-_header_encoder = msgspec.json.Encoder()
-
-
-class _Meta(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    format: str
-    encoding: str
-    block_size: int
-    fragment: int
-    params: str
-
-
-def spec_digest(spec: FragmentSpec) -> str:
-    """16 hex digits of the sha256 of ``spec``'s parameters (names, shapes, dtypes, in
-    order): what a blob's metadata names so that it only decodes into those parameters."""
-    described = [[param.name, list(param.shape), param.dtype] for param in spec.params]
-    return hashlib.sha256(_meta_encoder.encode(described)).hexdigest()[:16]
-
-
 def _blocks(numel: int, block_size: int) -> int:
     return -(-numel // block_size)
 
@@ -213,26 +196,14 @@ def _check_tensors(tensors: Sequence[Tensor], spec: FragmentSpec) -> None:
 
 
 def _layout(
-    spec: FragmentSpec, encoding: Encoding, block_size: int, meta: _Meta
+    spec: FragmentSpec, encoding: Encoding, block_size: int, meta: Meta
 ) -> tuple[bytes, dict[str, tuple[int, int]]]:
-    """The blob's header (length prefix included, padded as safetensors pads it) and each
-    tensor's ``[start, end)`` in the data after it: the bytes ``safetensors.torch.save``
-    writes, with the tensors ordered as it orders them (larger elements first, then by name)."""
+    """The blob's header and each tensor's ``[start, end)`` in the data after it: the bytes
+    ``safetensors.torch.save`` writes, with the tensors ordered as it orders them (larger
+    elements first, then by name)."""
     expected = _expected(spec, encoding, block_size)
     names = sorted(expected, key=lambda name: (-ITEMSIZE[expected[name][0]], name))
-    offsets: dict[str, tuple[int, int]] = {}
-    at = 0
-    for name in names:
-        dtype, shape = expected[name]
-        offsets[name] = (at, at + math.prod(shape) * ITEMSIZE[dtype])
-        at = offsets[name][1]
-    header: dict[str, Any] = {"__metadata__": {_METADATA_KEY: _meta_encoder.encode(meta).decode()}}
-    for name in names:
-        dtype, shape = expected[name]
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets[name])}
-    text = _header_encoder.encode(header)
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text, offsets
+    return write_header(meta, {name: expected[name] for name in names})
 
 
 def encode_fragment(
@@ -242,6 +213,7 @@ def encode_fragment(
     *,
     block_size: int,
     minus: Sequence[Tensor] | None = None,
+    sparsity: sparse.Sparsity | None = None,
 ) -> bytes:
     """The blob of ``tensors`` (one per ``spec.params``, in order) in ``encoding``; with
     ``minus``, of ``tensors − minus`` (element by element, in fp32: a delta without its
@@ -254,6 +226,8 @@ def encode_fragment(
     spec (count, shape, not floating point), for an unknown encoding or a ``block_size``
     below 1.
     """
+    if encoding == sparse.TOPK:
+        return _encode_topk(tensors, spec, sparsity, minus)
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
     if not isinstance(block_size, int) or block_size < 1:
@@ -261,7 +235,7 @@ def encode_fragment(
     _check_tensors(tensors, spec)
     if minus is not None:
         _check_tensors(minus, spec)
-    meta = _Meta(FRAGMENT_FORMAT, encoding, block_size, spec.index, spec_digest(spec))
+    meta = Meta(FRAGMENT_FORMAT, encoding, block_size, spec.index, spec_digest(spec))
     header, offsets = _layout(spec, encoding, block_size, meta)
     out = Filling(len(header) + max(end for _, end in offsets.values()))
     out.view[: len(header)] = header
@@ -287,106 +261,25 @@ def encode_fragment(
     return out.done()
 
 
-def _header(data: bytes) -> dict[str, Any]:
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise CodecError(f"expected bytes, got {type(data).__name__}")
-    if len(data) < 8:
-        raise CodecError(f"{len(data)} bytes is too short to be a safetensors file")
-    (size,) = struct.unpack_from("<Q", data)
-    if size > MAX_HEADER_BYTES or 8 + size > len(data):
-        raise CodecError(
-            f"the safetensors header claims {size} bytes; the blob has {len(data)} "
-            f"(limit {MAX_HEADER_BYTES})"
-        )
-    try:
-        header = msgspec.json.decode(bytes(data[8 : 8 + size]), type=dict[str, Any])
-    except DECODE_FAILURES as exc:
-        raise CodecError(
-            f"the safetensors header is not a JSON object: {decode_failure(exc)}"
-        ) from None
-    return header
+def _encode_topk(
+    tensors: Sequence[Tensor],
+    spec: FragmentSpec,
+    sparsity: sparse.Sparsity | None,
+    minus: Sequence[Tensor] | None,
+) -> bytes:
+    if sparsity is None:
+        raise ValueError("the topk encoding needs a sparsity (protocol.sparse.Sparsity)")
+    _check_tensors(tensors, spec)
+    if minus is not None:
+        _check_tensors(minus, spec)
+    meta = Meta(
+        FRAGMENT_FORMAT, sparse.TOPK, sparsity.chunk, spec.index, spec_digest(spec), sparsity.bits
+    )
+    step = max(1, pieces.CHUNK_ELEMENTS // sparsity.chunk) * sparsity.chunk
+    return sparse.encode_sparse(pieces.flat_pieces(tensors, minus, step), spec, sparsity, meta)
 
 
-def _meta(header: dict[str, Any], spec: FragmentSpec) -> _Meta:
-    raw = header.get("__metadata__")
-    if not isinstance(raw, dict) or not isinstance(raw.get(_METADATA_KEY), str):
-        raise CodecError(f"not a gradientmail fragment blob: no {_METADATA_KEY!r} metadata")
-    try:
-        meta = msgspec.json.decode(raw[_METADATA_KEY].encode(), type=_Meta, strict=True)
-    except DECODE_FAILURES as exc:
-        raise CodecError(f"malformed fragment metadata: {decode_failure(exc)}") from None
-    if meta.format != FRAGMENT_FORMAT:
-        raise CodecError(
-            f"blob format {meta.format!r} is not one this gradientmail reads "
-            f"({FRAGMENT_FORMAT}); upgrade gradientmail"
-        )
-    if meta.encoding not in ENCODINGS:
-        raise CodecError(
-            f"unknown encoding {meta.encoding!r}: expected one of {', '.join(ENCODINGS)}"
-        )
-    if meta.block_size < 1:
-        raise CodecError(f"block size {meta.block_size} is not a positive integer")
-    if meta.fragment != spec.index:
-        raise CodecError(
-            f"the blob holds fragment {meta.fragment}, decoded as fragment {spec.index}",
-            reason="shape",
-        )
-    if meta.params != spec_digest(spec):
-        raise CodecError(
-            f"the blob was encoded for other parameters than fragment {spec.index}'s "
-            f"(digest {meta.params!r}, expected {spec_digest(spec)!r}): another model",
-            reason="shape",
-        )
-    return meta
-
-
-def _check_header(header: dict[str, Any], expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
-    names = set(header) - {"__metadata__"}
-    missing = [name for name in expected if name not in names]
-    extra = sorted(names - set(expected))
-    if missing or extra:
-        raise CodecError(
-            f"the blob's tensors differ from the fragment's: missing {missing[:3]}, "
-            f"unexpected {extra[:3]}",
-            reason="shape",
-        )
-    for name, (dtype, shape) in expected.items():
-        entry = header[name]
-        if not isinstance(entry, dict):
-            raise CodecError(f"{name}: malformed safetensors entry")
-        if entry.get("dtype") != dtype:
-            raise CodecError(f"{name}: dtype {entry.get('dtype')!r}, expected {dtype}")
-        got = entry.get("shape")
-        if not isinstance(got, list) or tuple(got) != shape:
-            raise CodecError(f"{name}: shape {got!r}, expected {list(shape)}", reason="shape")
-
-
-def _check_offsets(
-    header: dict[str, Any], expected: dict[str, tuple[str, tuple[int, ...]]], after: int
-) -> None:
-    """Check that the tensors' ``data_offsets`` tile the ``after`` bytes that follow the
-    header exactly, as safetensors' own reader does (``_check_header`` passed)."""
-    spans = []
-    for name, (dtype, shape) in expected.items():
-        offsets = header[name].get("data_offsets")
-        if not (
-            isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-        ):
-            raise CodecError(f"malformed safetensors data: {name}: data_offsets {offsets!r}")
-        spans.append((offsets[0], offsets[1], math.prod(shape) * ITEMSIZE[dtype], name))
-    at = 0
-    for begin, end, size, name in sorted(spans):
-        if begin != at or end - begin != size:
-            raise CodecError(f"malformed safetensors data: {name}: data_offsets {[begin, end]}")
-        at = end
-    if at != after:
-        raise CodecError(
-            f"malformed safetensors data: the tensors take {at} bytes, the blob holds {after} "
-            "after its header"
-        )
-
-
-def open_fragment(data: bytes, spec: FragmentSpec) -> FragmentBlob:
+def open_fragment(data: bytes, spec: FragmentSpec) -> FragmentBlob | sparse.SparseBlob:
     """``data`` as a blob of ``spec``, checked in full (framing, metadata, tensors, every
     scale and quantized value) without decoding it: its memory is the bytes' plus the
     block scales and a piece at a time.
@@ -394,6 +287,11 @@ def open_fragment(data: bytes, spec: FragmentSpec) -> FragmentBlob:
     Raises ``CodecError`` (``reason`` ``"shape"`` or ``"corrupt"``) naming what is wrong when
     ``data`` is not a well-formed blob of this fragment.
     """
+    header = read_header(data)
+    meta = read_meta(header, spec)
+    if meta.encoding == sparse.TOPK:
+        start = 8 + struct.unpack_from("<Q", data)[0]
+        return sparse.open_sparse(data, header, start, spec, meta.block_size, meta.bits)
     layout = blob_layout(data, len(data), spec)
     scales = None
     if layout.encoding in LEVELS:
@@ -474,7 +372,9 @@ def open_parts(datas: Sequence[bytes], spec: FragmentSpec, parts: Sequence[Rows]
     return PartedBlob(spec, tuple(blobs), tuple(tuple(rows) for rows in parts))
 
 
-def open_delta(datas: Sequence[bytes], snapshot: Snapshot, spec: FragmentSpec) -> BlobView:
+def open_delta(
+    datas: Sequence[bytes], snapshot: Snapshot, spec: FragmentSpec
+) -> BlobView | sparse.SparseBlob:
     """``snapshot``'s delta from the bytes of its blobs (``Snapshot.blobs``, in order),
     checked: one blob (``open_fragment``) or its parts (``open_parts``). Raises
     ``CodecError`` naming what is wrong."""
@@ -523,13 +423,15 @@ def blob_layout(head: bytes, size: int, spec: FragmentSpec) -> BlobLayout:
     """The layout of a blob of ``size`` bytes whose first bytes are ``head`` (at least its
     header: ``HEAD_BYTES`` or the whole blob), checked as ``open_fragment`` checks the
     header. Raises ``CodecError``."""
-    header = _header(head)
-    meta = _meta(header, spec)
-    encoding: Encoding = meta.encoding  # type: ignore[assignment]  # checked in _meta
+    header = read_header(head)
+    meta = read_meta(header, spec)
+    if meta.encoding == sparse.TOPK:
+        raise CodecError("a topk blob is read whole, not by rows", reason="shape")
+    encoding: Encoding = meta.encoding  # type: ignore[assignment]  # checked in read_meta
     expected = _expected(spec, encoding, meta.block_size)
-    _check_header(header, expected)
+    check_header(header, expected)
     start = 8 + struct.unpack_from("<Q", head)[0]
-    _check_offsets(header, expected, size - start)
+    check_offsets(header, expected, size - start)
     numels = [param.numel for param in spec.params]
     scales_at = start + header[_SCALES]["data_offsets"][0] if encoding in LEVELS else -1
     return BlobLayout(
@@ -635,7 +537,7 @@ def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:
     return tensors_of(open_fragment(data, spec))
 
 
-def tensors_of(blob: BlobView) -> list[Tensor]:
+def tensors_of(blob: BlobView | sparse.SparseBlob) -> list[Tensor]:
     """Every parameter of a checked blob (or parts), decoded: fresh fp32 CPU tensors of its
     spec's shapes."""
     spec = blob.spec

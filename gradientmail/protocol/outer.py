@@ -38,6 +38,7 @@ from torch import Tensor
 from gradientmail.protocol.codec import encode_fragment, open_fragment
 from gradientmail.protocol.pieces import chunk_ranges
 from gradientmail.protocol.records import Encoding, FragmentSpec
+from gradientmail.protocol.sparse import Sparsity
 
 __all__ = ["added", "apply_update", "committed_update", "final_step", "outer_step"]
 
@@ -146,12 +147,16 @@ def committed_update(
     encoding: Encoding,
     *,
     block_size: int,
+    sparsity: Sparsity | None = None,
 ) -> tuple[bytes, list[Tensor]]:
     """``(update blob, θ_{v+1})``: ``U = raw − θ`` encoded in ``encoding``, and
     ``θ_{v+1} = θ + decode(U)`` (``apply_update``), the version the round commits.
+    ``topk`` needs ``sparsity`` (``sparse.update_sparsity``: every non-zero element of ``U``).
 
     Raises ``ValueError`` if the tensors do not match ``spec`` or each other.
     """
     _same_shapes("theta and raw", theta, raw)
-    blob = encode_fragment(raw, spec, encoding, block_size=block_size, minus=theta)
+    blob = encode_fragment(
+        raw, spec, encoding, block_size=block_size, minus=theta, sparsity=sparsity
+    )
     return blob, apply_update(theta, blob, spec)

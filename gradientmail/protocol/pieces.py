@@ -12,7 +12,7 @@ thread.
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import Final, Protocol, TypeAlias
 
 import torch
 from torch import Tensor
@@ -37,7 +37,7 @@ TORCH_DTYPE: Final = {
     "int8": torch.int8,
     "int4": torch.uint8,
 }
-ITEMSIZE: Final = {"F32": 4, "BF16": 2, "I8": 1, "U8": 1}
+ITEMSIZE: Final = {"F32": 4, "BF16": 2, "I8": 1, "U8": 1, "I32": 4, "U16": 2}
 CHUNK_ELEMENTS = 1 << 22
 """The elements encoded, decoded or aggregated at a time (16 MiB as fp32): what bounds the
 working memory beyond the blobs and the tensors themselves."""
@@ -223,6 +223,12 @@ def row_count(param: ParamSpec) -> int:
     return param.shape[0] if param.shape else 1
 
 
+class Part(Protocol):
+    """A checked blob of a part's rows: ``FragmentBlob`` or ``sparse.SparseBlob``."""
+
+    def piece(self, index: int, start: int, end: int) -> Tensor: ...
+
+
 @dataclass(frozen=True, eq=False)
 class PartedBlob:
     """A delta in parts (``records.SnapshotPart``), read as one fragment of ``spec``: part
@@ -231,7 +237,7 @@ class PartedBlob:
     across them, so the aggregation treats it as it treats one ``FragmentBlob``."""
 
     spec: FragmentSpec
-    parts: tuple[FragmentBlob, ...]
+    parts: tuple[Part, ...]
     rows: tuple[tuple[tuple[int, int], ...], ...]
 
     def piece(self, index: int, start: int, end: int) -> Tensor:

@@ -59,8 +59,9 @@ MAX_RECORD_BYTES: Final = 1 << 20
 MAX_MANIFEST_BYTES: Final = 16 << 20
 """The largest manifest a reader accepts (it lists every parameter of the model)."""
 
-Encoding = Literal["fp32", "bf16", "int8", "int4"]
-"""How a delta or an update travels: full fp32, bf16, or blockwise-absmax int8 / int4."""
+Encoding = Literal["fp32", "bf16", "int8", "int4", "topk"]
+"""How a delta or an update travels: full fp32, bf16, blockwise-absmax int8 / int4, or
+chunked Top-k with low-bit values (``protocol.sparse``)."""
 Pattern = Literal["contiguous", "strided", "balanced"]
 """How parameters are split into fragments (see ``protocol.fragments``)."""
 Weighting = Literal["tokens", "steps", "equal"]
@@ -113,6 +114,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     delta_encoding, update_encoding, block_size
         How learners' deltas and the syncer's updates travel; ``block_size`` elements share one
         scale under int8 / int4.
+    topk_density, topk_bits, topk_chunk
+        The ``topk`` encoding (``protocol.sparse``): a delta sends the ``topk_density``
+        largest of every ``topk_chunk`` elements at ``topk_bits`` bits (1, 2, 4 or 8) and
+        keeps the rest in the learner's error feedback (``protocol.feedback``); an update
+        sends every non-zero element at 8 bits.
     outer_lr, outer_momentum
         Nesterov momentum SGD on the averaged pseudo-gradient (DiLoCo's paper: 0.7 and 0.9;
         the defaults, 1.0 and 0.6, are the best measured: docs/protocol.md, "Recommended
@@ -161,6 +167,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     delta_encoding: Encoding = "fp32"
     update_encoding: Encoding = "fp32"
     block_size: int = 256
+    topk_density: float = 0.01
+    topk_bits: int = 2
+    topk_chunk: int = 4096
     outer_lr: float = 1.0
     outer_momentum: float = 0.6
     weighting: Weighting = "tokens"
@@ -213,6 +222,13 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 raise ValueError(
                     f"RunConfig.{field} must be finite and in [{low}, {high}], got {number!r}"
                 )
+        if not 0 < self.topk_density <= 1 or self.topk_bits not in (1, 2, 4, 8):
+            raise ValueError(
+                f"RunConfig.topk_density must be in (0, 1] and topk_bits 1, 2, 4 or 8, got "
+                f"{self.topk_density!r} and {self.topk_bits!r}"
+            )
+        if not 1 <= self.topk_chunk <= 1 << 16:
+            raise ValueError(f"RunConfig.topk_chunk must be in [1, 65536], got {self.topk_chunk}")
         if self.outer_lr <= 0:
             raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
         if self.overlap is not None and self.overlap < 1:

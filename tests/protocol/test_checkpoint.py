@@ -37,6 +37,7 @@ from gradientmail.protocol.records import (
     decode,
     encode,
 )
+from gradientmail.protocol.sparse import update_sparsity
 
 SHAPES = [(17, 33), (33,), (5, 3, 7), ()]
 SPEC = FragmentSpec(
@@ -100,7 +101,12 @@ def run(config: RunConfig, versions: int, seed: int) -> list[Committed]:
         result = aggregate(version - 1, candidates, SPEC, config, theta=theta)
         raw, momentum = step(theta, momentum, result.mean, config, final=final)
         update, theta = committed_update(
-            theta, raw, SPEC, config.update_encoding, block_size=config.block_size
+            theta,
+            raw,
+            SPEC,
+            config.update_encoding,
+            block_size=config.block_size,
+            sparsity=update_sparsity(config),
         )
         draft = RoundRecordDraft(
             round=round, fragment=0, version=version, committed_by="s",
@@ -112,7 +118,7 @@ def run(config: RunConfig, versions: int, seed: int) -> list[Committed]:
     return out
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", [*ENCODINGS, "topk"])
 def test_replay_from_every_checkpoint_is_exact(encoding: Encoding) -> None:
     """From each version c (θ_c and m_c as a checkpoint stores them, fp32 through the codec;
     Θ⁰ with no momentum at 0), replaying the rounds after it gives every later θ and momentum

@@ -6,6 +6,7 @@ import torch
 from gradientmail.protocol.codec import ENCODINGS, decode_fragment, encode_fragment
 from gradientmail.protocol.outer import apply_update, committed_update, final_step, outer_step
 from gradientmail.protocol.records import Encoding, FragmentSpec, ParamSpec
+from gradientmail.protocol.sparse import Sparsity
 
 SHAPES = [(17, 33), (33,), (5, 3, 7), ()]
 SPEC = FragmentSpec(
@@ -82,7 +83,7 @@ def test_outer_step_rejects_mismatched_tensors() -> None:
         outer_step([torch.zeros(2)], [], [torch.zeros(2)], lr=0.7, momentum_coef=0.9)
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", [*ENCODINGS, "topk"])
 def test_a_learner_applying_the_update_reproduces_the_committed_theta(encoding: Encoding) -> None:
     gen = torch.Generator().manual_seed(2)
     syncer = [torch.randn(shape, generator=gen) for shape in SHAPES]
@@ -91,7 +92,9 @@ def test_a_learner_applying_the_update_reproduces_the_committed_theta(encoding: 
     for _ in range(20):
         mean_delta = [torch.randn(shape, generator=gen) * 0.01 for shape in SHAPES]
         raw, momentum = outer_step(syncer, momentum, mean_delta, lr=0.7, momentum_coef=0.9)
-        blob, syncer = committed_update(syncer, raw, SPEC, encoding, block_size=64)
+        blob, syncer = committed_update(
+            syncer, raw, SPEC, encoding, block_size=64, sparsity=Sparsity(64, 8, None)
+        )
         learner = apply_update(learner, blob, SPEC)
         assert same_bits(learner, syncer)
 

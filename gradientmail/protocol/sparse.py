@@ -1,0 +1,351 @@
+"""The ``topk`` encoding: chunked Top-k with low-bit values (the SparseLoCo class of
+pseudo-gradient compression), and ``SparseBlob``, a checked ``topk`` blob decoded a piece at
+a time.
+
+Each parameter is flattened and cut into chunks of ``chunk`` elements (the last one may be
+shorter; a chunk never straddles two parameters). Of each chunk of ``n`` elements the encoder
+*selects* the ``⌈density·n⌉`` largest in magnitude (``density`` None: every non-zero
+element, which is how an update keeps the union of the learners' selections). A chunk's
+scale is ``s = a / (L − 1)``, ``a`` the absolute maximum of its selection and ``L = 2^bits``;
+a selected ``x`` gets the code ``c = clamp(round((x/s + L − 1) / 2), 0, L − 1)`` and decodes
+to ``x̂ = (2c − (L − 1))·s``: ``L`` levels, odd multiples of ``s``, none of them zero. An
+element is *sent* only when ``x̂`` has its sign and is within a factor two of it
+(``x/2 ≤ x̂ ≤ 2x``); a smaller one stays out, so its error is itself, below ``s/2``. By
+Sterbenz's lemma ``x − x̂`` is then exact in fp32, so what is not sent, ``r = x − x̂`` (``x``
+where nothing is sent), adds back to the input bit for bit: ``x̂ + r = x``
+(``protocol.feedback`` keeps ``r``). A chunk holding NaN or ±Inf gets the scale NaN and sends
+its selection as NaN, so a non-finite delta stays non-finite and a round rejects it.
+
+The blob is a safetensors file of four flat tensors: ``counts`` (``I32``, the elements sent
+of each chunk, chunks of every parameter in ``spec.params`` order), ``scales`` (``F32``, one
+per chunk; 0 for a chunk that sends nothing), ``indices`` (``U16``, each sent element's
+offset within its chunk, strictly increasing within a chunk) and ``codes`` (``U8``, the
+codes packed ``8 / bits`` to a byte, low bits first, over the whole blob, the tail padded
+with zero bits). Its metadata is the fragment blob's (``codec``), with ``block_size`` the
+chunk and ``bits``. Opening one checks, before decoding or allocating anything of the
+declared size: the tensors' dtypes and sizes against the spec (at most one index per element
+of the fragment), every count within its chunk and their sum the indices' number, every
+index inside its chunk and strictly increasing (no duplicate), every scale finite and
+non-negative or NaN, zero where nothing is sent, and the padding bits zero, so one content
+has one blob. Anything else raises ``CodecError``.
+
+Pure: no I/O; the caller's thread. Memory: the blob and a few pieces of
+``pieces.CHUNK_ELEMENTS`` elements (encoding keeps only the selection of each piece).
+"""
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gradientmail.errors import CodecError
+from gradientmail.protocol import pieces
+from gradientmail.protocol.framing import Expected, Meta, check_header, check_offsets, write_header
+from gradientmail.protocol.records import FragmentSpec, RunConfig
+
+__all__ = [
+    "BITS",
+    "MAX_CHUNK",
+    "TOPK",
+    "SparseBlob",
+    "Sparsity",
+    "delta_sparsity",
+    "encode_sparse",
+    "open_sparse",
+    "update_sparsity",
+]
+
+TOPK: Final = "topk"
+BITS: Final = (1, 2, 4, 8)
+"""The value widths a ``topk`` blob may have (a byte holds a whole number of codes)."""
+MAX_CHUNK: Final = 1 << 16
+"""The largest chunk: an index within it fits 16 bits."""
+UPDATE_BITS: Final = 8
+"""The value width of a ``topk`` update (every non-zero element of ``U``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sparsity:
+    """How a ``topk`` blob selects and stores: chunks of ``chunk`` elements, ``bits`` per
+    value, the ``density`` of each chunk selected (None: every non-zero element). Raises
+    ``ValueError`` for values out of range."""
+
+    chunk: int
+    bits: int
+    density: float | None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.chunk <= MAX_CHUNK:
+            raise ValueError(f"topk chunk must be in [1, {MAX_CHUNK}], got {self.chunk!r}")
+        if self.bits not in BITS:
+            raise ValueError(f"topk bits must be one of {BITS}, got {self.bits!r}")
+        if self.density is not None and not 0 < self.density <= 1:
+            raise ValueError(f"topk density must be in (0, 1], got {self.density!r}")
+
+
+def delta_sparsity(config: RunConfig) -> Sparsity:
+    """A learner's ``topk`` delta under ``config``: ``topk_density`` of each chunk at
+    ``topk_bits``."""
+    return Sparsity(config.topk_chunk, config.topk_bits, config.topk_density)
+
+
+def update_sparsity(config: RunConfig) -> Sparsity:
+    """A ``topk`` update under ``config``: every non-zero element at ``UPDATE_BITS``."""
+    return Sparsity(config.topk_chunk, UPDATE_BITS, None)
+
+
+def _values(codes: Tensor, scales: Tensor, bits: int) -> Tensor:
+    """The decoded values ``(2c − (L − 1))·s``: the one computation the encoder and the
+    decoder share, so the encoder knows the bits it sends."""
+    return codes.to(torch.float32).mul(2).sub((1 << bits) - 1).mul(scales)
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    counts: Tensor
+    scales: Tensor
+    indices: Tensor
+    codes: Tensor
+
+
+def _selected(rows: Tensor, last: int, density: float | None) -> Tensor:
+    """The mask of each chunk's selection (``last``: the last chunk's length)."""
+    if density is None:
+        return rows != 0
+    magnitude = torch.nan_to_num(rows.abs(), nan=math.inf)
+    chunk = rows.shape[1]
+    mask = torch.zeros_like(rows, dtype=torch.bool)
+    top = torch.topk(magnitude, min(chunk, math.ceil(density * chunk)), dim=1).indices
+    mask.scatter_(1, top, True)
+    if last < chunk:
+        mask[-1] = False
+        k = min(last, math.ceil(density * last))
+        mask[-1, torch.topk(magnitude[-1, :last], k).indices] = True
+    return mask
+
+
+def _encode_piece(piece: Tensor, sparsity: Sparsity) -> _Piece:
+    """A chunk-aligned piece of one parameter: what of it is sent."""
+    chunk, levels = sparsity.chunk, (1 << sparsity.bits) - 1
+    count = -(-piece.numel() // chunk)
+    rows = torch.nn.functional.pad(piece, (0, count * chunk - piece.numel())).view(count, chunk)
+    selected = _selected(rows, piece.numel() - (count - 1) * chunk, sparsity.density)
+    magnitude = rows.abs()
+    finite = torch.isfinite(rows).all(dim=1)
+    scales = torch.where(selected, magnitude, 0.0).amax(dim=1).div_(levels)
+    scales = torch.where(finite, scales, math.nan)
+    divisor = torch.where(scales > 0, scales, 1.0).unsqueeze(1)
+    codes = rows.div(divisor).add_(levels).div_(2).round_().clamp_(0, levels)
+    codes = torch.where(finite.unsqueeze(1), codes, 0.0).to(torch.uint8)
+    sent = _values(codes, scales.unsqueeze(1), sparsity.bits)
+    keep = (
+        selected
+        & (rows != 0)
+        & (torch.sign(sent) == torch.sign(rows))
+        & (sent.abs() <= magnitude * 2)
+        & (magnitude <= sent.abs() * 2)
+    )
+    keep = torch.where(finite.unsqueeze(1), keep, selected)
+    counts = keep.sum(dim=1, dtype=torch.int32)
+    where = keep.nonzero()
+    return _Piece(
+        counts=counts,
+        scales=torch.where(counts > 0, scales, 0.0),
+        indices=where[:, 1].to(torch.int32),
+        codes=codes[keep],
+    )
+
+
+def _pack(codes: Tensor, bits: int) -> bytes:
+    per = 8 // bits
+    padded = torch.nn.functional.pad(codes, (0, -codes.numel() % per)).view(-1, per)
+    packed = torch.zeros(padded.shape[0], dtype=torch.uint8)
+    for j in range(per):
+        packed |= padded[:, j] << (bits * j)
+    return packed.numpy().tobytes()
+
+
+def _unpack(packed: bytes, bits: int, first: int, count: int) -> Tensor:
+    """``count`` codes from the ``first`` of the bytes ``packed`` on."""
+    per = 8 // bits
+    raw = torch.from_numpy(np.frombuffer(packed, dtype=np.uint8).copy())
+    mask = (1 << bits) - 1
+    codes = torch.stack([(raw >> (bits * j)) & mask for j in range(per)], dim=1).reshape(-1)
+    return codes[first : first + count]
+
+
+def encode_sparse(
+    pieces: Iterator[Tensor], spec: FragmentSpec, sparsity: Sparsity, meta: Meta
+) -> bytes:
+    """The ``topk`` blob of ``pieces`` (fp32, each parameter's in order, every piece but a
+    parameter's last a whole number of chunks: ``pieces.flat_pieces``), whose metadata is
+    ``meta`` (the codec's, naming the chunk and bits). The same pieces always give the same
+    bytes."""
+    found = [_encode_piece(piece, sparsity) for piece in pieces]
+    counts = torch.cat([p.counts for p in found]) if found else torch.empty(0, dtype=torch.int32)
+    scales = torch.cat([p.scales for p in found]) if found else torch.empty(0)
+    indices = torch.cat([p.indices for p in found]) if found else torch.empty(0, dtype=torch.int32)
+    codes = torch.cat([p.codes for p in found]) if found else torch.empty(0, dtype=torch.uint8)
+    expected = _expected(spec, sparsity.chunk, sparsity.bits, indices.numel())
+    if tuple(counts.shape) != expected["counts"][1]:
+        raise ValueError("the pieces are not the fragment's, a whole number of chunks each")
+    payload = [
+        counts.numpy().astype("<i4").tobytes(),
+        scales.numpy().astype("<f4").tobytes(),
+        indices.numpy().astype("<u2").tobytes(),
+        _pack(codes, sparsity.bits),
+    ]
+    return write_header(meta, expected)[0] + b"".join(payload)
+
+
+def _chunks(spec: FragmentSpec, chunk: int) -> list[int]:
+    """Each parameter's number of chunks."""
+    return [-(-param.numel // chunk) for param in spec.params]
+
+
+def _expected(spec: FragmentSpec, chunk: int, bits: int, sent: int) -> Expected:
+    """Every tensor of a blob of ``spec`` sending ``sent`` elements, in its stored order."""
+    count = sum(_chunks(spec, chunk))
+    return {
+        "counts": ("I32", (count,)),
+        "scales": ("F32", (count,)),
+        "indices": ("U16", (sent,)),
+        "codes": ("U8", (-(-sent * bits // 8),)),
+    }
+
+
+def _declared(header: dict[str, Any], spec: FragmentSpec) -> int:
+    """The number of elements the header declares sent, checked against the spec before
+    anything of that size is read: at most one per element of the fragment."""
+    entry = header.get("indices")
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int):
+        raise CodecError("a topk blob needs a flat 'indices' tensor", reason="shape")
+    sent = shape[0]
+    numel = sum(param.numel for param in spec.params)
+    if not 0 <= sent <= numel:
+        raise CodecError(
+            f"the blob declares {sent} sent elements, the fragment has {numel}: a hostile "
+            "or damaged index set"
+        )
+    return sent
+
+
+def open_sparse(
+    data: bytes, header: dict[str, Any], start: int, spec: FragmentSpec, chunk: int, bits: int
+) -> "SparseBlob":
+    """``data``, whose safetensors ``header`` (its data from byte ``start``) the codec has
+    read and whose metadata it has checked against ``spec`` (a ``topk`` blob of ``chunk``
+    and ``bits``), checked in full (see the module docstring) without decoding it. Raises
+    ``CodecError`` naming what is wrong."""
+    if not 1 <= chunk <= MAX_CHUNK or bits not in BITS:
+        raise CodecError(f"a topk blob of chunk {chunk} and {bits} bits: out of range")
+    sent = _declared(header, spec)
+    expected = _expected(spec, chunk, bits, sent)
+    check_header(header, expected)
+    check_offsets(header, expected, len(data) - start)
+    count = expected["counts"][1][0]
+    at = start
+    counts = torch.from_numpy(np.frombuffer(data, "<i4", count, at).astype(np.int64))
+    scales = torch.from_numpy(np.frombuffer(data, "<f4", count, at + 4 * count).copy())
+    lengths = _lengths(spec, chunk)
+    if bool(((counts < 0) | (counts > lengths)).any()) or int(counts.sum()) != sent:
+        raise CodecError(
+            f"the chunks' counts do not fit: each must be within its chunk and they must add "
+            f"up to the {sent} indices declared"
+        )
+    if bool((scales < 0).any()) or bool(torch.isinf(scales).any()):
+        raise CodecError("a chunk scale is negative or infinite")
+    if bool((scales[counts == 0] != 0).any()):
+        raise CodecError("a chunk that sends nothing has a non-zero scale")
+    blob = SparseBlob(
+        spec=spec,
+        chunk=chunk,
+        bits=bits,
+        data=data,
+        offsets=torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]),
+        scales=scales,
+        first_chunk=tuple(np.cumsum([0, *_chunks(spec, chunk)]).tolist()),
+        indices_at=start + 8 * count,
+        codes_at=start + 8 * count + 2 * sent,
+    )
+    blob.check_indices(lengths)
+    return blob
+
+
+def _lengths(spec: FragmentSpec, chunk: int) -> Tensor:
+    """The length of every chunk of the fragment, in order."""
+    lengths = []
+    for param in spec.params:
+        full, rest = divmod(param.numel, chunk)
+        lengths.extend([chunk] * full + ([rest] if rest else []))
+    return torch.tensor(lengths, dtype=torch.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class SparseBlob:
+    """A ``topk`` blob checked against its spec (``open_sparse``), decoded on demand a piece
+    at a time (``piece``). Holds the blob's bytes, one scale and one offset per chunk."""
+
+    spec: FragmentSpec
+    chunk: int
+    bits: int
+    data: bytes
+    offsets: Tensor
+    scales: Tensor
+    first_chunk: tuple[int, ...]
+    indices_at: int
+    codes_at: int
+
+    def _sent(self, first: int, last: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(chunk of each, index, code)`` of the elements chunks ``[first, last)`` send
+        (the chunk counted from ``first``)."""
+        p0, p1 = int(self.offsets[first]), int(self.offsets[last])
+        counts = self.offsets[first + 1 : last + 1] - self.offsets[first:last]
+        chunk_of = torch.repeat_interleave(torch.arange(last - first), counts)
+        raw = np.frombuffer(self.data, "<u2", p1 - p0, self.indices_at + 2 * p0)
+        index = torch.from_numpy(raw.astype(np.int64))
+        per = 8 // self.bits
+        lo, hi = p0 // per, -(-p1 // per)
+        codes = _unpack(
+            self.data[self.codes_at + lo : self.codes_at + hi], self.bits, p0 - lo * per, p1 - p0
+        )
+        return chunk_of, index, codes
+
+    def piece(self, index: int, start: int, end: int) -> Tensor:
+        """Elements ``[start, end)`` of the flattened parameter ``index``: a fresh fp32
+        CPU tensor."""
+        if end <= start:
+            return torch.empty(0, dtype=torch.float32)
+        c0, c1 = start // self.chunk, -(-end // self.chunk)
+        first = self.first_chunk[index] + c0
+        chunk_of, offset, codes = self._sent(first, first + c1 - c0)
+        out = torch.zeros((c1 - c0) * self.chunk, dtype=torch.float32)
+        scales = self.scales[first : first + c1 - c0][chunk_of]
+        out[chunk_of * self.chunk + offset] = _values(codes, scales, self.bits)
+        return out[start - c0 * self.chunk : end - c0 * self.chunk]
+
+    def check_indices(self, lengths: Tensor) -> None:
+        """Every index inside its chunk and strictly increasing within it; the padding bits
+        of the last code byte zero. Raises ``CodecError``."""
+        step = max(1, pieces.CHUNK_ELEMENTS // self.chunk)
+        for first, last in pieces.chunk_ranges(lengths.numel(), step):
+            chunk_of, index, _ = self._sent(first, last)
+            if bool((index >= lengths[first:last][chunk_of]).any()):
+                raise CodecError("an index lies outside its chunk: a hostile or damaged blob")
+            same = chunk_of[1:] == chunk_of[:-1]
+            if bool((same & (index[1:] <= index[:-1])).any()):
+                raise CodecError(
+                    "a chunk's indices are not strictly increasing (duplicated or out of "
+                    "order): a hostile or damaged blob"
+                )
+        sent = int(self.offsets[-1])
+        per = 8 // self.bits
+        if sent % per:
+            tail = self.data[self.codes_at + sent // per] >> (self.bits * (sent % per))
+            if tail:
+                raise CodecError("the padding bits after the last code are not zero")

@@ -1,0 +1,268 @@
+"""The ``topk`` encoding (``protocol.sparse``) and its error feedback (``protocol.feedback``):
+round trip, the exact accounting of what is not sent, piece-by-piece decoding, and the
+refusal of hostile blobs before anything of their declared size is allocated."""
+
+import math
+import struct
+
+import hypothesis.strategies as st
+import msgspec
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from gradientmail.errors import CodecError
+from gradientmail.protocol import pieces
+from gradientmail.protocol.codec import decode_fragment, encode_fragment, open_fragment
+from gradientmail.protocol.feedback import Feedback, encoded
+from gradientmail.protocol.framing import FRAGMENT_FORMAT, Meta, spec_digest, write_header
+from gradientmail.protocol.records import FragmentSpec, ParamSpec, RunConfig
+from gradientmail.protocol.sparse import BITS, SparseBlob, Sparsity, delta_sparsity
+
+SPEC = FragmentSpec(
+    index=1,
+    params=(
+        ParamSpec(name="w", shape=(13, 7), dtype="float32"),
+        ParamSpec(name="b", shape=(5,), dtype="float32"),
+        ParamSpec(name="s", shape=(), dtype="float32"),
+    ),
+)
+SHAPES = [p.shape for p in SPEC.params]
+
+sparsities = st.builds(
+    Sparsity,
+    chunk=st.integers(1, 120),
+    bits=st.sampled_from(BITS),
+    density=st.one_of(st.none(), st.floats(0.001, 1.0)),
+)
+finite32 = st.floats(-(2.0**100), 2.0**100, width=32)
+"""Finite, subnormals included; small enough that a difference never overflows."""
+
+
+def tensors_from(values: list[float]) -> list[torch.Tensor]:
+    flat = torch.tensor(values, dtype=torch.float32)
+    out, at = [], 0
+    for shape in SHAPES:
+        n = math.prod(shape)
+        out.append(flat[at : at + n].view(shape))
+        at += n
+    return out
+
+
+NUMEL = sum(math.prod(s) for s in SHAPES)
+fragments = st.lists(finite32, min_size=NUMEL, max_size=NUMEL).map(tensors_from)
+
+
+def encode(tensors: list[torch.Tensor], sparsity: Sparsity) -> bytes:
+    return encode_fragment(tensors, SPEC, "topk", block_size=1, sparsity=sparsity)
+
+
+@settings(max_examples=100, deadline=None)
+@given(fragments, sparsities)
+def test_round_trip_sends_the_selection_within_a_factor_two(
+    tensors: list[torch.Tensor], sparsity: Sparsity
+) -> None:
+    """Every element sent has its input's sign and is within a factor two of it, every
+    chunk sends at most its selection, and the same input gives the same bytes."""
+    blob = encode(tensors, sparsity)
+    assert blob == encode([t.clone() for t in tensors], sparsity)
+    for x, y in zip(tensors, decode_fragment(blob, SPEC), strict=True):
+        x, y = x.reshape(-1), y.reshape(-1)
+        sent = y != 0
+        assert bool((torch.sign(y[sent]) == torch.sign(x[sent])).all())
+        assert bool((y[sent].abs() <= 2 * x[sent].abs()).all())
+        assert bool((x[sent].abs() <= 2 * y[sent].abs()).all())
+        for start in range(0, x.numel(), sparsity.chunk):
+            chunk = slice(start, min(start + sparsity.chunk, x.numel()))
+            n = chunk.stop - chunk.start
+            limit = n if sparsity.density is None else math.ceil(sparsity.density * n)
+            assert int(sent[chunk].sum()) <= min(n, limit)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
+@given(fragments, fragments, fragments, sparsities)
+def test_sent_plus_residual_is_the_input_bit_for_bit(
+    snapshot: list[torch.Tensor],
+    base: list[torch.Tensor],
+    residual: list[torch.Tensor],
+    sparsity: Sparsity,
+) -> None:
+    """``decode(blob) + e' == (S − B) + e`` in fp32, element by element and bit for bit
+    (a zero's sign aside), for any finite input, subnormals included."""
+    x = [(s - b) + e for s, b, e in zip(snapshot, base, residual, strict=True)]
+    blob, opened, left = encoded(snapshot, base, residual, SPEC, sparsity)
+    sent = decode_fragment(blob, SPEC)
+    for t, y, r in zip(x, sent, left, strict=True):
+        total = y + r
+        assert torch.equal(total, t)
+        # Bit for bit, where a signed zero (+0 + −0 is +0) cannot differ.
+        nonzero = t != 0
+        assert torch.equal(total[nonzero].view(torch.int32), t[nonzero].view(torch.int32))
+    assert isinstance(opened, SparseBlob)
+
+
+def test_a_top_k_selection_keeps_the_largest_of_each_chunk() -> None:
+    x = torch.zeros(1000)
+    x[[3, 10, 500, 999]] = torch.tensor([5.0, -4.0, 3.0, 1.0])
+    spec = FragmentSpec(index=0, params=(ParamSpec(name="x", shape=(1000,), dtype="float32"),))
+    blob = encode_fragment([x], spec, "topk", block_size=1, sparsity=Sparsity(500, 2, 0.004))
+    y = decode_fragment(blob, spec)[0]
+    assert y.nonzero().flatten().tolist() == [3, 10, 500, 999]
+    # 2 bits: levels ±s and ±3s with s = 5/3; -4 rounds to -3s = -5, 1 to s = 1/3·3.
+    assert torch.allclose(y[[3, 10]], torch.tensor([5.0, -5.0]))
+
+
+def test_non_finite_chunks_decode_as_non_finite() -> None:
+    x = torch.randn(600)
+    x[450] = math.nan
+    spec = FragmentSpec(index=0, params=(ParamSpec(name="x", shape=(600,), dtype="float32"),))
+    y = decode_fragment(
+        encode_fragment([x], spec, "topk", block_size=1, sparsity=Sparsity(300, 2, 0.01)), spec
+    )[0]
+    assert not bool(torch.isfinite(y[300:]).all())
+    assert bool(torch.isfinite(y[:300]).all())
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_pieces_decode_as_the_whole(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
+    """With pieces of a few chunks, the blob is the same bytes and any range decodes to the
+    same bits as the whole."""
+    gen = torch.Generator().manual_seed(bits)
+    tensors = [torch.randn(shape, generator=gen) for shape in SHAPES]
+    sparsity = Sparsity(7, bits, 0.3)
+    whole = encode(tensors, sparsity)
+    monkeypatch.setattr(pieces, "CHUNK_ELEMENTS", 20)
+    assert encode(tensors, sparsity) == whole
+    blob = open_fragment(whole, SPEC)
+    full = decode_fragment(whole, SPEC)
+    for index, tensor in enumerate(full):
+        flat = tensor.reshape(-1)
+        for start in range(flat.numel()):
+            for end in (start + 1, min(flat.numel(), start + 9), flat.numel()):
+                assert torch.equal(blob.piece(index, start, end), flat[start:end])
+
+
+def test_an_empty_selection_and_a_zero_delta() -> None:
+    zeros = [torch.zeros(shape) for shape in SHAPES]
+    blob = encode(zeros, Sparsity(16, 2, 0.05))
+    assert all(not bool(t.any()) for t in decode_fragment(blob, SPEC))
+
+
+# -- hostile blobs ---------------------------------------------------------------------------
+
+SMALL = FragmentSpec(index=0, params=(ParamSpec(name="x", shape=(10,), dtype="float32"),))
+
+
+def forged(
+    counts: list[int],
+    scales: list[float],
+    indices: list[int],
+    codes: bytes,
+    *,
+    chunk: int = 5,
+    bits: int = 8,
+    declared: int | None = None,
+) -> bytes:
+    """A ``topk`` blob of ``SMALL`` with these tensors (``declared``: the number of indices
+    its header claims)."""
+    n = len(indices) if declared is None else declared
+    meta = Meta(FRAGMENT_FORMAT, "topk", chunk, 0, spec_digest(SMALL), bits)
+    expected = {
+        "counts": ("I32", (len(counts),)),
+        "scales": ("F32", (len(scales),)),
+        "indices": ("U16", (n,)),
+        "codes": ("U8", (-(-n * bits // 8),)),
+    }
+    header, _ = write_header(meta, expected)
+    return (
+        header
+        + np.array(counts, "<i4").tobytes()
+        + np.array(scales, "<f4").tobytes()
+        + np.array(indices, "<u2").tobytes()
+        + codes
+    )
+
+
+def test_a_well_formed_forgery_decodes() -> None:
+    """The forger writes what the encoder writes, so each refusal below is of its one
+    change."""
+    y = decode_fragment(forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes([255, 0, 128])), SMALL)[0]
+    assert y.tolist() == [0, 0, 0, 0, 255, -127.5, 0, 0, 0.5, 0]
+
+
+@pytest.mark.parametrize(
+    ("blob", "match"),
+    [
+        (forged([1, 2], [1.0, 0.5], [5, 0, 3], bytes(3)), "outside its chunk"),
+        (forged([1, 2], [1.0, 0.5], [4, 3, 3], bytes(3)), "strictly increasing"),
+        (forged([1, 2], [1.0, 0.5], [4, 3, 0], bytes(3)), "strictly increasing"),
+        (forged([2, 2], [1.0, 0.5], [4, 0, 3], bytes(3)), "counts do not fit"),
+        (forged([6, 0], [1.0, 0.0], [0, 1, 2, 3, 4, 4], bytes(6)), "counts do not fit"),
+        (forged([1, 2], [-1.0, 0.5], [4, 0, 3], bytes(3)), "negative or infinite"),
+        (forged([1, 2], [math.inf, 0.5], [4, 0, 3], bytes(3)), "negative or infinite"),
+        (forged([0, 2], [1.0, 0.5], [0, 3], bytes(2)), "sends nothing"),
+        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes([0xC0]), bits=2), "padding bits"),
+        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=11), "declares 11"),
+        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=1 << 40), "declares"),
+        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=4), "malformed"),
+        (forged([3], [1.0], [4, 0, 3], bytes(3)), "shape"),
+        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), chunk=1 << 17), "out of range"),
+        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), bits=3), "out of range"),
+        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3))[:-1], "malformed"),
+    ],
+)
+def test_hostile_blobs_are_refused(blob: bytes, match: str) -> None:
+    with pytest.raises(CodecError, match=match):
+        open_fragment(blob, SMALL)
+
+
+def test_a_huge_declared_count_is_refused_before_allocating() -> None:
+    """A header claiming 2⁴⁰ indices in a blob of a few hundred bytes is refused from the
+    header alone (allocating it would take terabytes)."""
+    blob = forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=1 << 40)
+    size = struct.unpack_from("<Q", blob)[0]
+    header = msgspec.json.decode(blob[8 : 8 + size])
+    assert header["indices"]["shape"] == [1 << 40]
+    with pytest.raises(CodecError, match="hostile"):
+        open_fragment(blob, SMALL)
+
+
+# -- error feedback --------------------------------------------------------------------------
+
+
+def test_the_residual_carries_over_only_from_an_included_snapshot() -> None:
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(shape, generator=gen) for shape in SHAPES]
+    snapshot = [b + torch.randn(b.shape, generator=gen) for b in base]
+    sparsity = delta_sparsity(RunConfig(topk_chunk=64, topk_density=0.1))
+    _, _, left = encoded(snapshot, base, None, SPEC, sparsity)
+    feedback = Feedback().taken(1, 9, left)
+    assert feedback.residual(1) is None
+    assert feedback.resolved(1, 9, "late").residual(1) is None
+    assert feedback.resolved(1, 9, "rejected").residual(1) is None
+    assert feedback.resolved(1, 8, "included").pending == feedback.pending
+    included = feedback.resolved(1, 9, "included")
+    assert included.residual(1) is left
+    assert not included.pending
+    # The next delta adds the residual: a zero step still sends what was left.
+    blob, _, again = encoded(base, base, included.residual(1), SPEC, sparsity)
+    assert any(bool(t.any()) for t in decode_fragment(blob, SPEC))
+    x = [t.clone() for t in left]
+    assert all(
+        torch.equal(y + r, t) for y, r, t in zip(decode_fragment(blob, SPEC), again, x, strict=True)
+    )
+
+
+def test_a_fresh_learner_starts_without_residual() -> None:
+    """What a restarted or joining learner holds: no residual, so its first delta is the
+    plain ``topk`` of ``S − B``."""
+    gen = torch.Generator().manual_seed(1)
+    base = [torch.randn(shape, generator=gen) for shape in SHAPES]
+    snapshot = [b + torch.randn(b.shape, generator=gen) for b in base]
+    sparsity = Sparsity(64, 2, 0.05)
+    fresh = Feedback()
+    blob, _, _ = encoded(snapshot, base, fresh.residual(1), SPEC, sparsity)
+    assert blob == encode_fragment(
+        snapshot, SPEC, "topk", block_size=1, sparsity=sparsity, minus=base
+    )
