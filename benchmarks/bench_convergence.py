@@ -44,6 +44,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -228,16 +229,39 @@ def _options(*, syncer: bool, spec: dict[str, Any]) -> Any:
     )
 
 
+SPARSE: dict[str, dict[str, Any]] = {
+    "topk1": {"topk_density": 0.01, "outer_momentum": 0.0},
+    "topk3": {"topk_density": 0.03, "outer_momentum": 0.0},
+    "topk1nag": {"topk_density": 0.01, "update_encoding": "int8"},
+    "topk1lr2": {"topk_density": 0.01, "outer_momentum": 0.0, "outer_lr": 2.0},
+    "topk1lr4": {"topk_density": 0.01, "outer_momentum": 0.0, "outer_lr": 4.0},
+    "topk3lr2": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 2.0},
+    "topk3lr4": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 4.0},
+    "topk1lr8": {"topk_density": 0.01, "outer_momentum": 0.0, "outer_lr": 8.0},
+    "topk3lr8": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 8.0},
+    "topk3nag2": {"topk_density": 0.03, "update_encoding": "int8", "outer_lr": 2.0},
+    "topk3nag": {"topk_density": 0.03, "update_encoding": "int8"},
+}
+"""The ``topk`` arms: their name as an encoding, and what they change of ``run_config``.
+``topk1`` / ``topk3``: deltas at 1% / 3% density, 2 bits, updates ``topk``, the outer step
+plain averaging (outer lr 1, no momentum: the error feedback in its place, as SparseLoCo);
+``…nag``: the same deltas under the default Nesterov outer step, whose dense update
+travels as int8."""
+
+
 def run_config(sync_every: int, encoding: str) -> Any:
+    """The arms' config: ``encoding`` for deltas and updates, or a ``SPARSE`` arm's."""
     from gradientmail.protocol.records import RunConfig
 
-    return RunConfig(
+    sparse = SPARSE.get(encoding)
+    config = RunConfig(
         fragments=FRAGMENTS,
         sync_every=sync_every,
-        delta_encoding=encoding,  # type: ignore[arg-type]
-        update_encoding=encoding,  # type: ignore[arg-type]
+        delta_encoding="topk" if sparse else encoding,  # type: ignore[arg-type]
+        update_encoding="topk" if sparse else encoding,  # type: ignore[arg-type]
         grace=3.0,
     )
+    return msgspec.structs.replace(config, **sparse) if sparse else config
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -305,7 +329,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
     import anyio
 
     from gradientmail._node import node as join_run
-    from gradientmail.events import Event, FragmentAligned, kind_name
+    from gradientmail.events import Event, FragmentAligned, SnapshotPublished, kind_name
     from gradientmail.mailbox import LocalMailbox
     from gradientmail.protocol.records import RunConfig
 
@@ -316,12 +340,15 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
     learner = f"learner-{index}"
 
     lags: list[int] = []
+    deltas: list[int] = []
 
     def count(event: Event) -> None:
         name = kind_name(event)
         counts[name] = counts.get(name, 0) + 1
         if isinstance(event, FragmentAligned) and event.lag_steps is not None:
             lags.append(event.lag_steps)
+        if isinstance(event, SnapshotPublished):
+            deltas.append(event.size)
 
     async def main() -> dict[str, Any]:
         async with (
@@ -378,6 +405,7 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
             "events": counts,
             "lag_steps": lags,
             "waited_seconds": end.waited_seconds,
+            "delta_bytes": deltas,
         }
 
     return anyio.run(main)
@@ -409,6 +437,7 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
                     "cosine": record.cosine,
                     "steps": {p.learner: p.steps for p in record.participants},
                     "seconds": event.seconds,
+                    "update_bytes": record.update.size,
                 }
             )
 
@@ -537,6 +566,7 @@ def launch(
 
     started = time.perf_counter()
     events: dict[str, float] = {"started": time.monotonic()}
+    storage = StoragePeak(scratch / "store")
     learners = {str(k): spawn(str(k)) for k in range(spec["learners"])}
     others = {role: spawn(role, subprocess.PIPE) for role in services}
     try:
@@ -565,6 +595,7 @@ def launch(
             if process.wait(timeout=120) != 0:
                 raise failed(role)
     finally:
+        storage.stop()
         for process in (*learners.values(), *others.values()):
             if process.poll() is None:
                 process.kill()
@@ -576,7 +607,43 @@ def launch(
         role: json.loads((scratch / f"result-{role}.json").read_text())
         for role in (*learners, *others)
     }
-    return {"reports": reports, "wall_seconds": wall, "events": events}
+    return {
+        "reports": reports,
+        "wall_seconds": wall,
+        "events": events,
+        "peak_store_bytes": storage.peak,
+    }
+
+
+class StoragePeak:
+    """The largest total size of the files under ``root`` (the run's ``LocalMailbox``
+    directory) seen by a thread sampling it every 0.1 s until ``stop``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.peak = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _size(self) -> int:
+        total = 0
+        for folder, _, files in os.walk(self.root):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(folder, name)).st_size
+                except FileNotFoundError:
+                    continue
+        return total
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.1):
+            self.peak = max(self.peak, self._size())
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._size())
 
 
 def run_gradientmail(
@@ -630,11 +697,18 @@ def run_gradientmail(
         if rounds
         else 0.0,
         "rejected": sum(len(r["rejected"]) for r in rounds),
+        "peak_store_bytes": launched["peak_store_bytes"],
+        "mean_delta_bytes": _mean([size for r in reports for size in r["delta_bytes"]]),
+        "mean_update_bytes": _mean([r["update_bytes"] for r in rounds]),
         "wall_seconds": wall,
         "train_seconds": sum(r["train_seconds"] for r in reports) / K,
         "learners": reports,
         "syncer": {k: v for k, v in syncer_report.items() if k != "rounds"} | {"rounds": rounds},
     }
+
+
+def _mean(values: list[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def _mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
@@ -709,9 +783,19 @@ def _targets(summaries: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
-def run(results: Path, quick: bool, log: Callable[[str], None] = print) -> Path:
-    """Every arm for every seed; writes ``results/convergence.json`` and returns its path."""
+def run(
+    results: Path,
+    quick: bool,
+    log: Callable[[str], None] = print,
+    *,
+    sparse: list[str] | None = None,
+) -> Path:
+    """Every arm for every seed; writes ``results/convergence.json`` and returns its path.
+    With ``sparse``, those encodings (``SPARSE`` arms among them) instead of the plan's,
+    into ``convergence-sparse.json``."""
     settings = plan(quick)
+    if sparse:
+        settings["encodings"] = sparse
     from gradientmail.demo.model import GPT
 
     params = GPT(model_config()).num_parameters()
@@ -726,7 +810,7 @@ def run(results: Path, quick: bool, log: Callable[[str], None] = print) -> Path:
         "eval_sequences": EVAL_BATCHES * EVAL_BATCH_SIZE,
         "final_eval_sequences": FINAL_EVAL_BATCHES * EVAL_BATCH_SIZE,
     }
-    result = h.header(NAME, quick=quick, parameters=parameters)
+    result = h.header(f"{NAME}-sparse" if sparse else NAME, quick=quick, parameters=parameters)
     per_seed: dict[str, dict[int, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="gm-bench-convergence-") as scratch:
         for seed in settings["seeds"]:
@@ -756,7 +840,7 @@ def run(results: Path, quick: bool, log: Callable[[str], None] = print) -> Path:
         "targets": _targets(summaries),
         "published_gap_percent": PUBLISHED_GAP_PERCENT,
     }
-    return h.write_result(results, NAME, result)
+    return h.write_result(results, f"{NAME}-sparse" if sparse else NAME, result)
 
 
 # -- bytes over a long run ---------------------------------------------------------------
@@ -924,6 +1008,12 @@ def main() -> None:
     parser.add_argument(
         "--grid", action="store_true", help="the defaults grid instead of the arms (see GRID)"
     )
+    parser.add_argument(
+        "--sparse",
+        nargs="*",
+        metavar="ENCODING",
+        help="these encodings (default int8 and every SPARSE arm) into convergence-sparse.json",
+    )
     parser.add_argument("--outer-lr", nargs="+", type=float, default=GRID["outer_lr"])
     parser.add_argument("--outer-momentum", nargs="+", type=float, default=GRID["outer_momentum"])
     parser.add_argument("--sync-every", nargs="+", type=int, default=GRID["sync_every"])
@@ -956,7 +1046,8 @@ def main() -> None:
         }
         print(f"wrote {grid(args.results, args.quick, axes, args.encoding, args.merge)}")
         return
-    path = run(args.results, args.quick)
+    sparse = None if args.sparse is None else (args.sparse or ["int8", *SPARSE])
+    path = run(args.results, args.quick, sparse=sparse)
     summaries = json.loads(path.read_text())["figures"]["arms"]
     for arm, entry in summaries.items():
         line = f"{arm:16} excess {entry['excess']['median']:.4f}"

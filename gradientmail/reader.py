@@ -41,12 +41,14 @@ from gradientmail.protocol.codec import (
     decode_rows,
     open_delta,
     row_spans,
+    rows_of,
     tensors_of,
 )
 from gradientmail.protocol.fragments import mismatch, signature
 from gradientmail.protocol.outer import added
 from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord, Snapshot
 from gradientmail.protocol.signing import RunKey
+from gradientmail.protocol.sparse import TOPK
 from gradientmail.store import Store
 
 __all__ = [
@@ -330,8 +332,14 @@ class RunReader:
     async def rows(self, ref: BlobRef, spec: FragmentSpec, rows: Rows) -> list[Tensor] | None:
         """``rows`` of each parameter of the blob ``ref`` of ``spec`` (the tensors of
         ``codec.part_spec``), read by ranges (``Store.blob_ranges``: its header, then the
-        bytes of those rows) and decoded in a worker thread. None when the blob is gone.
-        Raises ``CorruptBlob`` and ``CodecError`` for bytes that fail their checks."""
+        bytes of those rows) and decoded in a worker thread; a ``topk`` blob, whose rows
+        have no fixed place, is read whole. None when the blob is gone. Raises
+        ``CorruptBlob`` and ``CodecError`` for bytes that fail their checks."""
+        if ref.encoding == TOPK:
+            data = await self.store.get_blob(ref)
+            if data is None:
+                return None
+            return await anyio.to_thread.run_sync(rows_of, data, spec, rows)
         head = await self.store.blob_ranges(ref, [(0, min(ref.size, HEAD_BYTES))])
         if head is None:
             return None

@@ -113,6 +113,7 @@ __all__ = [
     "open_parts",
     "part_spec",
     "row_spans",
+    "rows_of",
     "spec_digest",
     "tensors_of",
     "verify",
@@ -535,6 +536,19 @@ def decode_fragment(data: bytes, spec: FragmentSpec) -> list[Tensor]:
     Memory: the tensors plus a piece at a time (``open_fragment``).
     """
     return tensors_of(open_fragment(data, spec))
+
+
+def rows_of(data: bytes, spec: FragmentSpec, rows: Rows) -> list[Tensor]:
+    """The tensors of ``part_spec(spec, rows)`` from a whole blob of ``spec``, checked in
+    full (``open_fragment``): the same bits as those rows of ``decode_fragment``. Raises
+    ``CodecError``."""
+    blob, part = open_fragment(data, spec), part_spec(spec, rows)
+    return [
+        blob.piece(i, start * row_width(whole), end * row_width(whole)).clone().view(p.shape)
+        for i, (whole, p, (start, end)) in enumerate(
+            zip(spec.params, part.params, rows, strict=True)
+        )
+    ]
 
 
 def tensors_of(blob: BlobView | sparse.SparseBlob) -> list[Tensor]:

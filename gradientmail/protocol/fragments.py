@@ -53,8 +53,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.codec import ENCODINGS, encode_fragment
+from gradientmail.protocol.codec import ENCODINGS, decode_fragment, encode_fragment
 from gradientmail.protocol.records import Encoding, FragmentSpec, ParamSpec, Pattern, RunConfig
+from gradientmail.protocol.sparse import TOPK, delta_sparsity, update_sparsity
 
 __all__ = [
     "FragmentSize",
@@ -261,12 +262,16 @@ def due(step: int, config: RunConfig) -> tuple[int, ...]:
 @dataclass(frozen=True, slots=True)
 class FragmentSize:
     """One fragment of a ``Preview``: its parameter tensors, elements, and the bytes of one
-    blob of it in each encoding (safetensors header and int8/int4 scales included)."""
+    blob of it in each encoding (safetensors header and int8/int4 scales included; ``topk``:
+    a delta selecting all it may under the config's ``topk_*``). ``topk_update_bytes``: a
+    ``topk`` update holding one such selection (the union of ``K`` learners' selections is
+    up to ``K`` times as large)."""
 
     index: int
     tensors: int
     params: int
     blob_bytes: Mapping[Encoding, int]
+    topk_update_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +296,8 @@ class Preview:
         fragment is synchronized once: its deltas in ``delta_encoding`` up, the updates in
         ``update_encoding`` down (records of a few hundred bytes each not counted)."""
         up = sum(f.blob_bytes[self.config.delta_encoding] for f in self.fragments)
+        if self.config.update_encoding == TOPK:
+            return up, sum(f.topk_update_bytes for f in self.fragments)
         down = sum(f.blob_bytes[self.config.update_encoding] for f in self.fragments)
         return up, down
 
@@ -301,18 +308,23 @@ class Preview:
             f"fragments={config.fragments} pattern={config.pattern} "
             f"block_size={config.block_size}",
             f"{'fragment':>8} {'tensors':>7} {'parameters':>12} {'share':>6}"
-            + "".join(f" {encoding:>10}" for encoding in ENCODINGS),
+            + "".join(f" {encoding:>10}" for encoding in (*ENCODINGS, TOPK)),
         ]
         for f in self.fragments:
             lines.append(
                 f"{f.index:>8} {f.tensors:>7} {f.params:>12,} {f.params / max(total, 1):>6.1%}"
-                + "".join(f" {_megabytes(f.blob_bytes[e]):>10}" for e in ENCODINGS)
+                + "".join(f" {_megabytes(f.blob_bytes[e]):>10}" for e in (*ENCODINGS, TOPK))
             )
         up, down = self.bytes_per_period()
         lines.append(
             f"one learner per {config.sync_every} steps: {_megabytes(up)} up "
             f"({config.delta_encoding} deltas), {_megabytes(down)} down "
             f"({config.update_encoding} updates)"
+            + (
+                " of one learner's selection: the union of K learners' is up to K times that"
+                if config.update_encoding == TOPK
+                else ""
+            )
         )
         name, numel = self.largest_tensor
         if numel * config.fragments > total:
@@ -321,6 +333,16 @@ class Preview:
                 "model: its fragment cannot be smaller than it"
             )
         return "\n".join(lines)
+
+
+def _topk_bytes(spec: FragmentSpec, config: RunConfig) -> tuple[int, int]:
+    """A ``topk`` delta of ``spec`` selecting all it may (every element equal) and the
+    ``topk`` update of that selection."""
+    ones = [torch.ones(param.shape) for param in spec.params]
+    delta = encode_fragment(ones, spec, TOPK, block_size=1, sparsity=delta_sparsity(config))
+    selected = decode_fragment(delta, spec)
+    update = encode_fragment(selected, spec, TOPK, block_size=1, sparsity=update_sparsity(config))
+    return len(delta), len(update)
 
 
 def _megabytes(size: int) -> str:
@@ -345,6 +367,8 @@ def preview(named: Iterable[tuple[str, Tensor]], config: RunConfig | None = None
             encoding: len(encode_fragment(zeros, spec, encoding, block_size=config.block_size))
             for encoding in ENCODINGS
         }
-        sizes.append(FragmentSize(spec.index, len(spec.params), spec.numel, blob_bytes))
+        delta, update = _topk_bytes(spec, config)
+        blob_bytes[TOPK] = delta
+        sizes.append(FragmentSize(spec.index, len(spec.params), spec.numel, blob_bytes, update))
     largest = max(named, key=lambda item: item[1].numel())
     return Preview(config, tuple(sizes), (largest[0], largest[1].numel()))

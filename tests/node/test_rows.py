@@ -9,11 +9,15 @@ from node_helpers import CONFIG, FAST, records, tiny_model, train
 
 from gradientmail._node import node as open_node
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.protocol.records import RunConfig
 from gradientmail.reader import RunReader
 
 pytestmark = pytest.mark.anyio
 
 EVERY = msgspec.structs.replace(CONFIG, checkpoint_every=3, delta_encoding="int8")
+TOPK = msgspec.structs.replace(
+    EVERY, delta_encoding="topk", update_encoding="topk", topk_chunk=64, outer_momentum=0.0
+)
 
 
 def split(shape: tuple[int, ...], world: int, rank: int) -> tuple[int, int]:
@@ -23,10 +27,12 @@ def split(shape: tuple[int, ...], world: int, rank: int) -> tuple[int, int]:
     return start, min(start + size, rows)
 
 
-async def test_rows_of_every_version_are_the_rows_of_the_rebuild() -> None:
+@pytest.mark.parametrize("config", [EVERY, TOPK], ids=["int8", "topk"])
+async def test_rows_of_every_version_are_the_rows_of_the_rebuild(config: RunConfig) -> None:
+    """For ``topk`` updates too (read whole: their rows have no fixed place)."""
     mailbox = MemoryMailbox()
     model = tiny_model(hidden=64)
-    async with open_node(model, mailbox, learner="a", config=EVERY, options=FAST) as node:
+    async with open_node(model, mailbox, learner="a", config=config, options=FAST) as node:
         await train(node, model, seed=0, until_round=9)
     history = await records(mailbox)
     reader = RunReader.of(mailbox, unverified=True)

@@ -18,6 +18,7 @@ from gradientmail.protocol.fragments import (
     signature,
 )
 from gradientmail.protocol.records import Manifest, RunConfig, decode, encode
+from gradientmail.protocol.sparse import delta_sparsity
 
 CHECKS = settings(max_examples=80, deadline=None)
 
@@ -222,6 +223,31 @@ def test_preview_sizes_are_the_blobs_a_run_writes() -> None:
     text = str(shown)
     assert "pattern=balanced" in text
     assert "more than 1/3" not in text
+
+
+def test_preview_shows_the_topk_bytes_a_learner_moves() -> None:
+    """A ``topk`` delta is at most the preview's size (a selection may send fewer), and
+    exactly it when every element is sent; a learner's bytes per period are the deltas up
+    and, for ``topk`` updates, one learner's selection down."""
+    model = transformer(layers=2)
+    config = RunConfig(
+        fragments=2, sync_every=30, delta_encoding="topk", update_encoding="topk", topk_chunk=512
+    )
+    shown = preview(model.named_parameters(), config)
+    specs = signature(list(model.named_parameters()), 2, config.pattern)
+    sparsity = delta_sparsity(config)
+    for spec, size in zip(specs, shown.fragments, strict=True):
+        deltas = [torch.randn(p.shape) for p in spec.params]
+        blob = encode_fragment(deltas, spec, "topk", block_size=1, sparsity=sparsity)
+        assert len(blob) <= size.blob_bytes["topk"] < size.blob_bytes["int4"] / 10
+        signs = [torch.ones(p.shape) for p in spec.params]
+        blob = encode_fragment(signs, spec, "topk", block_size=1, sparsity=sparsity)
+        assert len(blob) == size.blob_bytes["topk"]
+        assert size.blob_bytes["topk"] < size.topk_update_bytes < 2 * size.blob_bytes["topk"]
+    up, down = shown.bytes_per_period()
+    assert up == sum(f.blob_bytes["topk"] for f in shown.fragments)
+    assert down == sum(f.topk_update_bytes for f in shown.fragments)
+    assert "topk updates of one learner's selection" in str(shown)
 
 
 def test_preview_says_when_one_tensor_outweighs_a_fragment() -> None:

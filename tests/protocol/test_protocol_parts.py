@@ -24,6 +24,7 @@ from gradientmail.protocol.codec import (
     open_parts,
     part_spec,
     row_spans,
+    rows_of,
     tensors_of,
 )
 from gradientmail.protocol.records import (
@@ -37,6 +38,7 @@ from gradientmail.protocol.records import (
     decode,
     encode,
 )
+from gradientmail.protocol.sparse import Sparsity
 
 SPEC = FragmentSpec(
     index=0,
@@ -111,6 +113,42 @@ def test_lossy_parts_are_within_their_encodings_error(encoding: str) -> None:
     for got, want in zip(decoded, values, strict=True):
         scale = want.abs().max() if want.numel() else torch.tensor(0.0)
         assert torch.allclose(got, want, atol=float(scale) * bound + 1e-6)
+
+
+def test_topk_parts_read_back_as_each_parts_selection() -> None:
+    """A ``topk`` delta in parts (each rank selects within its own rows) reads as one
+    fragment: each part's rows decode as that part's blob decodes them."""
+    values = tensors(4)
+    sparsity = Sparsity(8, 2, 0.25)
+    for world in (1, 2, 3):
+        split = shards(world)
+        datas = [
+            encode_fragment(
+                cut(values, rows), part_spec(SPEC, rows), "topk", block_size=1, sparsity=sparsity
+            )
+            for rows in split
+        ]
+        decoded = tensors_of(open_parts(datas, SPEC, split))
+        for data, rows in zip(datas, split, strict=True):
+            own = decode_fragment(data, part_spec(SPEC, rows))
+            assert all(torch.equal(a, b) for a, b in zip(cut(decoded, rows), own, strict=True))
+
+
+@pytest.mark.parametrize("encoding", ["int8", "topk"])
+def test_rows_of_a_whole_blob_are_the_rows_of_its_decoding(encoding: str) -> None:
+    values = tensors(5)
+    data = encode_fragment(
+        values,
+        SPEC,
+        encoding,
+        block_size=8,
+        sparsity=Sparsity(8, 2, 0.25),  # type: ignore[arg-type]
+    )
+    whole = decode_fragment(data, SPEC)
+    for world in (1, 2, 3):
+        for rows in shards(world):
+            got = rows_of(data, SPEC, rows)
+            assert all(torch.equal(a, b) for a, b in zip(got, cut(whole, rows), strict=True))
 
 
 def test_the_aggregation_of_parts_equals_that_of_the_same_tensors() -> None:
