@@ -110,7 +110,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64},
         "batch": 8,
         "sync_every": [10, 20, 50],
-        "encodings": ["fp32", "int8", "int4"],
+        "encodings": ["fp32", "int8", "int4", "topk1", "topk3"],
         "torchft": [10, 20, 50],
         "kill_sync_every": 20,
         "restart_after": 20.0,
@@ -123,7 +123,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64},
         "batch": 8,
         "sync_every": [50, 100, 250],
-        "encodings": ["fp32", "int8", "int4"],
+        "encodings": ["fp32", "int8", "int4", "topk1", "topk3"],
         "torchft": [50, 100, 250],
         "kill_sync_every": 100,
         "restart_after": 20.0,
@@ -136,7 +136,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "model": {"d_model": 128, "n_layers": 5, "n_heads": 4, "context": 128},
         "batch": 16,
         "sync_every": [50, 100, 250],
-        "encodings": ["fp32", "int8", "int4"],
+        "encodings": ["fp32", "int8", "int4", "topk1", "topk3"],
         "torchft": [50, 100, 250],
         "kill_sync_every": 100,
         "restart_after": 20.0,
@@ -363,6 +363,7 @@ def run_gradientmail(
         "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners)
         / learners_count,
         "syncer_bytes": syncer["bytes_up"] + syncer["bytes_down"],
+        "peak_store_bytes": launched["peak_store_bytes"],
         "rounds_committed": len(rounds),
         "mean_participants": sum(r["participants"] for r in rounds) / max(1, len(rounds)),
         "rounds_without_all": sum(1 for r in rounds if r["participants"] < learners_count),
@@ -599,7 +600,10 @@ def _figures(per_arm: dict[str, dict[str, Any]], size: dict[str, Any]) -> dict[s
             "measured_together": timed,
             "bytes_ratio": h.ratio(gm["bytes_per_learner"], ft["bytes_per_learner"]),
         } | {
-            f"{key}_ratio": h.ratio(gm[f"{key}_seconds"], ft[f"{key}_seconds"]) if timed else None
+            # A run kept from before CPU time was measured has no cpu_seconds.
+            f"{key}_ratio": h.ratio(gm[f"{key}_seconds"], ft[f"{key}_seconds"])
+            if timed and f"{key}_seconds" in gm and f"{key}_seconds" in ft
+            else None
             for key in ("wall", "train", "cpu")
         }
     failure = {

@@ -894,7 +894,7 @@ def _text_order(arm: str) -> tuple[int, int, str, int]:
     return (
         len(parts) - 2,
         system,
-        {"fp32": "a", "int8": "b", "int4": "c"}[parts[1]],
+        {"fp32": "a", "int8": "b", "int4": "c"}.get(parts[1], parts[1]),
         int(parts[2][1:]),
     )
 
@@ -1091,6 +1091,7 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         *_text_produced(result),
     )
     rows = []
+    dp_bytes = table.get("dp", {}).get("bytes_per_learner")
     for arm in sorted(table, key=_text_order):
         entry, run = table[arm], arms[arm]
         lag = (
@@ -1114,6 +1115,12 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
                 _num(entry["wall_seconds"], 0),
                 _num(entry["train_seconds"], 1),
                 _bytes(entry["bytes_per_learner"]) if entry["bytes_per_learner"] else "–",
+                _num(dp_bytes / entry["bytes_per_learner"], 0)
+                if dp_bytes and entry["bytes_per_learner"] and arm.startswith("gm-")
+                else "–",
+                _num(run["peak_store_bytes"] / (4 * p["params"]), 2)
+                if run.get("peak_store_bytes") and p.get("params")
+                else "–",
                 sync,
             ]
         )
@@ -1127,6 +1134,8 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
                 "wall (s)",
                 "train (s)",
                 "bytes per learner",
+                "DP bytes ÷ these",
+                "peak storage ÷ fp32 model",
                 "rounds / syncs",
             ],
             rows,
@@ -1357,7 +1366,7 @@ def _text_plot(page: Page, arms: dict[str, Any], size: str) -> None:
     def draw(figure: Any) -> None:
         axes = figure.add_subplot(1, 1, 1)
         for arm in sorted(arms, key=_text_order):
-            if arm.endswith("-kill") or arm.split("-")[1:2] in (["int8"], ["int4"]):
+            if arm.endswith("-kill") or (arm.startswith("gm-") and arm.split("-")[1] != "fp32"):
                 continue
             curve = arms[arm]["curve"]
             style = {"dp": "k-", "single": "k:"}.get(arm, "--" if "torchft" in arm else "-")
@@ -2070,6 +2079,68 @@ def large_fragments(page: Page, result: dict[str, Any] | None) -> None:
         )
 
 
+def convergence_sparse(page: Page, result: dict[str, Any] | None) -> None:
+    """The ``topk`` arms against int8 (``bench_convergence.py --sparse``)."""
+    page.add("## Sparse deltas: topk against int8", "")
+    if result is None:
+        page.add(
+            "_Not measured: `benchmarks/results/convergence-sparse.json` is missing "
+            "(`.venv/bin/python benchmarks/bench_convergence.py --quick --sparse`)._",
+            "",
+        )
+        return
+    p, figures = result["parameters"], result["figures"]
+    page.add(
+        _provenance(result),
+        "",
+        f"Section 1's task and model ({p['params']:,} parameters, {p['steps']} steps, "
+        f"{p['learners']} learners, seed {p['seeds'][0]}), H {p['sync_every'][0]}. "
+        "`topkN`: deltas at N% density, 2 bits, chunks of 4096, error feedback, plain "
+        "averaging (no momentum) at outer lr 2, updates in `topk` (the union of the "
+        "selections); `lrX`: the same at outer lr X; `nag`: the default Nesterov step "
+        "(1.0 / 0.6) with int8 updates (its update is dense). Bytes per learner "
+        "are measured, up and down; the delta and update columns are the mean blob sizes; "
+        "peak storage is the largest size of the run's directory (sampled every 0.1 s) over "
+        "the model's fp32 size.",
+        "",
+    )
+    rows = []
+    for arm, entry in figures["arms"].items():
+        run = figures["per_seed"][arm][str(p["seeds"][0])]
+        gm = arm.startswith("gm-")
+        rows.append(
+            [
+                arm,
+                _num(entry["final_loss"]["median"], 4),
+                _num(entry["excess_ratio_vs_dp"]["median"], 3) if arm != "dp" else "1",
+                _bytes(run["bytes_up_per_learner"]) if gm else "–",
+                _bytes(run["bytes_down_per_learner"]) if gm else "–",
+                _num(entry["bytes_ratio_dp_over_gm"]["median"], 0) if gm else "–",
+                _num(entry["bytes_ratio_with_syncer_share"]["median"], 0) if gm else "–",
+                _bytes(run["mean_delta_bytes"]) if gm else "–",
+                _bytes(run["mean_update_bytes"]) if gm else "–",
+                _num(run["peak_store_bytes"] / (4 * p["params"]), 2) if gm else "–",
+            ]
+        )
+    page.add(
+        *_table(
+            [
+                "arm",
+                "final eval loss",
+                "excess ÷ DP's",
+                "up per learner",
+                "down per learner",
+                "DP bytes ÷ gm bytes",
+                "… with syncer share",
+                "delta blob",
+                "update blob",
+                "peak storage ÷ fp32 model",
+            ],
+            rows,
+        )
+    )
+
+
 def _section_result(results: Path, name: str) -> dict[str, Any] | None:
     if name == "text":
         return _text_results(results)
@@ -2095,6 +2166,7 @@ def generate(results: Path, docs: Path) -> Path:
         (text_seeds, "text-seeds"),
         (groups, "groups"),
         (convergence_bytes, "convergence-bytes"),
+        (convergence_sparse, "convergence-sparse"),
         (transfer, "transfer"),
         (large_fragments, "memory"),
         (rejoin, "rejoin"),
