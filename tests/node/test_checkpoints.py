@@ -30,13 +30,21 @@ from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import mean_of, replayed
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
-from gradientmail.protocol.records import BlobRef, RoundRecord, RoundRecordDraft
+from gradientmail.protocol.records import BlobRef, RoundRecord, RoundRecordDraft, RunConfig
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
 
 EVERY = msgspec.structs.replace(CONFIG, checkpoint_every=3)
+TOPK = msgspec.structs.replace(
+    EVERY,
+    delta_encoding="topk",
+    update_encoding="topk",
+    topk_chunk=64,
+    outer_momentum=0.0,
+    outer_lr=2.0,
+)
 """Two fragments, a checkpoint every third version, nothing collected."""
 
 
@@ -79,7 +87,7 @@ async def from_scratch(
         update = await store.get_blob(record.update)
         assert update is not None
         mean = mean_of(record, found, spec)
-        theta, momentum = replayed(theta, momentum, update, spec, EVERY, mean=mean)
+        theta, momentum = replayed(theta, momentum, update, spec, manifest.config, mean=mean)
         out[record.version] = (theta, momentum)
     return out
 
@@ -122,16 +130,20 @@ async def assert_rebuilds_step_by_step(box: LocalMailbox, history: list[RoundRec
             held = stepped
 
 
-async def test_a_syncer_killed_between_checkpoints_is_followed_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("config", [EVERY, TOPK], ids=["fp32", "topk"])
+async def test_a_syncer_killed_between_checkpoints_is_followed_exactly(
+    tmp_path: Path, config: RunConfig
+) -> None:
     """``a`` (learner and syncer) is killed after version 4 of both fragments (checkpoint at
     3); ``b`` recovers from the store, rebuilding θ and the momentum from checkpoint 3 and
     the rounds after it, and commits on past checkpoint 6: each checkpoint is the replay, and
-    so is every version rebuilt from the checkpoint or from the version before it."""
+    so is every version rebuilt from the checkpoint or from the version before it. Under
+    ``topk`` too (the recovered momentum re-aggregates sparse deltas)."""
     box = LocalMailbox(tmp_path / "store")
     async with box:
         model = tiny_model(0)
         with anyio.CancelScope() as kill:
-            async with open_node(model, box, learner="a", config=EVERY, options=FAST) as node:
+            async with open_node(model, box, learner="a", config=config, options=FAST) as node:
                 await train(node, model, seed=0, until_round=7)
                 kill.cancel()
         assert max(r.round for r in await records(box)) < 10
