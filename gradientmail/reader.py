@@ -48,6 +48,7 @@ from gradientmail.protocol.fragments import mismatch, signature
 from gradientmail.protocol.outer import added
 from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord, Snapshot
 from gradientmail.protocol.signing import RunKey
+from gradientmail.protocol.sizes import delta_problem
 from gradientmail.protocol.sparse import TOPK
 from gradientmail.store import Store
 
@@ -417,6 +418,10 @@ class RunReader:
         for snapshot, problem in await self.store.snapshots(record.round):
             if snapshot.learner not in wanted or problem is not None:
                 continue
+            if (oversized := delta_problem(snapshot, spec)) is not None:
+                raise CorruptBlob(
+                    f"the delta of {snapshot.learner!r} in round {record.round}: {oversized}"
+                )
             datas = await self.store.delta_blobs(snapshot)
             if datas is None:
                 raise RecordError(

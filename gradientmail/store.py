@@ -28,22 +28,20 @@ thread (``anyio.to_thread``). Cancellation interrupts the request in progress; a
 create-once write may or may not have landed (the caller's next read tells).
 """
 
-import hashlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import anyio
-import anyio.to_thread
 import msgspec
 
+from gradientmail import _blobs
+from gradientmail._blobs import sha256
 from gradientmail.clock import Clock, MonotonicClock
-from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError, SignatureError
+from gradientmail.errors import MailboxUnavailable, RecordError, SignatureError
 from gradientmail.mailbox import Mailbox, ObjectRefused, RangedMailbox, retrying
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import INDEX_CHUNK, chunk_index, chunks_of
 from gradientmail.protocol.identities import IDENTITIES, LearnerKey, Signing
 from gradientmail.protocol.records import (
     MAX_MANIFEST_BYTES,
@@ -68,21 +66,6 @@ _log = logging.getLogger("gradientmail.store")
 
 T = TypeVar("T")
 S = TypeVar("S", bound=_Object)
-
-_HASH_INLINE_BYTES = 1 << 16
-"""Payloads up to this size are hashed on the event loop; larger ones in a worker thread."""
-
-
-def sha256(data: bytes) -> str:
-    """The lowercase hex sha256 of ``data``: the name of its blob."""
-    return hashlib.sha256(data).hexdigest()
-
-
-async def _hash(data: bytes) -> str:
-    if len(data) <= _HASH_INLINE_BYTES:
-        return sha256(data)
-    return await anyio.to_thread.run_sync(sha256, data)
-
 
 _CLAIM_CACHE_ROUNDS = 64
 """How many rounds behind the newest asked about a claim body stays remembered."""
@@ -337,19 +320,8 @@ class Store:
     # -- blobs ------------------------------------------------------------------------------
 
     async def put_blob(self, data: bytes, encoding: str, *, indexed: bool = False) -> BlobRef:
-        """Store ``data`` under its sha256 (a no-op when it is there) and return its ref;
-        ``indexed``: with its chunk index (``BlobRef.index``), stored first, so that a ref
-        never names an index that is not there."""
-        digest = await _hash(data)
-        index: str | msgspec.UnsetType = msgspec.UNSET
-        if indexed:
-            chunks = await anyio.to_thread.run_sync(chunk_index, data)
-            named = await _hash(chunks)
-            await self.create(keys.blob(named), chunks, read_back=False)
-            index = named
-        # Content-addressed: whoever wrote the key wrote these bytes; nothing to read back.
-        await self.create(keys.blob(digest), data, read_back=False)
-        return BlobRef(sha256=digest, size=len(data), encoding=encoding, index=index)
+        """``_blobs.put_blob``: store ``data`` under its sha256 and return its ref."""
+        return await _blobs.put_blob(self, data, encoding, indexed=indexed)
 
     async def get_range(self, key: str, start: int, end: int) -> bytes | None:
         """Bytes ``[start, end)`` of ``key`` (``RangedMailbox.get_range``), or None; a
@@ -372,70 +344,17 @@ class Store:
     async def blob_ranges(
         self, ref: BlobRef, ranges: Sequence[tuple[int, int]]
     ) -> list[bytes] | None:
-        """The bytes of each ``[start, end)`` of ``ref`` in ``ranges`` (within its size),
-        each checked against the blob's index: the index is read and checked against its
-        address, then every chunk a range touches is read once and checked. A ref without an
-        index is read whole (``get_blob``). None when the blob or its index is gone. Raises
-        ``CorruptBlob`` for bytes that fail a check and ``ValueError`` for a range outside
-        the blob."""
-        for start, end in ranges:
-            if not 0 <= start <= end <= ref.size:
-                raise ValueError(f"range [{start}, {end}) is outside blob {ref.sha256[:16]}…")
-        if not isinstance(ref.index, str):
-            whole = await self.get_blob(ref)
-            return None if whole is None else [whole[start:end] for start, end in ranges]
-        index = await self.get(keys.blob(ref.index), max_bytes=32 * chunks_of(ref.size))
-        if index is None:
-            return None
-        if await _hash(index) != ref.index or len(index) != 32 * chunks_of(ref.size):
-            raise CorruptBlob(
-                f"the index of blob {ref.sha256[:16]}… does not hash to {ref.index[:16]}… or "
-                "has the wrong length; the store's copy is damaged"
-            )
-        chunks: dict[int, bytes] = {}
-        for first, last in _chunk_runs(ranges):
-            start, end = first * INDEX_CHUNK, min((last + 1) * INDEX_CHUNK, ref.size)
-            data = await self.get_range(keys.blob(ref.sha256), start, end)
-            if data is None:
-                return None
-            for n in range(first, last + 1):
-                chunk = data[(n - first) * INDEX_CHUNK : (n - first + 1) * INDEX_CHUNK]
-                if hashlib.sha256(chunk).digest() != index[32 * n : 32 * n + 32]:
-                    raise CorruptBlob(
-                        f"bytes [{n * INDEX_CHUNK}, {n * INDEX_CHUNK + len(chunk)}) of blob "
-                        f"{ref.sha256[:16]}… fail their digest in its index; the store's "
-                        "copy is damaged"
-                    )
-                chunks[n] = chunk
-        return [_assembled(chunks, start, end) for start, end in ranges]
+        """``_blobs.blob_ranges``: ranges of ``ref``, each checked; None when it is gone."""
+        return await _blobs.blob_ranges(self, ref, ranges)
 
     async def get_blob(self, ref: BlobRef) -> bytes | None:
-        """The bytes of ``ref``, verified; None when the blob is gone (collected).
-
-        Raises ``CorruptBlob`` when the bytes do not hash to ``ref.sha256``.
-        """
-        data = await self.get(keys.blob(ref.sha256))
-        if data is None:
-            return None
-        digest = await _hash(data)
-        if digest != ref.sha256 or len(data) != ref.size:
-            raise CorruptBlob(
-                f"blob {ref.sha256[:16]}… holds {len(data)} bytes hashing to {digest[:16]}…; "
-                "the store's copy is damaged"
-            )
-        return data
+        """``_blobs.get_blob``: the bytes of ``ref``, read no further than ``ref.size`` and
+        verified; None when the blob is gone. Raises ``CorruptBlob``."""
+        return await _blobs.get_blob(self, ref)
 
     async def delta_blobs(self, snapshot: Snapshot) -> list[bytes] | None:
-        """The verified bytes of every blob of ``snapshot``'s delta (``Snapshot.blobs``), in
-        order; None when one of them is gone. Raises ``CorruptBlob`` for one that does not
-        hash to its address."""
-        found = []
-        for ref in snapshot.blobs:
-            data = await self.get_blob(ref)
-            if data is None:
-                return None
-            found.append(data)
-        return found
+        """``_blobs.delta_blobs``: every blob of ``snapshot``'s delta; None when one is gone."""
+        return await _blobs.delta_blobs(self, snapshot)
 
     # -- the manifest and creation ----------------------------------------------------------
 
@@ -758,18 +677,22 @@ class Store:
         key = keys.round_claim(round, k)
         return await self.create(key, self._encode(key, RoundClaim(learner=learner)))
 
-    async def record(self, round: int) -> RoundRecord | None:
+    async def record(
+        self, round: int, *, listed: Iterable[str] | None = None
+    ) -> RoundRecord | None:
         """The record of ``round``: the first of its keys (``keys.record_slot``) holding a
         record that decodes, verifies (signed run) and describes ``round``; None when the
-        walk reaches an empty key first (the round is not committed)."""
+        walk reaches an empty key first (the round is not committed). ``listed``: the keys
+        of the round a listing found, so that no absent key is read (junk is read once)."""
         known = self._records.get(round)
         if known is not None:
             return known
+        present = None if listed is None else set(listed)
         for slot in range(keys.SLOTS):
             key = keys.record_slot(round, slot)
             if key in self._junk:
                 continue
-            data = await self._object(key)
+            data = None if present is not None and key not in present else await self._object(key)
             if data is None:
                 return None
             record = self._record_at(key, round, data)
@@ -821,45 +744,21 @@ class Store:
     async def record_rounds(self, *, after: int = -1) -> list[int]:
         """The committed rounds after ``after``, in order: the listed rounds that follow
         ``after`` without a gap (rounds commit in order, so one further on is foreign),
-        less a tail whose keys hold junk only."""
+        less a tail whose listed keys hold junk only. One listing, and a read of each key
+        not judged yet: planted junk costs no reads on later calls."""
         start = keys.record(after) if after >= 0 else ""
-        offsets = []
+        offsets: list[int | None] = []
+        listed: dict[int, list[str]] = {}
         for key in await self.list_keys(keys.RECORDS, after=start):
             round = keys.parse_record(key)
             # A successor key of round ``after`` itself lists after ``after``'s first key.
             offsets.append(None if round is None or round <= after else round - after - 1)
+            if round is not None:
+                listed.setdefault(round, []).append(key)
         rounds = [after + 1 + offset for offset in _from_zero(offsets)]
-        while rounds and await self.record(rounds[-1]) is None:
+        while rounds and await self.record(rounds[-1], listed=listed[rounds[-1]]) is None:
             rounds.pop()
         return rounds
-
-
-def _chunk_runs(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The index chunks ``ranges`` touch, as runs ``(first, last)`` of adjacent chunks."""
-    touched = sorted(
-        {
-            n
-            for start, end in ranges
-            if end > start
-            for n in range(start // INDEX_CHUNK, (end - 1) // INDEX_CHUNK + 1)
-        }
-    )
-    runs: list[tuple[int, int]] = []
-    for n in touched:
-        if runs and runs[-1][1] == n - 1:
-            runs[-1] = (runs[-1][0], n)
-        else:
-            runs.append((n, n))
-    return runs
-
-
-def _assembled(chunks: Mapping[int, bytes], start: int, end: int) -> bytes:
-    """Bytes ``[start, end)`` of a blob from its checked ``chunks``."""
-    if end <= start:
-        return b""
-    first, last = start // INDEX_CHUNK, (end - 1) // INDEX_CHUNK
-    joined = b"".join(chunks[n] for n in range(first, last + 1))
-    return joined[start - first * INDEX_CHUNK : end - first * INDEX_CHUNK]
 
 
 def _from_zero(numbers: Iterable[int | None]) -> list[int]:

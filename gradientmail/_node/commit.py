@@ -46,6 +46,7 @@ from gradientmail.protocol.records import (
 )
 from gradientmail.protocol.rounds import Commit, RoundState
 from gradientmail.protocol.signing import Problem
+from gradientmail.protocol.sizes import delta_problem
 from gradientmail.protocol.sparse import update_sparsity
 from gradientmail.reader import Rebuilt, RunReader
 
@@ -224,6 +225,8 @@ async def _candidate(
     if snapshot.fragment != fragment:
         detail = f"names fragment {snapshot.fragment}, but the round is of fragment {fragment}"
         return Candidate(snapshot=snapshot, delta=None, problem=("shape", detail))
+    if (oversized := delta_problem(snapshot, spec)) is not None:
+        return Candidate(snapshot=snapshot, delta=None, problem=("shape", oversized))
     try:
         datas = await rt.store.delta_blobs(snapshot)
     except CorruptBlob as exc:
