@@ -10,8 +10,8 @@ checkpoint, ``protocol.checkpoint``, the θ and outer-state blobs), and the reco
 each participant with when this syncer first listed its snapshot (``Participant.arrived``).
 ``load`` rebuilds a fragment's θ and momentum through ``RunReader.rebuild`` when they are not
 held (after a recovery, or a round another syncer committed).
-``collect_garbage`` then deletes what ``checkpoint.retained`` no longer keeps, by reference:
-a content-addressed blob goes only when no kept object names it.
+``collect_garbage`` then deletes what ``garbage.collectable`` decides: by reference from
+committed, verified records and snapshots, a blob going only when nothing retained names it.
 
 Runs in the syncer task; aggregation, the outer step, encoding and decoding in worker
 threads.
@@ -31,9 +31,9 @@ from gradientmail._concurrent import gather
 from gradientmail._node.runtime import Runtime
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
-from gradientmail.protocol import keys
+from gradientmail.protocol import garbage, keys
 from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
-from gradientmail.protocol.checkpoint import Retained, is_checkpoint, retained, step
+from gradientmail.protocol.checkpoint import is_checkpoint, retained, step
 from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
 from gradientmail.protocol.outer import committed_update
 from gradientmail.protocol.records import (
@@ -75,13 +75,12 @@ class FragmentState:
 @dataclass(frozen=True, slots=True)
 class SyncerState:
     """Everything a syncer carries from one round to the next; rebuilt from the store by
-    ``recover``. ``recent`` caches the records and ``deltas`` the delta blobs the snapshots
-    of rounds name, for garbage collection (``checkpoint.retained``)."""
+    ``recover``. ``recent``: the retained records (``checkpoint.retained``) it has adopted
+    or read since, for ``newest``."""
 
     next_round: int
     fragments: tuple[FragmentState, ...]
     recent: Mapping[int, RoundRecord] = field(default_factory=dict)
-    deltas: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
     def newest(self, count: int) -> list[RoundRecord]:
         """The records this syncer holds of the ``count`` rounds before ``next_round``, in
@@ -156,8 +155,7 @@ async def commit(
     rt.emit(RoundCommitted(rt.learner, landed, rt.clock.now() - started))
     now_held = Rebuilt(version, tuple(theta), tuple(momentum), outer=True)
     committed = FragmentState(version, landed, now_held)
-    deltas = {**state.deltas, round: frozenset(b.sha256 for s, _ in snapshots for b in s.blobs)}
-    state = replace(state.adopted(landed, config, committed), deltas=deltas)
+    state = state.adopted(landed, config, committed)
     return await collect_garbage(rt, state, round), landed, True
 
 
@@ -295,76 +293,31 @@ def _fp32_blobs(
 
 
 async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> SyncerState:
-    """After committing ``round``: delete what ``checkpoint.retained`` no longer keeps (the
-    snapshots and claims of rounds that left it with the delta blobs they name, and the
-    blobs of records that left it); a blob is kept while Θ⁰, a kept record or a snapshot of
-    a kept round (or of the ``fragments - 1`` rounds ahead, where learners may already be
-    publishing) names it, since equal payloads share one blob. A blob names its fragment
-    (``codec.spec_digest``), so only the rounds of the doomed objects' fragments are read.
+    """After committing ``round``: read what ``garbage.reads`` names (the retained records
+    of every fragment, the snapshots of the kept rounds, of the rounds that leave and of
+    the rounds ahead) and delete what ``garbage.collectable`` decides: the snapshots and
+    claims of the rounds that left, and the blobs only they or the records that left name.
 
     Round records are never deleted. A transient failure, or a record or snapshot that does
     not decode, is logged and left for nobody: garbage is not worth failing a round over. A
     ``StoreAccessError`` (the operator's) propagates and fails the node.
     """
-    config = rt.config
     try:
-        before, now = retained(round - 1, config), retained(round, config)
-        gone_records, gone_rounds = before.records - now.records, before.snapshots - now.snapshots
-        if not gone_records and not gone_rounds:
+        wanted = garbage.reads(round, rt.config)
+        if wanted is None:
             return state
-        fragments = {keys.fragment_of(r, config.fragments) for r in gone_records | gone_rounds}
-        state = await _remember(rt, state, round, now, gone_records | gone_rounds, fragments)
-        keep = {ref.sha256 for ref in rt.manifest.theta0}
-        keep |= {ref.index for ref in rt.manifest.theta0 if isinstance(ref.index, str)}
-        for r in now.records:
-            if r in state.recent:
-                keep |= _blobs(state.recent[r])
-        for r, shas in state.deltas.items():
-            if r in now.snapshots or r > round:
-                keep |= shas
-        doomed: set[str] = set()
+        records = {}
+        for r in sorted(wanted.records):
+            if (found := await rt.store.record(r)) is not None:
+                records[r] = found
+        snapshots = {r: await rt.store.snapshots(r) for r in sorted(wanted.snapshots)}
+        doomed = garbage.collectable(round, rt.config, rt.manifest.theta0, records, snapshots)
+        kept = retained(round, rt.config).records
+        state = replace(state, recent={r: rec for r, rec in records.items() if r in kept})
         names: list[str] = []
-        for r in sorted(gone_rounds):
+        for r in sorted(doomed.rounds):
             names.extend(await rt.store.list_keys(keys.round_prefix(r)))
-            doomed |= state.deltas.get(r, frozenset())
-        for r in gone_records:
-            doomed |= _blobs(state.recent[r]) if r in state.recent else set()
-        await rt.store.delete([*names, *(keys.blob(sha) for sha in sorted(doomed - keep))])
-        state = replace(
-            state,
-            recent={r: rec for r, rec in state.recent.items() if r in now.records},
-            deltas={r: d for r, d in state.deltas.items() if r in now.snapshots or r > round},
-        )
+        await rt.store.delete([*names, *(keys.blob(sha) for sha in sorted(doomed.blobs))])
     except (MailboxUnavailable, RecordError) as exc:
         _log.warning("%s: garbage collection after round %d failed: %s", rt.learner, round, exc)
     return state
-
-
-def _blobs(record: RoundRecord) -> set[str]:
-    refs = [ref for ref in (record.update, record.theta, record.outer) if ref is not None]
-    return {ref.sha256 for ref in refs} | {ref.index for ref in refs if isinstance(ref.index, str)}
-
-
-async def _remember(
-    rt: Runtime,
-    state: SyncerState,
-    round: int,
-    now: Retained,
-    gone: frozenset[int],
-    fragments: set[int],
-) -> SyncerState:
-    """``state`` with the records and snapshot deltas of the rounds of ``fragments`` that
-    ``now`` keeps or that are ``gone``, read when not held yet, and the deltas of the rounds
-    ahead of ``round`` read every time (their learners may still publish)."""
-    recent, deltas = dict(state.recent), dict(state.deltas)
-    count = rt.config.fragments
-    for r in sorted(now.records | gone):
-        if keys.fragment_of(r, count) not in fragments or r in recent:
-            continue
-        if (found := await rt.store.record(r)) is not None:
-            recent[r] = found
-    ahead = set(range(round + 1, round + count))
-    for r in sorted(now.snapshots | gone | ahead):
-        if keys.fragment_of(r, count) in fragments and (r not in deltas or r in ahead):
-            deltas[r] = frozenset(b.sha256 for s, _ in await rt.store.snapshots(r) for b in s.blobs)
-    return replace(state, recent=recent, deltas=deltas)

@@ -17,7 +17,10 @@ from gradientmail.errors import CorruptBlob
 from gradientmail.mailbox import LocalMailbox, Mailbox
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.protocol import keys, records
+from gradientmail.protocol.checkpoint import retained
 from gradientmail.protocol.records import BlobRef, Snapshot, SnapshotPart
+from gradientmail.protocol.signing import RunKey
+from gradientmail.reader import RunReader
 from gradientmail.store import Store, sha256
 
 pytestmark = pytest.mark.anyio
@@ -155,3 +158,52 @@ async def test_parts_larger_than_their_rows_are_rejected_before_any_is_read(
     rejected = [r for record in found for r in record.rejected if r.learner == "mallory"]
     assert rejected
     assert all(r.reason == "shape" for r in rejected), rejected
+
+
+async def test_unverified_snapshots_naming_retained_blobs_delete_nothing_replay_needs(
+    tmp_path: Path,
+) -> None:
+    """A signed run; a fresh node takes over, and the attacker (no key) has planted unsigned
+    snapshots in the rounds its first commit collects, each naming the other fragment's
+    newest checkpoint θ and momentum. While they are retained their blobs stay, and every
+    retained version replays."""
+    box = LocalMailbox(tmp_path)
+    config = replace(CONFIG, keep_rounds=2, keep_versions=4, checkpoint_every=2)
+    secret = "the run secret, long enough"
+    key = RunKey(secret)
+    await _train(box, config, secret, until_round=8)
+    before = await history(box, key)
+    last = before[-1].round
+    newest = {r.fragment: r for r in before if r.theta is not None}
+    # The rounds the next commit collects, each naming the other fragment's checkpoint.
+    for round in retained(last, config).snapshots - retained(last + 1, config).snapshots:
+        checkpoint = newest[1 - round % 2]
+        refs = (checkpoint.theta, checkpoint.outer)
+        planted = tuple(SnapshotPart(delta=ref, rows=()) for ref in refs if ref is not None)
+        await box.put_if_absent(keys.snapshot(round, "mallory"), _forged(round, parts=planted))
+    await _train(box, config, secret, until_round=last + 1)
+    found = await history(box, key)
+    last = found[-1].round
+    assert {r.round for r in newest.values()} <= retained(last, config).records, last
+    for record in found:
+        if record.round in retained(last, config).records:
+            for ref in (record.update, record.theta, record.outer):
+                if ref is not None:
+                    assert await box.get(keys.blob(ref.sha256)) is not None, record.round
+    replayer = RunReader.of(box, run_key=key)
+    for record in found[-config.fragments :]:
+        rebuilt = await replayer.rebuild(record.fragment, record.version, momentum=True)
+        assert rebuilt is not None, record.round
+
+
+async def _train(box: Mailbox, config: records.RunConfig, secret: str, until_round: int) -> None:
+    model = tiny_model()
+    async with gradientmail.node(
+        model, box, learner="a", config=config, options=FAST, run_key=secret
+    ) as node:
+        trainer = Trainer(model, seed=1)
+        with anyio.fail_after(60):
+            while node.state.round < until_round:
+                trainer.step()
+                await node.step(tokens=16)
+                await anyio.sleep(0.002)
