@@ -181,7 +181,7 @@ async def test_unverified_snapshots_naming_retained_blobs_delete_nothing_replay_
         refs = (checkpoint.theta, checkpoint.outer)
         planted = tuple(SnapshotPart(delta=ref, rows=()) for ref in refs if ref is not None)
         await box.put_if_absent(keys.snapshot(round, "mallory"), _forged(round, parts=planted))
-    await _train(box, config, secret, until_round=last + 1)
+    await _train(box, config, secret, until_round=last + 3)
     found = await history(box, key)
     last = found[-1].round
     assert {r.round for r in newest.values()} <= retained(last, config).records, last
