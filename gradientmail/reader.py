@@ -16,7 +16,6 @@ cancellation stops the reads in flight and leaves the reader usable.
 """
 
 import contextlib
-import itertools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -66,7 +65,8 @@ __all__ = [
 _ATTEMPTS = 4
 """Tries of each read by a reader opened with ``RunReader.of`` before it gives up."""
 _RELIST = 5
-"""How often ``newest`` lists again when a θ blob disappears under it (bounded readers)."""
+"""How many listings in a row that show no newer record ``newest`` takes while a θ blob is
+gone, before it raises ``CorruptBlob``."""
 _CONCURRENT_READS = 16
 _CONCURRENT_REBUILDS = 2
 """Fragments ``newest`` rebuilds at once: a joiner of a 1 GiB model (four fragments, each
@@ -224,41 +224,47 @@ class RunReader:
         """The newest committed θ of every fragment (with ``initial``: Θ⁰).
 
         A θ blob collected between the listing and the read means newer records exist: the
-        listing is taken again after ``poll`` seconds, at most ``tries`` times (None: until
-        it succeeds), then ``CorruptBlob`` says the store lacks blobs its records name.
-        With ``rows`` (one ``codec.Rows`` per fragment) the θ are those rows only, read by
-        ranges (``rebuild_rows``): a rank of a sharded learner group.
+        listing is taken again after ``poll`` seconds. After ``tries`` listings in a row that
+        show no newer record (None: never), ``CorruptBlob`` says the store lacks a blob its
+        newest records name: collection never deletes what they name, so it will not come
+        back. With ``rows`` (one ``codec.Rows`` per fragment) the θ are those rows only, read
+        by ranges (``rebuild_rows``): a rank of a sharded learner group.
         Raises ``CorruptBlob`` / ``RecordError`` for damaged blobs.
         """
         manifest = manifest if manifest is not None else await self.manifest()
         clock = clock if clock is not None else MonotonicClock()
-        for _ in itertools.count() if tries is None else range(tries):
+        stalled, seen = 0, -2
+        while tries is None or stalled < tries:
             newest = await self._newest_once(manifest, initial, rows)
-            if newest is not None:
+            if isinstance(newest, Newest):
                 return newest
+            stalled, seen = (stalled + 1 if newest == seen else 1), newest
             await clock.sleep(poll)
         raise CorruptBlob(
-            f"a θ blob kept disappearing while reading ({tries} tries): the store lacks blobs "
-            "its records reference"
+            f"a blob that the newest records (round {seen}) name is gone, and {tries} listings "
+            f"{poll} s apart showed no newer record: the store lacks it; restore it or start a "
+            "new run from an export"
         )
 
     async def _newest_once(
         self, manifest: Manifest, initial: bool, rows: Sequence[Rows] | None
-    ) -> Newest | None:
+    ) -> Newest | int:
+        """The newest θ; else (a blob is gone) the newest round listed."""
         fragments = manifest.config.fragments
         rounds = [] if initial else await self.store.record_rounds()
+        listed = rounds[-1] if rounds else -1
         newest: list[RoundRecord | None] = [None] * fragments
         for round in rounds[-fragments:]:
             record = await self._record(round, manifest)
             if record is None:
-                return None
+                return listed
             newest[record.fragment] = record
         versions = tuple(0 if r is None else r.version for r in newest)
         rebuilt = await self.rebuild_all(manifest, versions, rows)
         if rebuilt is None:
-            return None
+            return listed
         return Newest(
-            round=rounds[-1] if rounds else -1,
+            round=listed,
             versions=versions,
             thetas=tuple(r.theta for r in rebuilt),
             records=tuple(newest),

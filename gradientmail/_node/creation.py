@@ -192,7 +192,9 @@ async def load_newest(
     signatures checked with the store's key.
 
     A θ blob collected between the listing and the read means newer records exist: the
-    listing is taken again every ``poll`` seconds. Raises ``RecordError`` / ``CorruptBlob``
-    for damaged objects.
+    listing is taken again every ``poll`` seconds while newer records appear. Raises
+    ``CorruptBlob`` when a blob the newest records name is gone and 5 listings in a row
+    (``poll`` apart) show no newer record, ``RecordError`` / ``CorruptBlob`` for damaged
+    objects.
     """
-    return await RunReader(store).newest(manifest, clock=clock, poll=poll, tries=None, rows=rows)
+    return await RunReader(store).newest(manifest, clock=clock, poll=poll, rows=rows)

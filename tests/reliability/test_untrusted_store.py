@@ -207,3 +207,23 @@ async def _train(box: Mailbox, config: records.RunConfig, secret: str, until_rou
                 trainer.step()
                 await node.step(tokens=16)
                 await anyio.sleep(0.002)
+
+
+async def test_a_joiner_whose_blob_is_gone_fails_after_five_listings(tmp_path: Path) -> None:
+    box = LocalMailbox(tmp_path)
+    config = replace(CONFIG, checkpoint_every=1)
+    model = tiny_model()
+    async with gradientmail.node(model, box, learner="a", config=config, options=FAST) as node:
+        trainer = Trainer(model, seed=1)
+        with anyio.fail_after(30):
+            while node.state.round < 3:
+                trainer.step()
+                await node.step(tokens=16)
+                await anyio.sleep(0.002)
+    newest = (await history(box))[-1]
+    assert newest.theta is not None
+    await box.delete([keys.blob(newest.theta.sha256)])
+    # Five listings a poll interval apart, and the time to read: far under the deadline.
+    with anyio.fail_after(10), pytest.raises(CorruptBlob, match="showed no newer record"):
+        async with gradientmail.node(tiny_model(), box, learner="b", config=config, options=FAST):
+            pass
