@@ -3,6 +3,7 @@ the record keys ahead, blobs larger than their refs say, snapshots whose parts n
 larger than their rows, and snapshots that name blobs garbage collection must keep."""
 
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -227,3 +228,24 @@ async def test_a_joiner_whose_blob_is_gone_fails_after_five_listings(tmp_path: P
     with anyio.fail_after(10), pytest.raises(CorruptBlob, match="showed no newer record"):
         async with gradientmail.node(tiny_model(), box, learner="b", config=config, options=FAST):
             pass
+
+
+async def test_export_and_load_refuse_an_oversized_theta0_unread(tmp_path: Path) -> None:
+    box = LocalMailbox(tmp_path)
+    async with gradientmail.node(tiny_model(), box, learner="a", config=CONFIG, options=FAST):
+        pass
+    manifest = await Store(box).manifest()
+    assert manifest is not None
+    ref = manifest.theta0[0]
+    key = keys.blob(ref.sha256)
+    await box.delete([key])
+    await box.put_if_absent(key, b"\0" * (16 * MIB))
+    with pytest.raises(CorruptBlob, match=f"{key} holds 16777216 bytes or more.*declares"):
+        await gradientmail.load(box, tiny_model())
+    out = tmp_path / "model.safetensors"
+    command = [sys.executable, "-m", "gradientmail", "export", str(tmp_path), "--out", str(out)]
+    result = await anyio.run_process(command, check=False)
+    stderr = result.stderr.decode()
+    assert result.returncode == 1, stderr
+    assert f"declares {ref.size}" in stderr
+    assert "Traceback" not in stderr
