@@ -249,3 +249,29 @@ async def test_export_and_load_refuse_an_oversized_theta0_unread(tmp_path: Path)
     assert result.returncode == 1, stderr
     assert f"declares {ref.size}" in stderr
     assert "Traceback" not in stderr
+
+
+async def _junk_records_are_judged_once(box: Mailbox, count: int) -> None:
+    store = Store(box)
+    async with anyio.create_task_group() as tg:
+        for round in range(count):
+            tg.start_soon(box.put_if_absent, keys.record(round), b"{}")
+    assert await store.record_rounds() == []
+    before = store.stats.requests
+    for _ in range(3):
+        assert await store.record_rounds() == []
+    after = store.stats.requests
+    assert after["get"] - before["get"] == 0
+    assert after["list"] - before["list"] == 3
+
+
+async def test_junk_records_cost_one_listing_a_poll_in_a_directory(tmp_path: Path) -> None:
+    await _junk_records_are_judged_once(LocalMailbox(tmp_path), 1000)
+
+
+async def test_junk_records_cost_one_listing_a_poll_over_s3(
+    moto_server: str, s3_bucket: str
+) -> None:
+    url = f"s3://{s3_bucket}/run?endpoint_url={moto_server}&region=us-east-1"
+    async with open_mailbox(url) as box:
+        await _junk_records_are_judged_once(box, 300)
