@@ -169,15 +169,21 @@ async def test_unverified_snapshots_naming_retained_blobs_delete_nothing_replay_
     newest checkpoint θ and momentum. While they are retained their blobs stay, and every
     retained version replays."""
     box = LocalMailbox(tmp_path)
-    config = replace(CONFIG, keep_rounds=2, keep_versions=4, checkpoint_every=2)
+    config = replace(CONFIG, keep_rounds=2, keep_versions=8, checkpoint_every=2)
     secret = "the run secret, long enough"
     key = RunKey(secret)
     await _train(box, config, secret, until_round=8)
     before = await history(box, key)
     last = before[-1].round
     newest = {r.fragment: r for r in before if r.theta is not None}
-    # The rounds the next commit collects, each naming the other fragment's checkpoint.
-    for round in retained(last, config).snapshots - retained(last + 1, config).snapshots:
+    # The rounds the next commits collect, each naming the other fragment's checkpoint.
+    collected = set().union(
+        *(
+            retained(r, config).snapshots - retained(r + 1, config).snapshots
+            for r in range(last, last + 4)
+        )
+    )
+    for round in collected:
         checkpoint = newest[1 - round % 2]
         refs = (checkpoint.theta, checkpoint.outer)
         planted = tuple(SnapshotPart(delta=ref, rows=()) for ref in refs if ref is not None)
