@@ -73,14 +73,21 @@ async def _capped(store: "Store", key: str, size: int) -> bytes | None:
         raise CorruptBlob(f"{key} cannot be read as a blob: {exc}") from None
 
 
-async def get_blob(store: "Store", ref: BlobRef) -> bytes | None:
+async def get_blob(store: "Store", ref: BlobRef, *, most: int | None = None) -> bytes | None:
     """The bytes of ``ref``, verified; None when the blob is gone (collected). No more
-    than ``ref.size`` bytes are read.
+    than ``ref.size`` bytes are read, and nothing when ``ref.size`` exceeds ``most`` (what
+    the reader knows a blob of its kind takes at most, ``sizes.max_blob_bytes``).
 
-    Raises ``CorruptBlob`` when the object is larger than ``ref.size`` (unread), or its
-    bytes do not hash to ``ref.sha256`` or fall short of ``ref.size``.
+    Raises ``CorruptBlob`` when ``ref.size`` exceeds ``most`` or the object is larger than
+    ``ref.size`` (both unread), or its bytes do not hash to ``ref.sha256`` or fall short of
+    ``ref.size``.
     """
     key = keys.blob(ref.sha256)
+    if most is not None and ref.size > most:
+        raise CorruptBlob(
+            f"{key}: its reference declares {ref.size} bytes, more than the {most} a blob of "
+            "its fragment takes; it was not read"
+        )
     data = await _capped(store, key, ref.size)
     if data is None:
         return None

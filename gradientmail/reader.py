@@ -47,7 +47,7 @@ from gradientmail.protocol.fragments import mismatch, signature
 from gradientmail.protocol.outer import added
 from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord, Snapshot
 from gradientmail.protocol.signing import RunKey
-from gradientmail.protocol.sizes import delta_problem
+from gradientmail.protocol.sizes import delta_problem, max_blob_bytes
 from gradientmail.protocol.sparse import TOPK
 from gradientmail.store import Store
 
@@ -325,7 +325,7 @@ class RunReader:
         theta, moment = begin.theta, begin.momentum
         for later in range(begin.version + 1, version + 1):
             record = await self._need(keys.round_of(fragment, later, config.fragments), manifest)
-            update = await self.store.get_blob(record.update)
+            update = await self.store.get_blob(record.update, most=max_blob_bytes(spec))
             if update is None:
                 return None
             mean = await self._mean(record, spec) if momentum else None
@@ -408,7 +408,7 @@ class RunReader:
         tensors = []
         for ref in refs:
             assert ref is not None
-            data = await self.store.get_blob(ref)
+            data = await self.store.get_blob(ref, most=max_blob_bytes(spec))
             if data is None:
                 return None
             tensors.append(tuple(await anyio.to_thread.run_sync(decode_fragment, data, spec)))

@@ -347,10 +347,10 @@ class Store:
         """``_blobs.blob_ranges``: ranges of ``ref``, each checked; None when it is gone."""
         return await _blobs.blob_ranges(self, ref, ranges)
 
-    async def get_blob(self, ref: BlobRef) -> bytes | None:
-        """``_blobs.get_blob``: the bytes of ``ref``, read no further than ``ref.size`` and
-        verified; None when the blob is gone. Raises ``CorruptBlob``."""
-        return await _blobs.get_blob(self, ref)
+    async def get_blob(self, ref: BlobRef, *, most: int | None = None) -> bytes | None:
+        """``_blobs.get_blob``: the bytes of ``ref``, read no further than ``ref.size`` (at
+        most ``most``) and verified; None when the blob is gone. Raises ``CorruptBlob``."""
+        return await _blobs.get_blob(self, ref, most=most)
 
     async def delta_blobs(self, snapshot: Snapshot) -> list[bytes] | None:
         """``_blobs.delta_blobs``: every blob of ``snapshot``'s delta; None when one is gone."""

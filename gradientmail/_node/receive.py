@@ -41,6 +41,7 @@ from gradientmail.protocol.codec import Rows
 from gradientmail.protocol.learner import Download, Failure, Stage
 from gradientmail.protocol.outer import added, apply_update
 from gradientmail.protocol.records import FragmentSpec
+from gradientmail.protocol.sizes import max_blob_bytes
 from gradientmail.reader import RunReader
 
 __all__ = ["Receiver"]
@@ -158,7 +159,7 @@ class Receiver:
         spec = rt.specs[download.fragment]
         pin = self._driver.pinned
         if download.base is not None:
-            data = await rt.store.get_blob(record.update)
+            data = await rt.store.get_blob(record.update, most=max_blob_bytes(spec))
             if data is None:
                 return None
             return await anyio.to_thread.run_sync(_updated, download.base, data, spec, pin)

@@ -72,6 +72,12 @@ async def _oversized_blob_is_refused_unread(box: Mailbox) -> None:
     with pytest.raises(CorruptBlob, match=keys.blob(ref.sha256)):
         await store.blob_ranges(ref, [(0, 10)])
     assert store.stats.bytes_down <= 2000
+    # A ref declaring more than a blob of its fragment can take is not read at all.
+    huge = BlobRef(sha256=ref.sha256, size=1 << 40, encoding="fp32")
+    gets = store.stats.requests["get"]
+    with pytest.raises(CorruptBlob, match=f"declares {1 << 40} bytes, more than the 4096"):
+        await store.get_blob(huge, most=4096)
+    assert store.stats.requests["get"] == gets
 
 
 async def test_a_blob_larger_than_its_ref_is_refused_unread_in_a_directory(tmp_path: Path) -> None:
