@@ -5,19 +5,21 @@ costs no download (the store then caps each read at the declared size).
 Pure: no I/O; runs on whatever thread calls it.
 """
 
-from gradientmail.protocol.codec import MAX_HEADER_BYTES, check_parts, part_spec
+from gradientmail.protocol.codec import check_parts, part_spec
+from gradientmail.protocol.framing import MAX_HEADER_BYTES
 from gradientmail.protocol.records import FragmentSpec, Snapshot
 
 __all__ = ["delta_problem", "max_blob_bytes"]
 
-_BYTES_PER_ELEMENT = 5
-"""The most an element takes in any encoding: an int8 value with its own fp32 block scale
-(block size 1); fp32 takes 4."""
+_BYTES_PER_ELEMENT = 11
+"""The most an element takes in any encoding: a ``topk`` element in a chunk of its own (an
+I32 count, an F32 scale, a U16 index and an 8-bit code); int8 with block size 1 takes 5,
+fp32 4."""
 
 
 def max_blob_bytes(spec: FragmentSpec) -> int:
     """The most bytes a well-formed blob of ``spec`` takes in any encoding and block size:
-    the length prefix, the longest header the codec reads (``MAX_HEADER_BYTES``) and 5 bytes
+    the length prefix, the longest header the codec reads (``MAX_HEADER_BYTES``) and 11 bytes
     an element."""
     return 8 + MAX_HEADER_BYTES + _BYTES_PER_ELEMENT * spec.numel
 
