@@ -13,6 +13,7 @@ from gradientmail.errors import (
     RecordError,
     RunMismatch,
     StoreAccessError,
+    StoreTampered,
 )
 from gradientmail.patterns import Barrier, shared_queue
 from gradientmail.protocol.fragments import preview
@@ -37,6 +38,7 @@ __all__ = [
     "RunMismatch",
     "StepHandle",
     "StoreAccessError",
+    "StoreTampered",
     "admit",
     "events",
     "load",

@@ -7,6 +7,8 @@ The store's content (or whoever wrote it), never the caller:
     unknown format); its kinds ``CodecError`` (a blob that is not a well-formed encoding of
     its fragment) and ``SignatureError`` (an object of a signed run that does not verify).
     ``CorruptBlob``: a blob's bytes do not hash to their name.
+    ``StoreTampered``: a committed round record was overwritten (the history's chain breaks
+    at the key it names); never retried: it fails the node.
 The operator's (fix the store's settings), raised by the mailboxes and never retried:
     ``StoreAccessError``: the store refused us for a reason no retry fixes. Its kinds are
     ``mailbox.S3AccessError`` (also a botocore ``ClientError``: no bucket, access denied,
@@ -40,6 +42,7 @@ __all__ = [
     "RunMismatch",
     "SignatureError",
     "StoreAccessError",
+    "StoreTampered",
     "UsageError",
 ]
 
@@ -118,6 +121,18 @@ class SignatureError(RecordError):
         )
         self.key = key
         self.reason: Problem = reason
+
+
+class StoreTampered(GradientmailError):
+    """Someone who can overwrite the store's objects replaced a committed round record: the
+    record at ``key`` is not the one the history after it was committed on
+    (``protocol.chain``). No retry fixes it and no node commits over it: the store's owner
+    restores the record (from a versioned copy) or starts a new run, and turns on object lock
+    or versioning."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{why}; restore {key} from a versioned copy or start a new run")
+        self.key = key
 
 
 class RunMismatch(GradientmailError):

@@ -37,11 +37,13 @@ from typing import TypeVar
 import msgspec
 
 from gradientmail import _blobs
-from gradientmail._blobs import sha256
+from gradientmail._blobs import hashed, sha256
+from gradientmail._history import History
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import MailboxUnavailable, RecordError, SignatureError
 from gradientmail.mailbox import Mailbox, ObjectRefused, RangedMailbox, retrying
 from gradientmail.protocol import keys
+from gradientmail.protocol.chain import Stored
 from gradientmail.protocol.identities import IDENTITIES, LearnerKey, Signing
 from gradientmail.protocol.records import (
     MAX_MANIFEST_BYTES,
@@ -69,8 +71,6 @@ S = TypeVar("S", bound=_Object)
 
 _CLAIM_CACHE_ROUNDS = 64
 """How many rounds behind the newest asked about a claim body stays remembered."""
-_RECORDS_KEPT = 1024
-"""How many round records (immutable once committed) a store remembers, the newest."""
 _JUNK_KEPT = 1 << 16
 """How many junk keys a store remembers (the newest): forgetting one costs a read again."""
 _IGNORED_SHOWN = 100
@@ -122,7 +122,7 @@ class Store:
         self._fragments: int | None = None
         self._junk: dict[str, None] = {}
         self._ignored: dict[str, str] = {}
-        self._records: dict[int, RoundRecord] = {}
+        self._history = History()
         self._beats: dict[str, bool] = {}
         self._snapshots: dict[int, dict[str, tuple[Snapshot, Problem | None]]] = {}
         self._clock = clock if clock is not None else MonotonicClock()
@@ -264,8 +264,9 @@ class Store:
             return ""
         return self._run
 
-    def _learn(self, manifest: Manifest) -> Manifest:
+    def _learn(self, manifest: Manifest, data: bytes) -> Manifest:
         self._run = manifest.run_id if isinstance(manifest.run_id, str) else ""
+        self._history.manifest = sha256(data)
         self._fragments = manifest.config.fragments
         if not self._unverified:
             self.signing = self.signing.learn(manifest)
@@ -373,7 +374,7 @@ class Store:
                 return None
             manifest = self._manifest_at(key, data)
             if manifest is not None:
-                return self._learn(manifest)
+                return self._learn(manifest, data)
         raise RecordError(f"every one of the {keys.SLOTS} manifest keys holds junk")
 
     def _manifest_at(self, key: str, data: bytes) -> Manifest | None:
@@ -404,14 +405,14 @@ class Store:
         for slot in range(keys.SLOTS):
             key = keys.manifest_slot(slot)
             signed = self._signed(key, manifest)
-            if await self.create(key, encode(signed)):
-                return self._learn(signed)
+            if await self.create(key, ours := encode(signed)):
+                return self._learn(signed, ours)
             data = await self._object(key, limit=MAX_MANIFEST_BYTES)
             if data is None:
                 raise MailboxUnavailable(f"{key} was reported present but cannot be read")
             winner = self._manifest_at(key, data)
             if winner is not None:
-                return self._learn(winner)
+                return self._learn(winner, data)
         raise RecordError(f"every one of the {keys.SLOTS} manifest keys holds junk")
 
     async def create_claims(self) -> list[tuple[int, str]]:
@@ -683,11 +684,16 @@ class Store:
         """The record of ``round``: the first of its keys (``keys.record_slot``) holding a
         record that decodes, verifies (signed run) and describes ``round``; None when the
         walk reaches an empty key first (the round is not committed). ``listed``: the keys
-        of the round a listing found, so that no absent key is read (junk is read once)."""
-        known = self._records.get(round)
-        if known is not None:
-            return known
+        of the round a listing found, so that no absent key is read (junk is read once).
+        ``StoreTampered`` when it does not chain onto the round before (``_history``)."""
         present = None if listed is None else set(listed)
+
+        def walk(at: int) -> Awaitable[Stored | None]:
+            return self._walk_record(at, present if at == round else None)
+
+        return await self._history.record(round, walk)
+
+    async def _walk_record(self, round: int, present: set[str] | None = None) -> Stored | None:
         for slot in range(keys.SLOTS):
             key = keys.record_slot(round, slot)
             if key in self._junk:
@@ -695,12 +701,8 @@ class Store:
             data = None if present is not None and key not in present else await self._object(key)
             if data is None:
                 return None
-            record = self._record_at(key, round, data)
-            if record is not None:
-                self._records[round] = record
-                while len(self._records) > _RECORDS_KEPT:
-                    del self._records[min(self._records)]
-                return record
+            if (record := self._record_at(key, round, data)) is not None:
+                return Stored(key, await hashed(data), record)
         return None
 
     def _record_at(self, key: str, round: int, data: bytes) -> RoundRecord | None:
@@ -723,21 +725,23 @@ class Store:
         return record
 
     async def put_record(self, record: RoundRecord) -> tuple[RoundRecord, bool]:
-        """Commit ``record`` at the first of its round's keys not taken by junk, unless the
-        round has a record; return the round's record (signed, in a signed run) and whether
-        it is this write's. ``RecordError`` when every key of the round holds junk."""
-        for slot in range(keys.SLOTS):
-            key = keys.record_slot(record.round, slot)
+        """Commit ``record``, bound to the round before, at the first of its round's keys not
+        taken by junk, unless the round has a record; return the round's record (signed, in a
+        signed run) and whether it is this write's. ``RecordError`` when every key of the
+        round holds junk; ``StoreTampered`` when the history breaks (``History.linked``)."""
+        junk, claims = self._junk, self.round_claims
+        record, before = await self._history.linked(record, self._walk_record, junk, claims)
+        for key in (keys.record_slot(record.round, n) for n in range(keys.SLOTS)):
             if key in self._junk:
                 continue
             signed = self._signed(key, record)
-            if await self.create(key, encode(signed)):
+            if await self.create(key, ours := encode(signed)):
+                self._history.check(Stored(key, await hashed(ours), signed), before)
                 return signed, True
-            data = await self._object(key)
-            if data is None:
+            if (data := await self._object(key)) is None:
                 raise MailboxUnavailable(f"{key} reported present but unreadable")
-            theirs = self._record_at(key, record.round, data)
-            if theirs is not None:
+            if (theirs := self._record_at(key, record.round, data)) is not None:
+                self._history.check(Stored(key, await hashed(data), theirs), before)
                 return theirs, False
         raise RecordError(f"every one of the {keys.SLOTS} keys of round {record.round} is junk")
 

@@ -7,7 +7,8 @@ this code does not know raises ``RecordError`` naming what was wrong. Unknown ex
 are ignored, so a newer writer can add optional fields without breaking older readers.
 
 The record of a round (``RoundRecord``) is the commit point: it is written last, after the
-blobs it references, and it is never rewritten.
+blobs it references, and it is never rewritten; it binds the record before it
+(``protocol.chain``).
 
 Pure: no I/O.
 """
@@ -457,11 +458,15 @@ class RoundRecordDraft(_Object, frozen=True, kw_only=True):
 class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):
     """The commit point of a round, at ``records/{round}``: the draft plus the update
     U = θ_{v+1} − θ_v learners apply and, at a checkpoint (``protocol.checkpoint``), the
-    new θ of the fragment and the outer optimizer's state, both or neither (null)."""
+    new θ of the fragment and the outer optimizer's state, both or neither (null).
+    ``previous`` binds the history (``protocol.chain``): the sha256 of the previous round's
+    record as stored, or for round 0 of the manifest; absent from records written before it
+    existed."""
 
     update: BlobRef
     theta: BlobRef | None = None
     outer: BlobRef | None = None
+    previous: Sha256 | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         if (self.theta is None) != (self.outer is None):

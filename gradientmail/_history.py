@@ -1,0 +1,98 @@
+"""The round records one store has taken, each checked against the one before it.
+
+``Store`` finds a round's record (the first good one of its keys, ``Store._walk_record``);
+``History`` remembers it with the sha256 of its bytes, checks its link to the record taken
+for the round before (``protocol.chain``) before handing it out, and sets the link of every
+record the store commits. A link that breaks raises ``StoreTampered`` naming the key that no
+longer holds what the history was built on: no reader uses, and no writer commits over, a
+history it cannot verify.
+
+Runs on the event loop of the store's node, like the store.
+"""
+
+from collections.abc import Awaitable, Callable, Container
+
+import msgspec
+
+from gradientmail.errors import StoreTampered
+from gradientmail.protocol import keys
+from gradientmail.protocol.chain import Stored, link_problem, overwritten
+from gradientmail.protocol.records import RoundRecord
+
+__all__ = ["Claims", "History", "Walk"]
+
+Walk = Callable[[int], Awaitable[Stored | None]]
+"""How a store finds the record of a round in the store (None: the round has none)."""
+Claims = Callable[[int], Awaitable[list[tuple[int, str]]]]
+"""The claims on a round that count, ``(k, claimant)`` (``Store.round_claims``)."""
+
+_KEPT = 1024
+"""How many rounds' records (immutable once committed) a history remembers, the newest."""
+
+
+class History:
+    """What one store has taken of a run's history. ``manifest``: the sha256 of the manifest's
+    bytes, which round 0 binds (None until the store has read or written it)."""
+
+    def __init__(self) -> None:
+        self.manifest: str | None = None
+        self._taken: dict[int, Stored] = {}
+        self._checked: set[int] = set()
+
+    async def record(self, round: int, walk: Walk) -> RoundRecord | None:
+        """The record of ``round`` (None: the round has none), its link checked;
+        ``StoreTampered`` when it breaks."""
+        taken = await self._take(round, walk)
+        if taken is None:
+            return None
+        if round not in self._checked:
+            self.check(taken, await self.before(round, walk))
+        return taken.record
+
+    async def linked(
+        self, record: RoundRecord, walk: Walk, junk: Container[str], claims: Claims
+    ) -> tuple[RoundRecord, Stored | None]:
+        """``record`` binding the record taken for the round before it (or the manifest), and
+        that record. ``StoreTampered`` when that round holds no record that decodes, or when
+        the round's first key is in ``junk`` and a claim on the next round names its claimant
+        (asked only then, ``chain.overwritten``): committing at a successor key would fork."""
+        round = record.round
+        first_junk = keys.record(round) in junk
+        claimed = first_junk and any(claimant for _, claimant in await claims(round + 1))
+        if (found := overwritten(round, first_junk, claimed)) is not None:
+            raise StoreTampered(found.key, found.why)
+        before = await self.before(round, walk)
+        previous = self.manifest if before is None else before.digest
+        linked = record if previous is None else msgspec.structs.replace(record, previous=previous)
+        problem = link_problem(Stored(keys.record(round), "", linked), before, self.manifest)
+        if problem is not None:
+            raise StoreTampered(problem.key, problem.why)
+        return linked, before
+
+    def check(self, taken: Stored, before: Stored | None) -> None:
+        """Remember ``taken`` once it chains onto ``before``; ``StoreTampered`` otherwise."""
+        problem = link_problem(taken, before, self.manifest)
+        if problem is not None:
+            raise StoreTampered(problem.key, problem.why)
+        self._remember(taken)
+        self._checked.add(taken.record.round)
+
+    async def before(self, round: int, walk: Walk) -> Stored | None:
+        """The record taken for the round before ``round`` (None for round 0, or when that
+        round has none)."""
+        return None if round == 0 else await self._take(round - 1, walk)
+
+    async def _take(self, round: int, walk: Walk) -> Stored | None:
+        known = self._taken.get(round)
+        if known is None:
+            known = await walk(round)
+            if known is not None:
+                self._remember(known)
+        return known
+
+    def _remember(self, taken: Stored) -> None:
+        self._taken[taken.record.round] = taken
+        while len(self._taken) > _KEPT:
+            oldest = min(self._taken)
+            del self._taken[oldest]
+            self._checked.discard(oldest)
