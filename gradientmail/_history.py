@@ -50,15 +50,16 @@ class History:
         return taken.record
 
     async def linked(
-        self, record: RoundRecord, walk: Walk, junk: Container[str], claims: Claims
+        self, record: RoundRecord, walk: Walk, junk: Container[str], claims: Claims | None
     ) -> tuple[RoundRecord, Stored | None]:
         """``record`` binding the record taken for the round before it (or the manifest), and
         that record. ``StoreTampered`` when that round holds no record that decodes, or when
         the round's first key is in ``junk`` and a claim on the next round names its claimant
-        (asked only then, ``chain.overwritten``): committing at a successor key would fork."""
+        (asked only then, ``chain.overwritten``): committing at a successor key would fork.
+        ``claims`` None (an unsigned run, where anyone's claim counts): claims prove nothing."""
         round = record.round
         first_junk = keys.record(round) in junk
-        claimed = first_junk and any(claimant for _, claimant in await claims(round + 1))
+        claimed = claims is not None and first_junk and await _named(claims, round + 1)
         if (found := overwritten(round, first_junk, claimed)) is not None:
             raise StoreTampered(found.key, found.why)
         before = await self.before(round, walk)
@@ -96,3 +97,7 @@ class History:
             oldest = min(self._taken)
             del self._taken[oldest]
             self._checked.discard(oldest)
+
+
+async def _named(claims: Claims, round: int) -> bool:
+    return any(claimant for _, claimant in await claims(round))

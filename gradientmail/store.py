@@ -729,7 +729,7 @@ class Store:
         taken by junk, unless the round has a record; return the round's record (signed, in a
         signed run) and whether it is this write's. ``RecordError`` when every key of the
         round holds junk; ``StoreTampered`` when the history breaks (``History.linked``)."""
-        junk, claims = self._junk, self.round_claims
+        junk, claims = self._junk, None if self._run_key is None else self.round_claims
         record, before = await self._history.linked(record, self._walk_record, junk, claims)
         for key in (keys.record_slot(record.round, n) for n in range(keys.SLOTS)):
             if key in self._junk:

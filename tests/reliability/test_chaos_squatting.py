@@ -99,6 +99,8 @@ async def test_junk_at_a_record_key_moves_every_honest_node_to_the_same_successo
 async def test_a_record_that_names_another_round_is_junk() -> None:
     box = MemoryMailbox()
     a, reader, _ = await _run(box)
+    for round in range(3):
+        await a.put_record(record(round, "a"))
     await box.put_if_absent(keys.record(3), records.encode(record(1, "mallory")))
     assert await reader.record(3) is None
     landed, mine = await a.put_record(record(3, "a"))

@@ -21,9 +21,12 @@ from gradientmail import StoreTampered
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.mailbox.local import key_path
 from gradientmail.protocol import keys, records
+from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
+
+SECRET = "the run secret, long enough"
 
 
 async def train(node: gradientmail.Node, model: torch.nn.Module, until_round: int) -> None:
@@ -35,14 +38,17 @@ async def train(node: gradientmail.Node, model: torch.nn.Module, until_round: in
             await anyio.sleep(0.002)
 
 
-async def committed_run(directory: Path) -> int:
+async def committed_run(directory: Path, run_key: str | None) -> int:
     """A run of one learner in ``directory`` with at least six rounds committed and the
     round after the newest claimed; the newest committed round."""
     model = tiny_model()
+    key = None if run_key is None else RunKey(run_key)
     async with LocalMailbox(directory) as box:
-        async with gradientmail.node(model, box, learner="a", config=CONFIG, options=FAST) as node:
+        async with gradientmail.node(
+            model, box, learner="a", config=CONFIG, options=FAST, run_key=run_key
+        ) as node:
             await train(node, model, until_round=6)
-        store = Store(box)
+        store = Store(box, run_key=key)
         await store.manifest()
         with anyio.fail_after(30):
             while True:
@@ -89,12 +95,14 @@ async def listed_records(directory: Path) -> dict[str, bytes]:
         return {key: await box.get(key) or b"" for key in await box.list(keys.RECORDS)}
 
 
-async def joiner_fails(directory: Path, learner: str) -> StoreTampered:
+async def joiner_fails(directory: Path, learner: str, run_key: str | None) -> StoreTampered:
     model = tiny_model(seed=3)
     try:
         async with (
             LocalMailbox(directory) as box,
-            gradientmail.node(model, box, learner=learner, config=CONFIG, options=FAST) as node,
+            gradientmail.node(
+                model, box, learner=learner, config=CONFIG, options=FAST, run_key=run_key
+            ) as node,
         ):
             trainer = Trainer(model, seed=2)
             with anyio.fail_after(60):
@@ -108,26 +116,31 @@ async def joiner_fails(directory: Path, learner: str) -> StoreTampered:
 
 
 @pytest.mark.parametrize(
-    ("victim", "kind"),
-    [("before-newest", "junk"), ("before-newest", "forged"), ("newest", "junk")],
+    ("victim", "kind", "run_key"),
+    [
+        ("before-newest", "junk", None),
+        ("before-newest", "junk", SECRET),
+        ("before-newest", "forged", None),
+        ("newest", "junk", SECRET),
+    ],
 )
 @pytest.mark.parametrize("learner", ["a", "b"])
 async def test_an_overwritten_record_stops_a_node_instead_of_forking(
-    tmp_path: Path, victim: str, kind: str, learner: str
+    tmp_path: Path, victim: str, kind: str, run_key: str | None, learner: str
 ) -> None:
-    newest = await committed_run(tmp_path)
+    newest = await committed_run(tmp_path, run_key)
     round = newest - 1 if victim == "before-newest" else newest
     key = keys.record(round)
     overwrite(tmp_path, key, b"overwritten" if kind == "junk" else await forged(tmp_path, round))
     before = await listed_records(tmp_path)
-    error = await joiner_fails(tmp_path, learner)
+    error = await joiner_fails(tmp_path, learner, run_key)
     assert error.key == key, error
     assert key in str(error)
     assert await listed_records(tmp_path) == before, "a second record was committed"
 
 
 async def test_status_names_the_overwritten_key(tmp_path: Path) -> None:
-    newest = await committed_run(tmp_path)
+    newest = await committed_run(tmp_path, None)
     key = keys.record(newest - 2)
     overwrite(tmp_path, key, await forged(tmp_path, newest - 2))
     result = await anyio.to_thread.run_sync(
