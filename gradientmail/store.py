@@ -122,7 +122,7 @@ class Store:
         self._fragments: int | None = None
         self._junk: dict[str, None] = {}
         self._ignored: dict[str, str] = {}
-        self._history = History()
+        self._history = History(checked=not self._unverified)
         self._beats: dict[str, bool] = {}
         self._snapshots: dict[int, dict[str, tuple[Snapshot, Problem | None]]] = {}
         self._clock = clock if clock is not None else MonotonicClock()
@@ -267,6 +267,7 @@ class Store:
     def _learn(self, manifest: Manifest, data: bytes) -> Manifest:
         self._run = manifest.run_id if isinstance(manifest.run_id, str) else ""
         self._history.manifest = sha256(data)
+        self._history.checked = not self._unverified or not isinstance(manifest.key_id, str)
         self._fragments = manifest.config.fragments
         if not self._unverified:
             self.signing = self.signing.learn(manifest)

@@ -69,11 +69,14 @@ def link_problem(taken: Stored, before: Stored | None, manifest: str | None) -> 
     return None
 
 
-def overwritten(round: int, first_key_junk: bool, next_claimed: bool) -> Tampering | None:
+def overwritten(
+    round: int, first_key_junk: bool, next_claimed: bool, has_record: bool
+) -> Tampering | None:
     """Why committing ``round`` at a successor key would fork the run: its first key holds
-    junk, yet a syncer claimed round ``round + 1``, which it does only once it holds the
-    record of ``round``: the junk overwrote that record. None when neither says so."""
-    if not (first_key_junk and next_claimed):
+    junk and no key of it a record, yet a syncer claimed round ``round + 1``, which it does
+    only once it holds the record of ``round``: the junk overwrote that record. None when the
+    facts do not say so (a record at a successor key is the round's own)."""
+    if not first_key_junk or not next_claimed or has_record:
         return None
     key = keys.record(round)
     return Tampering(

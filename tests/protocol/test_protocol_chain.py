@@ -94,10 +94,10 @@ def test_a_missing_predecessor_breaks_even_an_old_record() -> None:
 
 
 def test_junk_at_a_round_whose_next_round_is_claimed_is_an_overwrite() -> None:
-    problem = overwritten(5, first_key_junk=True, next_claimed=True)
+    problem = overwritten(5, first_key_junk=True, next_claimed=True, has_record=False)
     assert problem is not None
     assert problem.key == keys.record(5)
     assert "round 6 was claimed" in problem.why
-    assert overwritten(5, first_key_junk=True, next_claimed=False) is None
-    assert overwritten(5, first_key_junk=False, next_claimed=True) is None
-    assert overwritten(5, first_key_junk=False, next_claimed=False) is None
+    for facts in itertools.product([False, True], repeat=3):
+        if facts != (True, True, False):
+            assert overwritten(5, *facts) is None, facts
