@@ -687,14 +687,12 @@ class Store:
         walk reaches an empty key first (the round is not committed). ``listed``: the keys
         of the round a listing found, so that no absent key is read (junk is read once).
         ``StoreTampered`` when it does not chain onto the round before (``_history``)."""
+        return await self._history.record(
+            round, lambda at: self._walk_record(at, listed if at == round else None)
+        )
+
+    async def _walk_record(self, round: int, listed: Iterable[str] | None = None) -> Stored | None:
         present = None if listed is None else set(listed)
-
-        def walk(at: int) -> Awaitable[Stored | None]:
-            return self._walk_record(at, present if at == round else None)
-
-        return await self._history.record(round, walk)
-
-    async def _walk_record(self, round: int, present: set[str] | None = None) -> Stored | None:
         for slot in range(keys.SLOTS):
             key = keys.record_slot(round, slot)
             if key in self._junk:
@@ -726,10 +724,9 @@ class Store:
         return record
 
     async def put_record(self, record: RoundRecord) -> tuple[RoundRecord, bool]:
-        """Commit ``record``, bound to the round before, at the first of its round's keys not
-        taken by junk, unless the round has a record; return the round's record (signed, in a
-        signed run) and whether it is this write's. ``RecordError`` when every key of the
-        round holds junk; ``StoreTampered`` when the history breaks (``History.linked``)."""
+        """Commit ``record``, bound to the round before, at the first of its keys not taken by
+        junk, unless the round has a record; return the round's record and whether it is this
+        write's. ``RecordError``: every key is junk; ``StoreTampered``: ``History.linked``."""
         junk, claims = self._junk, None if self._run_key is None else self.round_claims
         record, before = await self._history.linked(record, self._walk_record, junk, claims)
         for key in (keys.record_slot(record.round, n) for n in range(keys.SLOTS)):
