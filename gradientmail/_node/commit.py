@@ -249,7 +249,14 @@ def _outcome(
     that is not finite (finite deltas whose sum overflows) is refused: every accepted
     snapshot is rejected as ``non-finite`` and the fragment stays as it was."""
     final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
-    result = aggregate(current.version, candidates, spec, config, theta=current.theta)
+    result = aggregate(
+        current.version,
+        candidates,
+        spec,
+        config,
+        theta=current.theta,
+        momentum=current.momentum,
+    )
     theta, momentum, update = _numerics(current, result.mean, spec, config, final=final)
     if result.mean is not None and not _finite(theta, momentum):
         result = refused(result, "the outer step gives a non-finite θ or momentum")

@@ -13,6 +13,8 @@ reads a clock; the node moves bytes and time around them (``docs/protocol.md``).
     The model's split into fragments, signature mismatches, and the schedule.
 ``aggregation``
     A round's rejections, weights and weighted mean delta.
+``bounds``
+    One learner's bounded influence on a round: capped weights, clipped deltas.
 ``outer``
     The outer Nesterov step and the update learners apply.
 ``merge``

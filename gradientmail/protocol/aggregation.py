@@ -36,8 +36,12 @@ order of checks, each with a reason:
     smaller one.
 
 The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
-equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
-``Σ w_i·Δ_i`` accumulated in fp32 in learner order, so every closer computes the same bits.
+equal, per ``RunConfig.weighting``), each count capped against the round's
+(``bounds.capped_counts``), normalized to sum to 1 (equal if all are zero), each times its
+delta's clip scale (``bounds.clip_scales``: a norm over the round's robust bound is clipped
+to it); the mean is ``Σ w_i·Δ_i`` accumulated in fp32 in learner order, so every closer
+computes the same bits. A capped or clipped snapshot stays a participant with all its
+tokens, its ``Participant.bounded`` saying what was done.
 ``cosine`` is the mean over accepted deltas of ``cos(Δ_i, mean)`` (0 for a zero vector),
 None for fewer than two.
 
@@ -56,10 +60,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+import msgspec
 import torch
 from torch import Tensor
 
 from gradientmail.protocol import keys
+from gradientmail.protocol.bounds import (
+    allowance,
+    capped_counts,
+    clip_scales,
+    judged_steps,
+    lone_scale,
+)
 from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
@@ -236,17 +248,30 @@ def _shape_problem(delta: Delta, spec: FragmentSpec) -> str | None:
     return None
 
 
-def _weights(snapshots: Sequence[Snapshot], config: RunConfig) -> list[float]:
-    if config.weighting == "tokens":
-        raw = [float(s.tokens) for s in snapshots]
-    elif config.weighting == "steps":
-        raw = [float(s.steps) for s in snapshots]
-    else:
-        raw = [1.0] * len(snapshots)
-    total = math.fsum(raw)
+def _bounded_weights(
+    kept: "Kept", config: RunConfig, momentum: float | None
+) -> tuple[list[float], list[str | None]]:
+    """Each kept delta's coefficient in the mean, and what bounded it (None: nothing):
+    its normalized weight (``bounds.capped_counts``, equal if every count is 0) times its
+    clip scale (``bounds.clip_scales``; ``bounds.lone_scale`` for a round of one, against
+    ``momentum``, the norm of the fragment's outer momentum). The record stores the
+    coefficient as the participant's weight, so a replay of the mean gets the same bits."""
+    snapshots = [candidate.snapshot for candidate, _, _ in kept]
+    counts = capped_counts(snapshots, config)
+    total = math.fsum(count for count, _ in counts)
     if total <= 0:
-        return [1.0 / len(snapshots)] * len(snapshots)
-    return [w / total for w in raw]
+        weights = [1.0 / len(kept)] * len(kept)
+    else:
+        weights = [count / total for count, _ in counts]
+    steps = [judged_steps(s, config) for s in snapshots]
+    norms = [norm for _, _, norm in kept]
+    scales = [lone_scale(norms[0], momentum)] if len(kept) == 1 else clip_scales(norms, steps)
+    notes = [
+        "; ".join(note for note in (capped, clipped) if note is not None) or None
+        for (_, capped), (_, clipped) in zip(counts, scales, strict=True)
+    ]
+    coefficients = [w * scale for w, (scale, _) in zip(weights, scales, strict=True)]
+    return coefficients, notes
 
 
 def weighted_mean(
@@ -318,7 +343,8 @@ def _drop_large(
 ) -> Kept:
     """``kept`` without the deltas too large to be honest, which go to ``rejected``: over
     ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (when θ is known), then, among three or more, over
-    ``outlier_factor`` times the median of the norms brought to its steps (``_allowance``)."""
+    ``outlier_factor`` times the median of the norms brought to its steps
+    (``bounds.allowance``)."""
     if theta is not None:
         theta_norm = l2_norm(theta)
         numel = sum(t.numel() for t in theta)
@@ -328,11 +354,11 @@ def _drop_large(
         why = f"{MAX_DELTA_RATIO:g} × (‖θ‖ + √n) = {bound:.6g}"
         kept = _drop_over(kept, bound, why, rejected)
     if len(kept) >= 3:
-        steps = [_judged_steps(candidate, config) for candidate, _, _ in kept]
+        steps = [judged_steps(candidate.snapshot, config) for candidate, _, _ in kept]
         norms = [norm for _, _, norm in kept]
         medians = [
             statistics.median(
-                n * _allowance(mine, theirs) for n, theirs in zip(norms, steps, strict=True)
+                n * allowance(mine, theirs) for n, theirs in zip(norms, steps, strict=True)
             )
             for mine in steps
         ]
@@ -350,21 +376,6 @@ def _drop_large(
             rejected.append(_rejection(candidate.snapshot, "outlier", detail))
         kept = passed
     return kept
-
-
-def _judged_steps(candidate: Candidate, config: RunConfig) -> float:
-    """The steps a snapshot's norm is judged for in the median test: its claim, at least
-    one (a final snapshot claims none) and at most ``sync_every``."""
-    return float(min(max(candidate.snapshot.steps, 1), config.sync_every))
-
-
-def _allowance(mine: float, theirs: float) -> float:
-    """What another snapshot's norm over ``theirs`` steps is multiplied by to bring it to
-    ``mine``, at the most an honest learner's delta grows between the two: as the steps
-    where the steps go one way (more steps), as their square root where noise dominates
-    them (fewer: ``n`` noisy steps sum to √n of one)."""
-    ratio = mine / theirs
-    return ratio if ratio >= 1 else math.sqrt(ratio)
 
 
 def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) -> Kept:
@@ -391,9 +402,12 @@ def aggregate(
     config: RunConfig,
     *,
     theta: Sequence[Tensor] | None = None,
+    momentum: Sequence[Tensor] | None = None,
 ) -> Aggregate:
     """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``
-    (``theta``: that version's θ, for the bound on a delta's size; None: no bound).
+    (``theta``: that version's θ, for the bound on a delta's size; None: no bound;
+    ``momentum``: the fragment's outer momentum, which bounds a round of one delta; None:
+    no bound).
 
     Deterministic: candidates are taken in learner order, whatever order they come in.
     Raises ``ValueError`` for two candidates of one learner or a candidate with neither a
@@ -417,7 +431,8 @@ def aggregate(
     if not kept:
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
     snapshots = [candidate.snapshot for candidate, _, _ in kept]
-    weights = _weights(snapshots, config)
+    history = None if momentum is None else l2_norm(momentum)
+    weights, notes = _bounded_weights(kept, config, history)
     mean, dots = _mean([delta for _, delta, _ in kept], weights, spec, cosines=True)
     participants = tuple(
         Participant(
@@ -429,8 +444,9 @@ def aggregate(
             closing=s.closing,
             step_time=s.step_time,
             waited=s.waited,
+            bounded=msgspec.UNSET if note is None else note,
         )
-        for s, weight in zip(snapshots, weights, strict=True)
+        for s, weight, note in zip(snapshots, weights, notes, strict=True)
     )
     return Aggregate(
         mean=mean,

@@ -410,7 +410,9 @@ class Participant(msgspec.Struct, frozen=True, kw_only=True):
     snapshot's (absent when false); ``arrived``: how many seconds after the round's first
     snapshot the closer first listed this one (its clock, to its poll; absent from records
     of writers that did not note it); ``step_time`` and ``waited``: the snapshot's pace
-    (absent when it stated none)."""
+    (absent when it stated none); ``bounded``: what capped its weight or clipped its delta
+    (``protocol.bounds``; absent when nothing did), ``weight`` then being the coefficient of
+    its delta in the mean, its normalized weight times its clip scale."""
 
     learner: str
     weight: float
@@ -421,6 +423,7 @@ class Participant(msgspec.Struct, frozen=True, kw_only=True):
     arrived: Seconds | msgspec.UnsetType = msgspec.UNSET
     step_time: Seconds | msgspec.UnsetType = msgspec.UNSET
     waited: Share | msgspec.UnsetType = msgspec.UNSET
+    bounded: str | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def pace(self) -> float | None:

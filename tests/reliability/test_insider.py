@@ -1,0 +1,103 @@
+"""A lying insider: a learner holding the run key that claims the most tokens a round
+accepts and publishes its own steps reversed and enlarged, among honest learners on a real
+directory. Its weight is bounded (at most an honest learner's share) and its delta clipped
+(the record says so), so the honest learners still learn and θ stays bounded, with 4
+learners and with 2 (where no median test applies)."""
+
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+import torch
+from reliability_helpers import CONFIG, FAST, Trainer, history, newest_theta, tiny_model
+
+import gradientmail
+from gradientmail.mailbox import LocalMailbox
+from gradientmail.protocol.records import RunConfig
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "the run's secret, which the insider holds"
+ROUNDS = 16
+INSIDER = "mallory"
+
+
+class Insider(Trainer):
+    """Takes an honest SGD step, then moves ``gain`` times that step the other way."""
+
+    def __init__(self, model: torch.nn.Module, seed: int, gain: float) -> None:
+        super().__init__(model, seed)
+        self.gain = gain
+
+    def step(self) -> None:
+        before = [p.detach().clone() for p in self.model.parameters()]
+        super().step()
+        with torch.no_grad():
+            for param, old in zip(self.model.parameters(), before, strict=True):
+                param.copy_(old - self.gain * (param - old))
+
+
+def _loss(model: torch.nn.Module, trainer: Trainer) -> float:
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(trainer.x), trainer.y))
+
+
+async def _member(
+    root: Path,
+    name: str,
+    seed: int,
+    config: RunConfig,
+    gain: float,
+    losses: dict[str, tuple[float, float]],
+) -> None:
+    model = tiny_model(seed)
+    insider = name == INSIDER
+    trainer = Insider(model, seed, gain) if insider else Trainer(model, seed)
+    tokens = config.max_tokens_per_step if insider else 16
+    async with (
+        LocalMailbox(root) as box,
+        gradientmail.node(
+            model, box, learner=name, config=config, options=FAST, run_key=SECRET
+        ) as node,
+    ):
+        first = _loss(model, trainer)
+        with anyio.fail_after(120):
+            while node.state.round < ROUNDS:
+                trainer.step()
+                await node.step(tokens=tokens)
+                await anyio.sleep(0.002)
+    losses[name] = (first, _loss(model, trainer))
+
+
+@pytest.mark.parametrize(("honest", "gain"), [(3, 2.0), (1, 50.0)])
+async def test_a_lying_insider_is_bounded(tmp_path: Path, honest: int, gain: float) -> None:
+    config = msgspec.structs.replace(CONFIG, grace=2.0)
+    losses: dict[str, tuple[float, float]] = {}
+    names = [f"honest-{k}" for k in range(honest)]
+    async with anyio.create_task_group() as tg:
+        for seed, name in enumerate([*names, INSIDER]):
+            tg.start_soon(_member, tmp_path, name, seed, config, gain, losses)
+    async with LocalMailbox(tmp_path) as box:
+        records = await history(box)
+        theta = await newest_theta(box)
+    # A round the insider has to itself (the others closed, or not yet publishing) it
+    # weighs all of; its delta is then bounded by the fragment's momentum instead.
+    mine = [
+        p
+        for r in records
+        for p in r.participants
+        if p.learner == INSIDER and len(r.participants) > 1
+    ]
+    assert mine, "the insider shared no round"
+    heaviest = max(p.weight for p in mine)
+    assert heaviest <= 1 / (honest + 1) + 1e-9, f"the insider weighed {heaviest}"
+    assert any(isinstance(p.bounded, str) for p in mine), "no record says it was bounded"
+    norm = torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in theta.values()]))
+    start = torch.linalg.vector_norm(
+        torch.cat([p.detach().reshape(-1) for p in tiny_model(0).parameters()])
+    )
+    assert float(norm) < 3 * float(start), f"θ grew from {float(start):.3g} to {float(norm):.3g}"
+    for name in names:
+        first, last = losses[name]
+        assert last < first, f"{name} did not learn: loss {first:.4g} -> {last:.4g}"
