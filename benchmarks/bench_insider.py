@@ -8,11 +8,14 @@ honest delta's norm, a proxy for the round's median), among 2 just under
 ``MAX_DELTA_RATIO × (‖θ‖ + √n)``. Directions: ``flip``, its own delta reversed (against
 the fleet's progress); ``fixed``, one random unit direction per fragment, every round.
 
-For each fleet size (4 and 2 learners) it runs the honest fleet and each attack on the same
-seed and data, one dedicated syncer each (``bench_convergence.launch``), and reports the
-honest learners' mean final loss and its change over the honest run.
+For each fleet size (4 and 2 learners) and each aggregation (``robust``: with
+``RunConfig.robust``; ``default``: without it, the control) it runs the honest fleet and each
+attack on the same seed and data, one dedicated syncer each (``bench_convergence.launch``),
+and reports the honest learners' mean final loss and its change over that aggregation's
+honest run.
 
-Usage: ``.venv/bin/python benchmarks/bench_insider.py [--steps N] [--fleets 4 2]``; the
+Usage: ``.venv/bin/python benchmarks/bench_insider.py [--steps N] [--fleets 4 2]
+[--modes robust default]``; the
 learner and syncer processes run this file with ``--worker``. Quick-sized by default
 (``bench_convergence.plan(quick=True)``).
 """
@@ -31,6 +34,7 @@ GAIN = 4.75
 """The insider's norm over its own honest norm among 3 or more: 0.95 × the default
 ``outlier_factor``."""
 ATTACKS = ("flip", "fixed")
+MODES = ("robust", "default")
 
 
 def _install_attack(spec: dict[str, Any]) -> None:
@@ -108,11 +112,12 @@ def _bounded(store: Path, insider: str | None) -> dict[str, int]:
 
 
 def run_arm(
-    learners: int, attack: str | None, settings: dict[str, Any], scratch: Path
+    learners: int, attack: str | None, robust: bool, settings: dict[str, Any], scratch: Path
 ) -> dict[str, Any]:
-    """One fleet of ``learners`` (the last one the insider when ``attack``): the honest
-    learners' final losses, and what the syncer's rounds recorded."""
+    """One fleet of ``learners`` (the last one the insider when ``attack``), ``robust`` or
+    not: the honest learners' final losses, and what the syncer's rounds recorded."""
     config = bc.run_config(settings["sync_every"][0], settings["encodings"][0])
+    config = msgspec.structs.replace(config, robust=robust)
     insider = learners - 1
     spec = {
         "seed": settings["seeds"][0],
@@ -146,6 +151,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per learner")
     parser.add_argument("--fleets", nargs="+", type=int, default=[4, 2])
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", type=Path, default=None, help="where the JSON goes")
     args = parser.parse_args()
     if args.worker:
@@ -157,19 +163,21 @@ def main() -> None:
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gm-bench-insider-") as scratch:
         for learners in args.fleets:
-            for attack in (None, *args.attacks):
-                name = f"{learners}-{attack or 'honest'}"
-                arm = run_arm(learners, attack, settings, Path(scratch) / name)
-                honest = figures.get(f"{learners}-honest", arm)["honest_final_loss"]
-                change = 100 * (arm["honest_final_loss"] - honest) / honest
-                figures[name] = arm | {"change_percent": change}
-                print(
-                    f"{name:12} honest learners' loss {arm['honest_final_loss']:.6g} "
-                    f"({change:+.2f}% over honest), {arm['rounds']} rounds, "
-                    f"{arm['rejected']} rejected, {arm['wall_seconds']:.0f} s, "
-                    f"participations {arm['participations']}",
-                    flush=True,
-                )
+            for mode in args.modes:
+                for attack in (None, *args.attacks):
+                    name = f"{learners}-{mode}-{attack or 'honest'}"
+                    robust = mode == "robust"
+                    arm = run_arm(learners, attack, robust, settings, Path(scratch) / name)
+                    honest = figures.get(f"{learners}-{mode}-honest", arm)["honest_final_loss"]
+                    change = 100 * (arm["honest_final_loss"] - honest) / honest
+                    figures[name] = arm | {"change_percent": change}
+                    print(
+                        f"{name:20} honest learners' loss {arm['honest_final_loss']:.6g} "
+                        f"({change:+.2f}% over honest), {arm['rounds']} rounds, "
+                        f"{arm['rejected']} rejected, {arm['wall_seconds']:.0f} s, "
+                        f"participations {arm['participations']}",
+                        flush=True,
+                    )
     if args.out is not None:
         args.out.write_text(json.dumps(figures, indent=1))
 

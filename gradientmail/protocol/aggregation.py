@@ -36,12 +36,13 @@ order of checks, each with a reason:
     smaller one.
 
 The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
-equal, per ``RunConfig.weighting``), each count capped against the round's
-(``bounds.capped_counts``), normalized to sum to 1 (equal if all are zero), each times its
-delta's clip scale (``bounds.clip_scales``: a norm over the round's robust bound is clipped
-to it); the mean is ``Σ w_i·Δ_i`` accumulated in fp32 in learner order, so every closer
-computes the same bits. A capped or clipped snapshot stays a participant with all its
-tokens, its ``Participant.bounded`` saying what was done.
+equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
+``Σ w_i·Δ_i`` accumulated in fp32 in learner order, so every closer computes the same bits.
+With ``RunConfig.robust``, each count is first capped against the round's
+(``bounds.capped_counts``) and each normalized weight is multiplied by its delta's clip scale
+(``bounds.clip_scales``: a norm over the round's robust bound is clipped to it); a capped or
+clipped snapshot stays a participant with all its tokens, its ``Participant.bounded`` saying
+what was done.
 ``cosine`` is the mean over accepted deltas of ``cos(Δ_i, mean)`` (0 for a zero vector),
 None for fewer than two.
 
@@ -248,14 +249,28 @@ def _shape_problem(delta: Delta, spec: FragmentSpec) -> str | None:
     return None
 
 
+def _weights(snapshots: Sequence[Snapshot], config: RunConfig) -> list[float]:
+    if config.weighting == "tokens":
+        raw = [float(s.tokens) for s in snapshots]
+    elif config.weighting == "steps":
+        raw = [float(s.steps) for s in snapshots]
+    else:
+        raw = [1.0] * len(snapshots)
+    total = math.fsum(raw)
+    if total <= 0:
+        return [1.0 / len(snapshots)] * len(snapshots)
+    return [w / total for w in raw]
+
+
 def _bounded_weights(
     kept: "Kept", config: RunConfig, momentum: float | None
 ) -> tuple[list[float], list[str | None]]:
-    """Each kept delta's coefficient in the mean, and what bounded it (None: nothing):
-    its normalized weight (``bounds.capped_counts``, equal if every count is 0) times its
-    clip scale (``bounds.clip_scales``; ``bounds.lone_scale`` for a round of one, against
-    ``momentum``, the norm of the fragment's outer momentum). The record stores the
-    coefficient as the participant's weight, so a replay of the mean gets the same bits."""
+    """``RunConfig.robust``'s weights: each kept delta's coefficient in the mean, and what
+    bounded it (None: nothing): its normalized weight (``bounds.capped_counts``, equal if
+    every count is 0) times its clip scale (``bounds.clip_scales``; ``bounds.lone_scale``
+    for a round of one, against ``momentum``, the norm of the fragment's outer momentum).
+    The record stores the coefficient as the participant's weight, so a replay of the mean
+    gets the same bits."""
     snapshots = [candidate.snapshot for candidate, _, _ in kept]
     counts = capped_counts(snapshots, config)
     total = math.fsum(count for count, _ in counts)
@@ -406,8 +421,8 @@ def aggregate(
 ) -> Aggregate:
     """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``
     (``theta``: that version's θ, for the bound on a delta's size; None: no bound;
-    ``momentum``: the fragment's outer momentum, which bounds a round of one delta; None:
-    no bound).
+    ``momentum``: the fragment's outer momentum, which bounds a round of one delta under
+    ``RunConfig.robust``; None: no bound).
 
     Deterministic: candidates are taken in learner order, whatever order they come in.
     Raises ``ValueError`` for two candidates of one learner or a candidate with neither a
@@ -431,8 +446,12 @@ def aggregate(
     if not kept:
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
     snapshots = [candidate.snapshot for candidate, _, _ in kept]
-    history = None if momentum is None else l2_norm(momentum)
-    weights, notes = _bounded_weights(kept, config, history)
+    notes: list[str | None] = [None] * len(kept)
+    if config.robust:
+        history = None if momentum is None else l2_norm(momentum)
+        weights, notes = _bounded_weights(kept, config, history)
+    else:
+        weights = _weights(snapshots, config)
     mean, dots = _mean([delta for _, delta, _ in kept], weights, spec, cosines=True)
     participants = tuple(
         Participant(

@@ -129,6 +129,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         versions behind, a norm over ``outlier_factor`` times the median of the round's
         norms brought to its steps (3+ snapshots; ``protocol.aggregation``), or more than
         ``max_tokens_per_step`` tokens per claimed step.
+    robust
+        Bound each snapshot's weight and clip its delta against the round
+        (``protocol.bounds``); for fleets with untrusted key holders. Off by default: it
+        changes honest rounds too (clips about half of honest deltas) and its cost to an
+        honest run is not measured yet.
     quorum_min, quorum_fraction, grace
         A round closes once it has at least ``quorum_min`` snapshots and at least
         ``quorum_fraction`` of the live learners, then waits up to ``grace`` seconds more for
@@ -177,6 +182,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_staleness: int = 1
     outlier_factor: float = 5.0
     max_tokens_per_step: int = 1 << 24
+    robust: bool = False
     quorum_min: int = 1
     quorum_fraction: float = 1.0
     grace: float = 2.0
@@ -208,6 +214,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 f"RunConfig.sync_every ({self.sync_every}) must be at least fragments "
                 f"({self.fragments}) so that every fragment has its own offset"
             )
+        if not isinstance(self.robust, bool):
+            raise ValueError(f"RunConfig.robust must be True or False, got {self.robust!r}")
         if self.max_staleness < 0:
             raise ValueError(f"RunConfig.max_staleness must be >= 0, got {self.max_staleness}")
         ranges = {

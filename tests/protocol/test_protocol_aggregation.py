@@ -67,15 +67,11 @@ def reasons(result: object) -> dict[str, RejectReason]:
 
 def test_a_clean_round_weighs_by_tokens() -> None:
     result = aggregate(
-        VERSION,
-        [good("b", 3.0, steps=3, tokens=30), good("a", 1.0, steps=1, tokens=10)],
-        SPEC,
-        CONFIG,
+        VERSION, [good("b", 3.0, tokens=30), good("a", 1.0, tokens=10)], SPEC, CONFIG
     )
     assert [p.learner for p in result.participants] == ["a", "b"]
     assert [p.weight for p in result.participants] == [0.25, 0.75]
-    assert all(p.bounded is msgspec.UNSET for p in result.participants)
-    assert result.participants[0].steps == 1
+    assert result.participants[0].steps == 4
     assert result.participants[0].tokens == 10
     assert result.participants[0].base_version == VERSION
     assert result.rejected == ()
@@ -88,11 +84,11 @@ def test_a_clean_round_weighs_by_tokens() -> None:
 
 @pytest.mark.parametrize(
     ("weighting", "expected"),
-    [("tokens", [0.75, 0.25]), ("steps", [0.75, 0.25]), ("equal", [0.5, 0.5])],
+    [("tokens", [0.25, 0.75]), ("steps", [0.75, 0.25]), ("equal", [0.5, 0.5])],
 )
 def test_weighting(weighting: str, expected: list[float]) -> None:
     config = RunConfig(fragments=2, sync_every=4, weighting=weighting)  # type: ignore[arg-type]
-    candidates = [good("a", 3.0, tokens=30, steps=3), good("b", 1.0, tokens=10, steps=1)]
+    candidates = [good("a", tokens=10, steps=3), good("b", tokens=30, steps=1)]
     result = aggregate(VERSION, candidates, SPEC, config)
     assert [p.weight for p in result.participants] == pytest.approx(expected)
 
@@ -293,7 +289,7 @@ def test_l2_norm() -> None:
     ),
     st.randoms(use_true_random=False),
 )
-def test_order_does_not_matter_and_weights_sum_to_at_most_one(
+def test_order_does_not_matter_and_weights_sum_to_one(
     entries: list[tuple[float, int, int]], rng: object
 ) -> None:
     candidates = [
@@ -308,8 +304,7 @@ def test_order_does_not_matter_and_weights_sum_to_at_most_one(
     assert first.rejected == second.rejected
     assert len(first.participants) + len(first.rejected) == len(candidates)
     if first.participants:
-        # Clipped deltas weigh less than their normalized weight, never more.
-        assert math.fsum(p.weight for p in first.participants) <= 1.0 + 1e-12
+        assert math.fsum(p.weight for p in first.participants) == pytest.approx(1.0)
         assert first.mean is not None
         assert second.mean is not None
         for a, b in zip(first.mean, second.mean, strict=True):
@@ -362,10 +357,9 @@ def test_final_snapshots_make_a_round_only_alone_and_with_no_live_learner_missin
     assert names(counted([*finals, good("c")], frozenset())) == ["c"]
     result = aggregate(VERSION, finals, SPEC, CONFIG, theta=delta(0.0))
     assert reasons(result) == {}
-    # No tokens: equal weights; b's delta is clipped to a's norm (the lower median of two).
-    assert [p.weight for p in result.participants] == pytest.approx([0.5, 0.5 / 3])
+    assert [p.weight for p in result.participants] == [0.5, 0.5]  # no tokens: equal weights
     assert result.mean is not None
-    assert torch.allclose(result.mean[0], torch.full((2, 3), 1.0))
+    assert torch.equal(result.mean[0], torch.full((2, 3), 2.0))
 
 
 @pytest.mark.parametrize(
@@ -376,3 +370,98 @@ def test_a_final_snapshot_with_steps_or_tokens_is_rejected(changes: dict[str, in
     assert reasons(aggregate(VERSION, [candidate], SPEC, CONFIG, theta=delta(0.0))) == {
         "a": "tokens"
     }
+
+
+ROBUST = msgspec.structs.replace(CONFIG, robust=True)
+
+
+def test_by_default_no_weight_is_capped_and_no_delta_clipped() -> None:
+    """The round ``robust`` would bound (a liar claiming thrice the tokens per step, with a
+    delta ten times the others') is weighed and averaged as claimed."""
+    candidates = [good("a", 1.0, tokens=10), good("b", 1.0, tokens=10), good("c", 4.0, tokens=30)]
+    plain = aggregate(VERSION, candidates, SPEC, CONFIG)
+    assert [p.weight for p in plain.participants] == [0.2, 0.2, 0.6]
+    assert all(p.bounded is msgspec.UNSET for p in plain.participants)
+    assert plain.mean is not None
+    assert torch.allclose(plain.mean[0], torch.full((2, 3), 2.8))
+    bounded = aggregate(VERSION, candidates, SPEC, ROBUST)
+    assert [p.bounded is msgspec.UNSET for p in bounded.participants] == [True, True, False]
+    assert bounded.mean is not None
+    assert torch.allclose(bounded.mean[0], torch.full((2, 3), 1.0))
+
+
+def test_robust_a_clean_round_weighs_by_tokens() -> None:
+    result = aggregate(
+        VERSION,
+        [good("b", 3.0, steps=3, tokens=30), good("a", 1.0, steps=1, tokens=10)],
+        SPEC,
+        ROBUST,
+    )
+    assert [p.learner for p in result.participants] == ["a", "b"]
+    assert [p.weight for p in result.participants] == [0.25, 0.75]
+    assert all(p.bounded is msgspec.UNSET for p in result.participants)
+    assert result.participants[0].steps == 1
+    assert result.rejected == ()
+    assert result.mean is not None
+    for tensor in result.mean:
+        assert torch.allclose(tensor, torch.full_like(tensor, 2.5))
+    assert result.cosine == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("weighting", "expected"),
+    [("tokens", [0.75, 0.25]), ("steps", [0.75, 0.25]), ("equal", [0.5, 0.5])],
+)
+def test_robust_weighting(weighting: str, expected: list[float]) -> None:
+    config = RunConfig(fragments=2, sync_every=4, weighting=weighting, robust=True)  # type: ignore[arg-type]
+    candidates = [good("a", 3.0, tokens=30, steps=3), good("b", 1.0, tokens=10, steps=1)]
+    result = aggregate(VERSION, candidates, SPEC, config)
+    assert [p.weight for p in result.participants] == pytest.approx(expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(-10, 10, width=32), st.integers(1, 5), st.integers(0, 400)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_robust_order_does_not_matter_and_weights_sum_to_at_most_one(
+    entries: list[tuple[float, int, int]], rng: object
+) -> None:
+    candidates = [
+        good(f"l{i}", value, steps=steps, tokens=tokens)
+        for i, (value, steps, tokens) in enumerate(entries)
+    ]
+    first = aggregate(VERSION, candidates, SPEC, ROBUST)
+    shuffled = list(candidates)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    second = aggregate(VERSION, shuffled, SPEC, ROBUST)
+    assert first.participants == second.participants
+    assert first.rejected == second.rejected
+    assert len(first.participants) + len(first.rejected) == len(candidates)
+    if first.participants:
+        # Clipped deltas weigh less than their normalized weight, never more.
+        assert math.fsum(p.weight for p in first.participants) <= 1.0 + 1e-12
+        assert first.mean is not None
+        assert second.mean is not None
+        for a, b in zip(first.mean, second.mean, strict=True):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        weights = {p.learner: p.weight for p in first.participants}
+        expected = math.fsum(
+            weights[c.snapshot.learner] * float(c.delta[0][0, 0])  # type: ignore[index]
+            for c in candidates
+            if c.snapshot.learner in weights
+        )
+        assert float(first.mean[0][0, 0]) == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_robust_final_snapshots_are_clipped_to_the_lower_median_of_two() -> None:
+    result = aggregate(VERSION, [final("a", 1.0), final("b", 3.0)], SPEC, ROBUST, theta=delta(0.0))
+    assert reasons(result) == {}
+    # No tokens: equal weights; b's delta is clipped to a's norm (the lower median of two).
+    assert [p.weight for p in result.participants] == pytest.approx([0.5, 0.5 / 3])
+    assert result.mean is not None
+    assert torch.allclose(result.mean[0], torch.full((2, 3), 1.0))

@@ -25,7 +25,7 @@ SPEC = FragmentSpec(
         ParamSpec(name="a.bias", shape=(3,), dtype="float32"),
     ),
 )
-CONFIG = RunConfig(fragments=2, sync_every=4, max_tokens_per_step=10_000)
+CONFIG = RunConfig(fragments=2, sync_every=4, max_tokens_per_step=10_000, robust=True)
 VERSION = 5
 REF = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
 

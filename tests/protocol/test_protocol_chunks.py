@@ -8,6 +8,7 @@ The references are written here with whole tensors and safetensors' own serializ
 
 import math
 
+import msgspec
 import pytest
 import safetensors.torch
 import torch
@@ -159,7 +160,11 @@ def candidate(learner: str, delta: list[torch.Tensor] | FragmentBlob, tokens: in
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
 
 
-def test_aggregating_blobs_in_pieces_equals_aggregating_their_decoded_tensors() -> None:
+@pytest.mark.parametrize("robust", [False, True])
+def test_aggregating_blobs_in_pieces_equals_aggregating_their_decoded_tensors(
+    robust: bool,
+) -> None:
+    config = msgspec.structs.replace(CONFIG, robust=robust)
     deltas = [tensors(seed) for seed in (4, 5, 6)]
     blobs = [encode_fragment(d, SPEC, "int8", block_size=16) for d in deltas]
     theta = tensors(7, scale=10.0)
@@ -171,15 +176,17 @@ def test_aggregating_blobs_in_pieces_equals_aggregating_their_decoded_tensors() 
         candidate(name, decode_fragment(blob, SPEC), 10 * (i + 1))
         for i, (name, blob) in enumerate(zip("abc", blobs, strict=True))
     ]
-    lazy = aggregate(5, opened, SPEC, CONFIG, theta=theta)
-    whole = aggregate(5, decoded, SPEC, CONFIG, theta=theta)
+    lazy = aggregate(5, opened, SPEC, config, theta=theta)
+    whole = aggregate(5, decoded, SPEC, config, theta=theta)
     assert lazy.mean is not None
     assert whole.mean is not None
     assert all(torch.equal(a, b) for a, b in zip(lazy.mean, whole.mean, strict=True))
     assert lazy.participants == whole.participants
     assert lazy.cosine == whole.cosine
     # The weighted mean accumulated in fp32 in learner order, as the whole-tensor sum does.
-    weights = [p.weight for p in lazy.participants]
+    # Robust: the record's weights are the capped and clipped coefficients.
+    weights = [p.weight for p in lazy.participants] if robust else [1 / 6, 2 / 6, 3 / 6]
+    assert any(p.bounded is not msgspec.UNSET for p in lazy.participants) is robust
     expected = [torch.zeros(p.shape) for p in SPEC.params]
     for w, c in zip(weights, decoded, strict=True):
         assert isinstance(c.delta, list)

@@ -73,6 +73,7 @@ def configs(draw: st.DrawFn) -> RunConfig:
         grace=draw(st.floats(0, 60)),
         merge=draw(st.sampled_from(["keep-progress", "alpha"])),
         alpha=draw(st.floats(0, 1)),
+        robust=draw(st.booleans()),
     )
 
 
@@ -275,6 +276,17 @@ def test_invalid_config_in_a_manifest_is_a_record_error() -> None:
         records.decode(json.dumps(fields).encode(), Manifest)
 
 
+def test_a_manifest_without_robust_decodes_to_the_plain_aggregation() -> None:
+    fields = json.loads(
+        records.encode(Manifest(created_by="a", config=RunConfig(), fragments=(), theta0=()))
+    )
+    assert fields["config"].pop("robust") is False
+    assert records.decode(json.dumps(fields).encode(), Manifest).config.robust is False
+    fields["config"]["robust"] = "yes"
+    with pytest.raises(RecordError, match="robust"):
+        records.decode(json.dumps(fields).encode(), Manifest)
+
+
 def test_committed_record_from_a_record() -> None:
     ref = BlobRef(sha256="b" * 64, size=1, encoding="fp32")
     draft = RoundRecordDraft(
@@ -307,6 +319,7 @@ def test_committed_record_from_a_record() -> None:
         ({"grace": float("inf")}, "grace"),
         ({"alpha": float("nan")}, "alpha"),
         ({"overlap": 0}, "overlap must be None \\(never wait\\) or a positive"),
+        ({"robust": 1}, "robust must be True or False"),
     ],
 )
 def test_run_config_checks_its_ranges(changes: dict[str, Any], match: str) -> None:

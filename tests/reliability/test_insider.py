@@ -1,8 +1,9 @@
 """A lying insider: a learner holding the run key that claims the most tokens a round
 accepts and publishes its own steps reversed and enlarged, among honest learners on a real
-directory. Its weight is bounded (at most an honest learner's share) and its delta clipped
-(the record says so), so the honest learners still learn and θ stays bounded, with 4
-learners and with 2 (where no median test applies)."""
+directory. With ``RunConfig.robust`` its weight is bounded (at most an honest learner's
+share) and its delta clipped (the record says so), so the honest learners still learn and θ
+stays bounded, with 4 learners and with 2 (where no median test applies). Without it (the
+default) the insider weighs what it claims."""
 
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from reliability_helpers import CONFIG, FAST, Trainer, history, newest_theta, ti
 
 import gradientmail
 from gradientmail.mailbox import LocalMailbox
-from gradientmail.protocol.records import RunConfig
+from gradientmail.protocol.records import Participant, RunConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -70,19 +71,22 @@ async def _member(
     losses[name] = (first, _loss(model, trainer))
 
 
-@pytest.mark.parametrize(("honest", "gain"), [(3, 2.0), (1, 50.0)])
-async def test_a_lying_insider_is_bounded(tmp_path: Path, honest: int, gain: float) -> None:
-    config = msgspec.structs.replace(CONFIG, grace=2.0)
+async def _shared_rounds(
+    root: Path, honest: int, gain: float, robust: bool
+) -> tuple[list[Participant], dict[str, tuple[float, float]], float]:
+    """Runs ``honest`` learners and the insider to ``ROUNDS``; the insider's participations
+    in rounds it shared, each learner's first and last loss, and the newest θ's norm."""
+    config = msgspec.structs.replace(CONFIG, grace=2.0, robust=robust)
     losses: dict[str, tuple[float, float]] = {}
     names = [f"honest-{k}" for k in range(honest)]
     async with anyio.create_task_group() as tg:
         for seed, name in enumerate([*names, INSIDER]):
-            tg.start_soon(_member, tmp_path, name, seed, config, gain, losses)
-    async with LocalMailbox(tmp_path) as box:
+            tg.start_soon(_member, root, name, seed, config, gain, losses)
+    async with LocalMailbox(root) as box:
         records = await history(box)
         theta = await newest_theta(box)
     # A round the insider has to itself (the others closed, or not yet publishing) it
-    # weighs all of; its delta is then bounded by the fragment's momentum instead.
+    # weighs all of; under ``robust`` its delta is then bounded by the fragment's momentum.
     mine = [
         p
         for r in records
@@ -90,14 +94,28 @@ async def test_a_lying_insider_is_bounded(tmp_path: Path, honest: int, gain: flo
         if p.learner == INSIDER and len(r.participants) > 1
     ]
     assert mine, "the insider shared no round"
+    norm = torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in theta.values()]))
+    return mine, losses, float(norm)
+
+
+@pytest.mark.parametrize(("honest", "gain"), [(3, 2.0), (1, 50.0)])
+async def test_a_lying_insider_is_bounded(tmp_path: Path, honest: int, gain: float) -> None:
+    mine, losses, norm = await _shared_rounds(tmp_path, honest, gain, robust=True)
     heaviest = max(p.weight for p in mine)
     assert heaviest <= 1 / (honest + 1) + 1e-9, f"the insider weighed {heaviest}"
     assert any(isinstance(p.bounded, str) for p in mine), "no record says it was bounded"
-    norm = torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in theta.values()]))
     start = torch.linalg.vector_norm(
         torch.cat([p.detach().reshape(-1) for p in tiny_model(0).parameters()])
     )
-    assert float(norm) < 3 * float(start), f"θ grew from {float(start):.3g} to {float(norm):.3g}"
-    for name in names:
-        first, last = losses[name]
-        assert last < first, f"{name} did not learn: loss {first:.4g} -> {last:.4g}"
+    assert norm < 3 * float(start), f"θ grew from {float(start):.3g} to {norm:.3g}"
+    for name, (first, last) in losses.items():
+        if name != INSIDER:
+            assert last < first, f"{name} did not learn: loss {first:.4g} -> {last:.4g}"
+
+
+async def test_by_default_a_lying_insider_weighs_what_it_claims(tmp_path: Path) -> None:
+    """Without ``robust`` the insider's claim of the most tokens a round accepts buys it
+    nearly all of every round it shares with 3 honest learners, and nothing is bounded."""
+    mine, _, _ = await _shared_rounds(tmp_path, 3, 2.0, robust=False)
+    assert min(p.weight for p in mine) > 0.99, [p.weight for p in mine]
+    assert all(p.bounded is msgspec.UNSET for p in mine)
