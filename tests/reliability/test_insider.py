@@ -2,8 +2,11 @@
 accepts and publishes its own steps reversed and enlarged, among honest learners on a real
 directory. With ``RunConfig.robust`` its weight is bounded (at most an honest learner's
 share) and its delta clipped (the record says so), so the honest learners still learn and θ
-stays bounded, with 4 learners and with 2 (where no median test applies). Without it (the
-default) the insider weighs what it claims."""
+stays bounded among 4 learners. Among 2 the rounds the insider has to itself are bounded
+only by the momentum's norm, and its weight by 1/K only when both took as many steps: that
+gap is open (docs/reliability.md), and ``tests/protocol/test_protocol_bounds.py`` pins the
+two-learner rules without a node. Without ``robust`` (the default) the insider weighs what
+it claims."""
 
 from pathlib import Path
 
@@ -98,9 +101,9 @@ async def _shared_rounds(
     return mine, losses, float(norm)
 
 
-@pytest.mark.parametrize(("honest", "gain"), [(3, 2.0), (1, 50.0)])
-async def test_a_lying_insider_is_bounded(tmp_path: Path, honest: int, gain: float) -> None:
-    mine, losses, norm = await _shared_rounds(tmp_path, honest, gain, robust=True)
+async def test_a_lying_insider_among_four_is_bounded(tmp_path: Path) -> None:
+    honest = 3
+    mine, losses, norm = await _shared_rounds(tmp_path, honest, 2.0, robust=True)
     heaviest = max(p.weight for p in mine)
     assert heaviest <= 1 / (honest + 1) + 1e-9, f"the insider weighed {heaviest}"
     assert any(isinstance(p.bounded, str) for p in mine), "no record says it was bounded"
