@@ -1,10 +1,12 @@
 """The blocking facade: a node for synchronous training loops.
 
 ``with gradientmail.sync.node(model, url, learner=...) as node:`` then ``node.step(tokens=n)``
-after each optimizer step. The node is the same ``gradientmail.node`` (the same tasks, the
-same guarantees): it runs in one event loop in one background thread, started through
-``anyio.from_thread.start_blocking_portal`` (asyncio or trio), and every call of the facade
-crosses into that loop through the portal. No other thread is started.
+after each optimizer step; or, in a plain script whose loop is not to be re-indented,
+``node = gradientmail.sync.open(model, url, learner=...)`` … ``node.close()``. The node is
+the same ``gradientmail.node`` (the same tasks, the same guarantees): it runs in one event
+loop in one background thread, started through ``anyio.from_thread.start_blocking_portal``
+(asyncio or trio), and every call of the facade crosses into that loop through the portal.
+No other thread is started.
 
 How it closes, by how the block is left:
 
@@ -22,10 +24,23 @@ How it closes, by how the block is left:
 and SIGINT ``KeyboardInterrupt`` in the main thread for the block's duration, so that what
 Slurm and Kubernetes send closes the node as Ctrl-C does, and an uncaught ``Terminated``
 ends the process quietly with 128 + the signal's number. See ``docs/integrations.md``.
+
+A node from ``open`` stays open until ``close()`` (with flush, as leaving the block
+normally) or, failing that, the interpreter's exit: before Python waits for its threads, it
+is closed with flush, or without flush when an uncaught ``Exception`` ended the script. A
+signal with ``handle_signals=True`` ends the script as ``Terminated``/``KeyboardInterrupt``,
+and the node is closed at exit with flush (bounded by ``close_timeout``); a second signal
+while it flushes closes it without flush. Either way the node lives in the portal's task
+group and no thread outlives its close.
+
+``load`` and ``Barrier`` are ``gradientmail.load`` and ``gradientmail.Barrier`` for
+synchronous code (``gradientmail._blocking``).
 """
 
 import concurrent.futures
+import concurrent.futures.thread
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
@@ -37,6 +52,7 @@ import anyio.from_thread
 import torch
 from anyio.from_thread import BlockingPortal
 
+from gradientmail._blocking import Barrier, load
 from gradientmail._node import Node as AsyncNode
 from gradientmail._node import NodeOptions, NodeState
 from gradientmail._node import node as open_node
@@ -48,7 +64,7 @@ from gradientmail.patterns.shards import Shard, declare
 from gradientmail.protocol.records import Manifest, RunConfig
 from gradientmail.protocol.signing import RunKey
 
-__all__ = ["Backend", "Events", "Node", "Terminated", "node"]
+__all__ = ["Backend", "Barrier", "Events", "Node", "Terminated", "load", "node", "open"]
 
 Backend = Literal["asyncio", "trio"]
 
@@ -120,7 +136,8 @@ class Events(Iterator[Event]):
 
 
 class Node:
-    """What ``gradientmail.sync.node(...)`` yields: the node, seen from synchronous code.
+    """What ``gradientmail.sync.node(...)`` yields and ``gradientmail.sync.open(...)``
+    returns: the node, seen from synchronous code.
 
     ``step``, ``state`` and ``events`` may be called from any thread but the node's own
     event-loop thread; ``step`` from the training loop only (the model must not change
@@ -137,6 +154,7 @@ class Node:
         self._final: NodeState | None = None
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._served: concurrent.futures.Future[None] | None = None
+        self._opened: ExitStack | None = None
 
     # -- what users see ---------------------------------------------------------------------
 
@@ -180,11 +198,40 @@ class Node:
         bad ``tokens``, ``RuntimeError`` after the block."""
         if self._final is not None:
             raise RuntimeError(
-                f"node {self.learner!r} has closed: step() belongs inside its with block"
+                f"node {self.learner!r} has closed: step() belongs inside its with block, "
+                "or between sync.open() and close()"
             )
         node = self._joined()
         if not node._step_quietly(tokens):
             self._portal.call(node.step, tokens)
+
+    def shared_model(self, into: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """The run's model as committed (the newest version of every fragment), not this
+        learner's local weights: every parameter by name, on the CPU, also copied into
+        ``into`` when given (a module like the trained one, e.g. to evaluate or save it).
+        Read from the store on the node's thread; blocks the caller. Raises ``RunMismatch``
+        when ``into`` is not the run's model. Buffers are not part of a run."""
+        node = self._joined()
+        if self._final is not None:
+            raise RuntimeError(f"node {self.learner!r} has closed: use gradientmail.sync.load")
+        return self._portal.call(node.shared_model, into)
+
+    def close(self) -> None:
+        """Close a node from ``open``, with flush, as leaving a ``with`` block does; raises
+        ``NodeFailed`` when a task of the node failed. Idempotent. Call it from the thread
+        that opened the node; a node from ``sync.node`` closes by leaving its block."""
+        if self._opened is None:
+            raise RuntimeError("a node from sync.node() closes when its with block is left")
+        _OPENED.discard(self)
+        self._opened.close()
+
+    def _close_after(self, error: BaseException | None) -> None:
+        _OPENED.discard(self)
+        assert self._opened is not None
+        if error is None:
+            self._opened.close()
+        else:
+            self._opened.__exit__(type(error), error, error.__traceback__)
 
     def declare_shard(self, shard: Shard, *, name: str = "data") -> Shard:
         """``gradientmail.patterns.declare`` for this node's learner on its run's mailbox:
@@ -326,6 +373,71 @@ def _signals_raise() -> Iterator[None]:
     finally:
         for number, old in previous.items():
             signal.signal(number, old)
+
+
+_OPENED: set[Node] = set()
+"""The nodes from ``open`` not closed yet, which ``_close_at_exit`` closes."""
+
+
+def _close_at_exit() -> None:
+    """Close what ``open`` left open: with flush, or without when an uncaught ``Exception``
+    ended the script (the interpreter keeps it in ``sys.last_value``). Runs in the main
+    thread before the interpreter joins its threads (the node's workers among them)."""
+    ended = getattr(sys, "last_value", None)
+    error = ended if isinstance(ended, Exception) else None
+    for facade in list(_OPENED):
+        try:
+            facade._close_after(error)
+        except (KeyboardInterrupt, SystemExit):
+            print(f"gradientmail: {facade.learner!r} closed without flush", file=sys.stderr)
+        except Exception as exc:
+            if exc is not error:
+                print(f"gradientmail: closing {facade.learner!r}: {exc!r}", file=sys.stderr)
+
+
+# atexit runs after the interpreter waits for non-daemon threads, the node's workers among
+# them: too late. threading's exit hooks run before (concurrent.futures, imported first,
+# has one that refuses new work: hooks run last registered first, so it comes after this).
+threading._register_atexit(_close_at_exit)  # type: ignore[attr-defined]
+
+
+def open(
+    model: torch.nn.Module | None,
+    mailbox: Mailbox | str,
+    *,
+    learner: str,
+    config: RunConfig | None = None,
+    options: NodeOptions | None = None,
+    sinks: Sequence[Sink] = (),
+    clock: Clock | None = None,
+    run_key: RunKey | str | bytes | None = None,
+    backend: Backend = "asyncio",
+    handle_signals: bool = False,
+    group: object = None,
+) -> Node:
+    """``node``'s join without the ``with`` block: the joined ``Node``, open until its
+    ``close()`` or the interpreter's exit (see the module docstring), for a script whose
+    loop is not inside a block. Arguments and errors are ``node``'s; ``handle_signals``
+    keeps its handlers until the node is closed."""
+    stack = ExitStack()
+    facade = stack.enter_context(
+        node(
+            model,
+            mailbox,
+            learner=learner,
+            config=config,
+            options=options,
+            sinks=sinks,
+            clock=clock,
+            run_key=run_key,
+            backend=backend,
+            handle_signals=handle_signals,
+            group=group,
+        )
+    )
+    facade._opened = stack
+    _OPENED.add(facade)
+    return facade
 
 
 @contextmanager

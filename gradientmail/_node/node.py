@@ -55,6 +55,7 @@ from gradientmail._node.options import NodeOptions
 from gradientmail._node.receive import Receiver
 from gradientmail._node.runtime import Nudge, Runtime
 from gradientmail._node.sharded import Layout, ShardedRank
+from gradientmail._node.shared import shared_model
 from gradientmail._node.state import NodeState
 from gradientmail._node.supervision import block_error
 from gradientmail._node.syncer import run_syncer
@@ -202,6 +203,11 @@ class Node:
         cancels the block's body) takes effect at the thread's next ``handle.step``, which
         raises the cancellation out of ``fn``."""
         return await anyio.to_thread.run_sync(fn, StepHandle(self))
+
+    async def shared_model(self, into: torch.nn.Module | None = None) -> dict[str, Tensor]:
+        """The run's model as committed (the newest version of every fragment), not this
+        learner's local weights: ``_node.shared.shared_model`` on this node's store."""
+        return await shared_model(self._rt.store, self._rt.manifest, into)
 
     def __repr__(self) -> str:
         state = self.state

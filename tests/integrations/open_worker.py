@@ -1,0 +1,45 @@
+"""A plain script's top-level loop with ``gradientmail.sync.open`` and no ``close()``, in its
+own process, for the exit tests.
+
+    python open_worker.py DIRECTORY BACKEND ENDING
+
+Prints every event of its node as ``event Kind flushing`` lines and ``training`` once its
+first round is committed. ENDING: ``finish`` ends the script after three committed rounds,
+``raise`` raises ``ValueError`` then, ``signal`` trains until a signal ends it.
+"""
+
+import sys
+
+from node_helpers import CONFIG, FAST, Trainer, tiny_model
+
+import gradientmail.sync
+from gradientmail.events import Closing, Event
+
+
+def show(event: Event) -> None:
+    flushing = event.flushing if isinstance(event, Closing) else ""
+    print(f"event {type(event).__name__} {flushing}", flush=True)
+
+
+directory, backend, ending = sys.argv[1:]
+model = tiny_model()
+trainer = Trainer(model, seed=1)
+node = gradientmail.sync.open(
+    model,
+    directory,
+    learner="worker",
+    config=CONFIG,
+    options=FAST,
+    sinks=[show],
+    backend=backend,  # type: ignore[arg-type]
+    handle_signals=ending == "signal",
+)
+announced = False
+while ending == "signal" or node.state.rounds_committed < 3:
+    trainer.step()
+    node.step(tokens=16)
+    if not announced and node.state.rounds_committed > 0:
+        print("training", flush=True)
+        announced = True
+if ending == "raise":
+    raise ValueError("the loop failed")
