@@ -44,8 +44,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
-from types import FrameType, TracebackType
-from typing import Any, Literal, Self
+from types import FrameType
+from typing import Any, Literal, TypeVar, overload
 
 import anyio
 import anyio.from_thread
@@ -56,8 +56,9 @@ from gradientmail._blocking import Barrier, load
 from gradientmail._node import Node as AsyncNode
 from gradientmail._node import NodeOptions, NodeState
 from gradientmail._node import node as open_node
+from gradientmail._sync_events import Events
 from gradientmail.clock import Clock
-from gradientmail.events import Event, Sink
+from gradientmail.events import Sink
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox import open as open_mailbox
 from gradientmail.patterns.shards import Shard, declare
@@ -67,6 +68,7 @@ from gradientmail.protocol.signing import RunKey
 __all__ = ["Backend", "Barrier", "Events", "Node", "Terminated", "load", "node", "open"]
 
 Backend = Literal["asyncio", "trio"]
+_Module = TypeVar("_Module", bound=torch.nn.Module)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -79,60 +81,6 @@ class Terminated(SystemExit):
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
         self.signum = signum
-
-
-class Events(Iterator[Event]):
-    """A blocking iterator over a node's events, from the moment ``Node.events`` was called
-    until the node has closed (then ``StopIteration``). Iterate it in a thread other than
-    the training thread (the node closes when the training thread leaves its block).
-    ``close()`` (or leaving ``with node.events() as events:``) ends the subscription early."""
-
-    def __init__(
-        self, portal: BlockingPortal, node: AsyncNode, buffer: int, closed: Callable[[], bool]
-    ) -> None:
-        self._portal = portal
-        self._closed = closed
-        self._subscription = portal.wrap_async_context_manager(node.events(buffer))
-        self._events = self._subscription.__enter__()
-        self._open = True
-
-    def __next__(self) -> Event:
-        if not self._open:
-            raise StopIteration
-        try:
-            return self._portal.call(self._events.__anext__)
-        except StopAsyncIteration:
-            self.close()
-            raise StopIteration from None
-        except (RuntimeError, concurrent.futures.CancelledError):
-            # The portal stops when the node has closed: the same end as the stream's.
-            if not self._closed():
-                raise
-            self._open = False
-            raise StopIteration from None
-
-    def close(self) -> None:
-        """End the subscription; idempotent, and a no-op once the node has closed."""
-        if not self._open:
-            return
-        self._open = False
-        try:
-            self._subscription.__exit__(None, None, None)
-        except (RuntimeError, concurrent.futures.CancelledError):
-            # The node closed and its portal stopped (cancelling what was left) meanwhile.
-            if not self._closed():
-                raise
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class Node:
@@ -205,16 +153,21 @@ class Node:
         if not node._step_quietly(tokens):
             self._portal.call(node.step, tokens)
 
-    def shared_model(self, into: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+    @overload
+    def shared_model(self) -> dict[str, torch.Tensor]: ...
+    @overload
+    def shared_model(self, into: _Module) -> _Module: ...
+    def shared_model(self, into: torch.nn.Module | None = None) -> object:
         """The run's model as committed (the newest version of every fragment), not this
-        learner's local weights: every parameter by name, on the CPU, also copied into
-        ``into`` when given (a module like the trained one, e.g. to evaluate or save it).
-        Read from the store on the node's thread; blocks the caller. Raises ``RunMismatch``
-        when ``into`` is not the run's model. Buffers are not part of a run."""
+        learner's local weights: every parameter by name, on the CPU; or, given ``into`` (a
+        module like the trained one, to evaluate or save), copied into it and ``into``
+        returned. Read from the store on the node's thread; blocks the caller. Raises
+        ``RunMismatch`` when ``into`` is not the run's model. Buffers are not in a run."""
         node = self._joined()
         if self._final is not None:
             raise RuntimeError(f"node {self.learner!r} has closed: use gradientmail.sync.load")
-        return self._portal.call(node.shared_model, into)
+        state = self._portal.call(node.shared_model, into)
+        return state if into is None else into
 
     def close(self) -> None:
         """Close a node from ``open``, with flush, as leaving a ``with`` block does; raises

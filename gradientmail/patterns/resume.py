@@ -4,7 +4,8 @@ inner optimizer's state, its step count and its position in the data.
 ``LocalState(path)`` keeps them in one local file per learner, replaced atomically by each
 ``save`` (a crash mid-save leaves the previous one). The model's weights are not in it: on
 joining, the node replaces them with the run's newest committed ones. See the "Resume"
-recipe in ``docs/integrations.md``.
+recipe in ``docs/integrations.md``. A nested loop saves ``position=(epoch, batch)`` and
+skips what ``Resumed.trained(epoch, batch)`` says it trained before the restart.
 """
 
 import os
@@ -28,6 +29,26 @@ class Resumed:
     step: int
     position: Any
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def trained(self, *position: int) -> bool:
+        """Whether a nested loop's position ``position`` (``epoch, batch``: ints, outer
+        first) is at or before the saved ``position`` (a tuple of as many ints), compared
+        in order: a resumed loop skips it. False when nothing was saved (``position`` None,
+        as in ``Resumed(step=0, position=None)`` for a first start). Raises ``ValueError``
+        when the saved position is not such a tuple."""
+        if self.position is None:
+            return False
+        saved = self.position
+        if (
+            not isinstance(saved, tuple)
+            or len(saved) != len(position)
+            or not all(isinstance(i, int) for i in saved)
+        ):
+            raise ValueError(
+                f"the saved position {saved!r} is not a tuple of {len(position)} ints: save "
+                "position=(epoch, batch) to resume a nested loop with trained(epoch, batch)"
+            )
+        return position <= saved
 
 
 class LocalState:

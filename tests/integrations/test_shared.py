@@ -73,9 +73,10 @@ def test_sync_shared_model_is_the_newest_committed_not_the_local_one(
             trainer.step()
             node.step(tokens=16)
         trainer.step()
+        assert node.shared_model(into=shared) is shared
         state: dict[str, torch.Tensor] = {}
         versions = _read_steadily(
-            lambda: state.update(node.shared_model(into=shared)),
+            lambda: (state.update(node.shared_model()), node.shared_model(into=shared)),
             lambda: _newest(committed(tmp_path)),
         )
         with pytest.raises(RunMismatch):
