@@ -1,6 +1,6 @@
-"""A character-level LSTM language model in a plain synchronous loop: per-epoch validation,
-best-model save, learning-rate annealing, Ctrl-C to stop early. char_lm.py trains on one
-machine; char_lm_gradientmail.py is the same script as one learner of a gradientmail run.
+"""A character-level LSTM language model in a plain script's epoch × batch loop: per-epoch
+validation, best-model save, learning-rate annealing, Ctrl-C to stop early. char_lm.py trains
+on one machine; char_lm_gradientmail.py is the same script as one learner of a gradientmail run.
 docs/integrations.md shows the diff between the two and how to run them.
 """
 
@@ -88,28 +88,25 @@ def evaluate(source: torch.Tensor) -> float:
     return float(torch.stack(losses).mean())
 
 
-def train(epoch: int) -> None:
-    generator = torch.Generator().manual_seed(args.seed + epoch)
-    started = time.time()
-    for index in range(args.batches):
-        x, y = batch(train_data, generator)
-        optimizer.zero_grad()
-        loss = loss_of(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 0.25)
-        optimizer.step()
-        if index % 50 == 0:
-            print(
-                f"| epoch {epoch} | batch {index} | loss {loss.item():.3f} "
-                f"| {1e3 * (time.time() - started) / (index + 1):.1f} ms/batch",
-                flush=True,
-            )
-
-
-def fit() -> None:
-    best = math.inf
+# Loop over epochs. At any point you can hit Ctrl + C to break out of training early.
+best = math.inf
+try:
     for epoch in range(1, args.epochs + 1):
-        train(epoch)
+        generator = torch.Generator().manual_seed(args.seed + epoch)
+        started = time.time()
+        for index in range(args.batches):
+            x, y = batch(train_data, generator)
+            optimizer.zero_grad()
+            loss = loss_of(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            optimizer.step()
+            if index % 50 == 0:
+                print(
+                    f"| epoch {epoch} | batch {index} | loss {loss.item():.3f} "
+                    f"| {1e3 * (time.time() - started) / (index + 1):.1f} ms/batch",
+                    flush=True,
+                )
         valid = evaluate(valid_data)
         print(f"| end of epoch {epoch} | valid loss {valid:.3f} | ppl {math.exp(valid):.2f}")
         if valid < best:
@@ -118,11 +115,6 @@ def fit() -> None:
         else:
             for group in optimizer.param_groups:
                 group["lr"] /= 4.0
-
-
-# At any point you can hit Ctrl + C to break out of training early.
-try:
-    fit()
 except KeyboardInterrupt:
     print("Exiting from training early")
 model.load_state_dict(torch.load(args.save))

@@ -62,14 +62,15 @@ class LocalState:
     def save(
         self,
         *,
-        step: int,
+        step: int = 0,
         optimizer: torch.optim.Optimizer | None = None,
         position: Any = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        """Write ``step``, ``optimizer.state_dict()``, ``position`` (anything
-        ``torch.save`` takes: an index, a sampler's state, a dict) and ``extra``, replacing
-        the previous file only once the new one is complete on disk."""
+        """Write ``step`` (a loop's own step count, if it keeps one),
+        ``optimizer.state_dict()``, ``position`` (anything ``torch.save`` takes: an index,
+        ``(epoch, batch)``, a sampler's state, a dict) and ``extra``, replacing the previous
+        file only once the new one is complete on disk."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         payload = {

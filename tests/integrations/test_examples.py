@@ -1,5 +1,6 @@
 """docs/examples/char_lm.py and its port to a gradientmail learner: the port changes fewer
-than 15 lines, docs/integrations.md shows the current diff, and both scripts run."""
+than 15 lines and re-indents none, docs/integrations.md shows the current diff, and both
+scripts run."""
 
 import difflib
 import re
@@ -40,6 +41,16 @@ def test_the_port_changes_fewer_than_15_lines() -> None:
         line for line in port_diff() if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
     assert 0 < len(changed) < 15, "\n".join(changed)
+
+
+def test_the_port_re_indents_no_line() -> None:
+    removed = {
+        line[1:].strip() for line in port_diff() if line.startswith("-") and line[1:2] != "-"
+    }
+    added = {line[1:].strip() for line in port_diff() if line.startswith("+") and line[1:2] != "+"}
+    # The epoch loop sits at the script's top level, in a try for Ctrl-C, not in a function.
+    assert "\ntry:\n    for epoch in range(1, args.epochs + 1):\n" in ORIGINAL.read_text()
+    assert not removed & added, removed & added
 
 
 def test_the_docs_show_the_current_diff() -> None:
