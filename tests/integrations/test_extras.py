@@ -2,7 +2,9 @@
 processes, or cannot count tokens for a token-weighted run, is refused with a clear error."""
 
 import importlib
+import re
 import sys
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,3 +53,12 @@ def test_a_token_weighted_run_needs_a_token_count(tmp_path: Path) -> None:
     assert leases(tmp_path) == {}
     with pytest.raises(ValueError, match="tokens_per_step must be a non-negative int"):
         GradientmailCallback(str(tmp_path), learner="a", tokens_per_step=-1)
+
+
+def test_the_readme_lists_every_extra_of_the_project() -> None:
+    root = Path(__file__).parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    listed = re.findall(r"^\| `([a-z]+)` \|", (root / "README.md").read_text(), re.MULTILINE)
+    assert sorted(listed) == sorted(project["optional-dependencies"])
+    # The README says S3 is in the base install.
+    assert any(d.startswith("aiobotocore") for d in project["dependencies"])
