@@ -35,11 +35,15 @@ node = gradientmail.sync.open(
     handle_signals=ending == "signal",
 )
 announced = False
-while ending == "signal" or node.state.rounds_committed < 3:
-    trainer.step()
-    node.step(tokens=16)
-    if not announced and node.state.rounds_committed > 0:
+while True:
+    # One reading per pass: "training" is printed before any ending, however fast rounds come.
+    committed = node.state.rounds_committed
+    if not announced and committed > 0:
         print("training", flush=True)
         announced = True
+    if ending != "signal" and committed >= 3:
+        break
+    trainer.step()
+    node.step(tokens=16)
 if ending == "raise":
     raise ValueError("the loop failed")
