@@ -36,17 +36,20 @@ new stream of its shard.
   median and maximum over every learner's rounds.
 - ``torchft-fp32-H{H}``: ``K`` processes, each its own replica group of one, with
   ``torchft.local_sgd.DiLoCo`` over the same fragments (``bench_text_torchft.py``), its
-  lighthouse process and gloo process groups on 127.0.0.1. Bytes: the ring
-  all-reduce of every fragment sync, ``2 (p − 1) / p × 4 × numel`` with ``p`` the sync's
-  participants (computed, not measured).
+  lighthouse process and gloo process groups on 127.0.0.1, ``init_sync=False``. Bytes: what
+  its process group's all-reduce is handed (measured), sent and received by a ring,
+  ``2 × 2 (p − 1) / p × bytes`` with ``p`` the sync's participants (computed from it).
 - ``*-kill``: the same as the arm named, with learner 1 SIGKILLed at 40% of its steps and
   restarted 20 s later.
 
 Validation loss is in bits per byte on a fixed set of windows of the validation files; the
-final figure is the mean over learners of their models at the end (after gradientmail's
-closing flush). Usage: ``.venv/bin/python benchmarks/bench_text.py
+final figure of a distributed arm is that of one model, the mean of the learners' models at
+the end (``bench_text_eval.mean_model``: after gradientmail's closing round, after torchft's
+last sync), each learner's own given apart. ``--mode fair`` (``bench_text_fair``) compares
+the two systems over seeds, torchft's outer optimizer tuned on another seed.
+Usage: ``.venv/bin/python benchmarks/bench_text.py
 [--size quick|small|medium|full] [--results DIR] [--only ARM ...]
-[--mode arms|defaults|repeat|rerun|timing] [--seeds N ...] [--overlap N|none] [--keep]``
+[--mode arms|defaults|repeat|rerun|timing|fair] [--seeds N ...] [--overlap N|none] [--keep]``
 (``--overlap``: the gradientmail arms with that ``RunConfig.overlap`` rather than the
 default's; ``--keep``: the results file keeps the stored runs of the arms (``--mode timing``:
 the pairs) not run now, every run marked with the invocation that measured it, and
@@ -79,6 +82,7 @@ from typing import Any
 import _harness as h
 import bench_convergence as bc
 import bench_text_data as data
+import bench_text_eval as evaluation_module
 import msgspec
 
 NAME = "text"
@@ -87,6 +91,10 @@ K = 4
 FRAGMENTS = 5
 """Five, so that every H of the matrix (50, 100, 250) is a multiple of it: torchft's
 DiLoCo syncs one fragment every ``H / F`` steps and refuses an H that F does not divide."""
+HARNESS = {"torchft_init_sync": False, "evaluation": "mean of the learners' models"}
+"""What a results file records of how the two systems were set against each other: a file
+without it was measured with torchft's ``init_sync`` on and each system's loss taken at its
+own point (the report judges no comparison from it)."""
 KILLED = 1
 KILL_AT = 0.4
 LR = 2e-3
@@ -252,9 +260,11 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
             optimizer=optimizer,
         )
 
-    return bc.Learning(
-        model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
-    )
+    def final() -> float:
+        evaluation_module.save(model, Path(spec["scratch"]), index)
+        return evaluate(model, final_set)
+
+    return bc.Learning(model, size["batch"] * length, run, final, optimizer)
 
 
 def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -266,6 +276,7 @@ def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
     from gradientmail.demo.model import GPT
 
     torch.set_num_threads(1)
+    load = os.getloadavg()
     size = SIZES[spec["size"]]
     shards = spec.get("learners", K)
     corpus = data.stdlib_corpus(shards=shards, seed=spec["seed"])
@@ -299,6 +310,7 @@ def run_local(arm: str, spec: dict[str, Any]) -> dict[str, Any]:
         "wall_seconds": seconds,
         "train_seconds": seconds,
         "params": params,
+        "load": {"start": list(load), "end": list(os.getloadavg())},
     }
     if arm == "dp":
         result["bytes_per_learner"] = 2 * (shards - 1) / shards * 4 * params * size["steps"]
@@ -352,12 +364,13 @@ def run_gradientmail(
         learners=learners_count,
         inner=setup.get("inner", "adamw"),
     )
+    load = os.getloadavg()
     launched = bc.launch(Path(__file__).resolve(), spec, kill=_kill(size, killed))
     learners = [launched["reports"][str(k)] for k in range(learners_count)]
     syncer = launched["reports"]["syncer"]
     rounds = syncer["rounds"]
     lags = [lag for r in learners for lag in r["lag_steps"]]
-    summary = _summary(launched, learners, size["eval_every"])
+    summary = _summary(launched, learners, size["eval_every"], spec, load)
     return summary | {
         "cpu_seconds": summary["cpu_seconds"] + syncer["cpu_seconds"],
         "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners)
@@ -415,12 +428,21 @@ def lighthouse(log: Path, timeout: float = 30.0) -> Iterator[str]:
 
 
 def run_torchft(
-    size_name: str, seed: int, sync_every: int, scratch: Path, killed: bool
+    size_name: str,
+    seed: int,
+    sync_every: int,
+    scratch: Path,
+    killed: bool,
+    outer: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """``K`` torchft replica processes and a lighthouse process; the arm's figures."""
+    """``K`` torchft replica processes and a lighthouse process; the arm's figures. ``outer``:
+    the outer Nesterov SGD's learning rate and momentum (gradientmail's default's when
+    None; ``bench_text_fair`` picks them from a grid)."""
     size = SIZES[size_name]
     config = run_config(sync_every, "fp32")
+    outer_lr, outer_momentum = outer or (config.outer_lr, config.outer_momentum)
     scratch.mkdir(parents=True)
+    load = os.getloadavg()
     with lighthouse(scratch / "log-lighthouse.txt") as address:
         spec = _spec(
             size_name,
@@ -430,32 +452,46 @@ def run_torchft(
             lighthouse=address,
             sync_every=sync_every,
             fragments=FRAGMENTS,
-            outer_lr=config.outer_lr,
-            outer_momentum=config.outer_momentum,
+            outer_lr=outer_lr,
+            outer_momentum=outer_momentum,
         )
         launched = bc.launch(Path(__file__).resolve(), spec, services=(), kill=_kill(size, killed))
     learners = [launched["reports"][str(k)] for k in range(K)]
-    return _summary(launched, learners, size["eval_every"]) | {
+    return _summary(launched, learners, size["eval_every"], spec, load) | {
+        "outer": [outer_lr, outer_momentum],
         "bytes_per_learner": sum(r["allreduce_bytes"] for r in learners) / K,
+        "allreduce_payload_bytes": sum(r["allreduce_payload_bytes"] for r in learners) / K,
         "syncs": [r["syncs"] for r in learners],
         "failed_syncs": [r["failed_syncs"] for r in learners],
     }
 
 
 def _summary(
-    launched: dict[str, Any], learners: list[dict[str, Any]], eval_every: int
+    launched: dict[str, Any],
+    learners: list[dict[str, Any]],
+    eval_every: int,
+    spec: dict[str, Any],
+    load: tuple[float, float, float],
 ) -> dict[str, Any]:
+    """The figures every distributed arm shares; the final loss is the mean model's
+    (``bench_text_eval.mean_model``), each learner's own loss given apart; ``load``: the
+    load averages at the arm's start (``os.getloadavg()``), recorded with those at its end."""
     finals = [r["final_loss"] for r in learners]
-    final = sum(finals) / len(finals)
+    mean = evaluation_module.mean_model(
+        Path(spec["scratch"]), len(learners), SIZES[spec["size"]], spec["seed"]
+    )
     summary: dict[str, Any] = {
-        "final_loss": final,
-        "bits_per_byte": _bits(final),
+        "final_loss": mean["final_loss"],
+        "bits_per_byte": _bits(mean["final_loss"]),
+        "evaluation": "mean of the learners' models",
+        "learner_spread": mean["learner_spread"],
         "bits_per_byte_by_learner": [_bits(f) for f in finals],
         "curve": bc._mean_curve([r["curve"] for r in learners]),
         "wall_seconds": launched["wall_seconds"],
         "train_seconds": sum(r["train_seconds"] for r in learners) / len(learners),
         "cpu_seconds": sum(r["cpu_seconds"] for r in learners),
         "learners": learners,
+        "load": {"start": list(load), "end": list(os.getloadavg())},
     }
     if "killed" in launched["events"]:
         times = {key: launched["events"][key] for key in ("killed", "restarted")}
@@ -677,6 +713,7 @@ def run(
             "lr": LR,
             "overlap": config.overlap,
             "arms": chosen,
+            "harness": HARNESS,
             "params": GPT(model_config(size)).num_parameters(),
             "corpus": corpus.description,
             "kill": {
@@ -755,13 +792,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="run only these arms (see the docstring)")
     parser.add_argument(
         "--mode",
-        choices=("arms", "defaults", "repeat", "rerun", "timing"),
+        choices=("arms", "defaults", "repeat", "rerun", "timing", "fair"),
         default="arms",
-        help="every arm once (the default), bench_text_seeds' defaults, repeat or rerun mode, or "
-        "bench_text_timing's fp32 pairs in both orders",
+        help="every arm once (the default), bench_text_seeds' defaults, repeat or rerun mode, "
+        "bench_text_timing's fp32 pairs in both orders, or bench_text_fair's comparison",
     )
     parser.add_argument(
-        "--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat|rerun"
+        "--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat|rerun|fair"
     )
     parser.add_argument(
         "--overlap",
@@ -782,7 +819,11 @@ def main() -> None:
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return
-    if args.mode == "timing":
+    if args.mode == "fair":
+        import bench_text_fair
+
+        path = bench_text_fair.run(args.results, args.size, args.only, args.seeds)
+    elif args.mode == "timing":
         import bench_text_timing
 
         path = bench_text_timing.run(args.results, args.size, args.only, keep=args.keep)

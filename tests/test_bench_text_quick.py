@@ -9,6 +9,7 @@ cores.
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -229,3 +230,77 @@ def test_rerun_rows_and_the_spread_of_excesses_that_share_a_sign() -> None:
 
     assert sorted(["0#10", "1#1", "0#2"], key=report._row_order) == ["0#2", "0#10", "1#1"]
     assert report._row_order("3") == (3, 0)
+
+
+def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_the_mean_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The comparison is fair only while torchft starts without overwriting learners from
+    # one of them and both systems are judged by one function on the mean of the learners'
+    # models; the learners' processes are stood in for (no training), the rest is real.
+    pytest.importorskip("torchft")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_text as bt
+    import bench_text_eval
+    import bench_text_fair
+    import bench_text_torchft
+    import torch
+    import torchft
+
+    from gradientmail.demo.data import evaluate
+    from gradientmail.demo.model import GPT
+
+    built: dict[str, object] = {}
+
+    class Refused(Exception):
+        pass
+
+    def manager(**options: object) -> None:
+        built.update(options)
+        raise Refused
+
+    monkeypatch.setattr(torchft, "Manager", manager)
+    spec = bt._spec("quick", 0, tmp_path / "worker", lighthouse="http://127.0.0.1:1")
+    spec |= {"system": "torchft", "sync_every": 10, "fragments": bt.FRAGMENTS}
+    spec |= {"outer_lr": 0.7, "outer_momentum": 0.9}
+    (tmp_path / "worker").mkdir()
+    with pytest.raises(Refused):
+        bench_text_torchft.worker(spec, 0)
+    assert built["init_sync"] is False
+
+    size = bt.SIZES["quick"]
+    saved = []
+    for k in range(bt.K):
+        model = GPT(bt.model_config(size), seed=k)
+        saved.append({name: t.clone() for name, t in model.state_dict().items()})
+
+    def launch(script: Path, spec: dict, **_: object) -> dict:
+        scratch = Path(spec["scratch"])
+        scratch.mkdir(parents=True, exist_ok=True)
+        for k, state in enumerate(saved):
+            torch.save(state, bench_text_eval.model_path(scratch, k))
+        learner = {"final_loss": 9.0, "curve": [[0.0, 9.0]], "train_seconds": 1.0}
+        learner |= {"cpu_seconds": 1.0, "lag_steps": [], "bytes_up": 1, "bytes_down": 1}
+        learner |= {"allreduce_bytes": 1, "allreduce_payload_bytes": 1}
+        learner |= {"syncs": 1, "failed_syncs": 0}
+        syncer = {"rounds": [], "bytes_up": 0, "bytes_down": 0, "cpu_seconds": 0.0}
+        reports = {str(k): learner | {"index": k} for k in range(bt.K)} | {"syncer": syncer}
+        return {"reports": reports, "wall_seconds": 1.0, "events": {}, "peak_store_bytes": 0}
+
+    monkeypatch.setattr(bt.bc, "launch", launch)
+    gm = bt.run_gradientmail("quick", 0, 10, "fp32", tmp_path / "gm", False)
+    ft = bt.run_torchft("quick", 0, 10, tmp_path / "torchft", False)
+
+    mean = GPT(bt.model_config(size), seed=0)
+    mean.load_state_dict({name: sum(s[name] for s in saved) / len(saved) for name in saved[0]})
+    corpus = bt.data.stdlib_corpus(shards=bt.K, seed=0)
+    expected = evaluate(mean, corpus.evaluation(*size["final_eval"], length=32))
+    assert gm["final_loss"] == ft["final_loss"] == pytest.approx(expected, rel=1e-6)
+    assert gm["bits_per_byte_by_learner"] == [9.0 / math.log(2)] * bt.K
+    assert gm["learner_spread"] == ft["learner_spread"] > 0
+    assert set(gm["load"]) == set(ft["load"]) == {"start", "end"}
+
+    # torchft's outer optimizer is tuned on a seed the reported rows do not use, over a grid
+    # that holds its example's setting and gradientmail's default.
+    assert {(0.7, 0.9), (1.0, 0.6)} <= set(bench_text_fair.OUTER_GRID)
+    assert bench_text_fair.TUNING_SEED not in bench_text_fair.SEEDS
