@@ -64,7 +64,10 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [*lines, ""]
 
 
-def verdict(met: bool | None) -> str:
+def verdict(met: bool | str | None) -> str:
+    """A target's verdict; a string says why it is not judged."""
+    if isinstance(met, str):
+        return met
     if met is None:
         return "not run"
     return "met" if met else "**missed**"
@@ -97,5 +100,7 @@ class Page:
             plt.close(figure)
         self.add(f"![{alt}]({PLOTS}/{name})", "")
 
-    def target(self, what: str, target: str, measured: str, met: bool | None, note: str) -> None:
+    def target(
+        self, what: str, target: str, measured: str, met: bool | str | None, note: str
+    ) -> None:
         self.targets.append([what, target, measured, verdict(met), note])

@@ -16,6 +16,7 @@ from typing import Any
 
 import _harness as h
 import bench_text
+import report_fair
 import report_fleet
 from _page import Page
 from _page import byte_size as _bytes
@@ -915,8 +916,12 @@ def _text_results(results: Path) -> dict[str, Any] | None:
     found = {}
     for size in TEXT_SIZES:
         result = _load(results, "text" if size == "full" else f"text-{size}")
-        if result is not None:
-            found[size] = result | {"timing": _load(results, f"text-timing-{size}")}
+        fair = _load(results, f"text-fair-{size}")
+        if result is not None or fair is not None:
+            found[size] = (result or {}) | {
+                "timing": _load(results, f"text-timing-{size}"),
+                "fair": fair,
+            }
     return found or None
 
 
@@ -959,7 +964,10 @@ def text(page: Page, by_size: dict[str, Any] | None) -> None:
         )
     for size, result in by_size.items():
         page.add(f"### Size `{size}`", "")
-        _text_size(page, result)
+        if result.get("fair") is not None:
+            report_fair.section(page, result["fair"])
+        if "parameters" in result:
+            _text_size(page, result)
 
 
 def _pacing(overlap: int | None) -> str:
@@ -1048,6 +1056,8 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
     )
     model = p["model"]
     pacing = p.get("pacing", {"poll_interval": p.get("poll_interval", 0.05)})
+    if not report_fair.fair(result):
+        page.add(*report_fair.earlier(size))
     page.add(
         _provenance(result),
         "",
@@ -1064,10 +1074,18 @@ def _text_size(page: Page, result: dict[str, Any]) -> None:
         "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
         "torchft runs each learner as its own replica group with `torchft.local_sgd.DiLoCo`, "
         "its lighthouse process and gloo on 127.0.0.1. Bytes per learner: gradientmail's "
-        "**measured** (what each learner wrote and read), data-parallel's and torchft's "
-        "**computed** (ring all-reduce of fp32: 2(p − 1)/p × 4 bytes × elements, per "
-        "gradient step for data-parallel, per fragment sync and its participants p for "
-        "torchft). Wall time is the arm's, process start to the last exit, on this shared "
+        "**measured** (what each learner wrote and read), "
+        + (
+            "torchft's all-reduce payload **measured** (by wrapping its process group) and "
+            "sent and received by a ring, 2 × 2(p − 1)/p × its bytes for p participants, "
+            "data-parallel's **computed** (ring all-reduce of fp32, sent: 2(K − 1)/K × 4 "
+            "bytes × elements per gradient step). "
+            if report_fair.fair(result)
+            else "data-parallel's and torchft's **computed** (ring all-reduce of fp32, sent "
+            "only: 2(p − 1)/p × 4 bytes × elements, per gradient step for data-parallel, per "
+            "fragment sync and its participants p for torchft). "
+        )
+        + "Wall time is the arm's, process start to the last exit, on this shared "
         "machine; train time the learners' mean from first to last step; CPU the user and "
         "system time of every process of the arm (gradientmail's learners and syncer, "
         "torchft's learners, not its lighthouse process). gradientmail's nodes poll "
@@ -1198,12 +1216,13 @@ def _text_versus(page: Page, result: dict[str, Any]) -> None:
                 _num(v["bytes_ratio"], 2),
             ]
         )
+        judged = report_fair.fair(result)
         met = None if gm_excess is None or ft_excess is None else gm_excess <= ft_excess
         page.target(
             f"real text ({size}) H={sync_every}: excess over DP, gradientmail vs torchft",
             "≤ torchft's",
             f"{_num(gm_excess, 4)} vs {_num(ft_excess, 4)} bits/byte",
-            met,
+            met if judged else report_fair.NOT_JUDGED,
             "bench_text",
         )
         both = pairs.get(sync_every, {}).get("wall_ratio")
@@ -1219,7 +1238,7 @@ def _text_versus(page: Page, result: dict[str, Any]) -> None:
             own
             if both is None
             else f"{_num(both, 3)} (each pair in both orders; the matrix's own pair {own})",
-            None if wall is None else wall <= 1.0,
+            (None if wall is None else wall <= 1.0) if judged else report_fair.NOT_JUDGED,
             "bench_text" if both is None else "bench_text --mode timing",
         )
     page.add(

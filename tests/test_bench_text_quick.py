@@ -82,6 +82,7 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     # here as 2.0 so that the two verdicts differ whenever the pairs' ratio is at most 1).
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import _page
+    import bench_text
     import report
 
     page = report.Page(tmp_path / "docs")
@@ -98,7 +99,7 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     paced = timing["parameters"]["overlap"]
     assert paced == RunConfig().overlap
     result = {
-        "parameters": {"size": "quick", "overlap": paced},
+        "parameters": {"size": "quick", "overlap": paced, "harness": bench_text.HARNESS},
         "figures": {"versus_torchft": versus, "arms": {}},
         "timing": timing,
     }
@@ -304,3 +305,72 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
     # that holds its example's setting and gradientmail's default.
     assert {(0.7, 0.9), (1.0, 0.6)} <= set(bench_text_fair.OUTER_GRID)
     assert bench_text_fair.TUNING_SEED not in bench_text_fair.SEEDS
+
+
+def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
+    tmp_path: Path,
+) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _page
+    import bench_text
+    import report
+    import report_fair
+
+    versus = {
+        "50": {
+            "bits_per_byte_ratio": 0.99,
+            "excess_over_dp": [0.27, 0.29],
+            "wall_ratio": 0.96,
+            "train_ratio": 0.96,
+            "cpu_ratio": 0.9,
+            "bytes_ratio": 0.5,
+        }
+    }
+    result = {
+        "parameters": {"size": "full", "overlap": 2},
+        "figures": {"versus_torchft": versus, "arms": {}},
+        "timing": None,
+    }
+    earlier = report.Page(tmp_path / "docs")
+    report._text_versus(earlier, result)
+    assert [row[3] for row in earlier.targets] == [report_fair.NOT_JUDGED] * 2
+    fair = report.Page(tmp_path / "docs")
+    result["parameters"]["harness"] = bench_text.HARNESS
+    report._text_versus(fair, result)
+    assert [row[3] for row in fair.targets] == [_page.verdict(True)] * 2
+    assert "0.274 | 0.256" in "\n".join(report_fair.earlier("full"))
+
+    def run(bits: float, wall: float) -> dict:
+        return {"bits_per_byte": bits, "wall_seconds": wall, "load": {"start": [1.0], "end": [2.0]}}
+
+    runs = {
+        str(seed): {"gm": [run(3.1, 10), run(3.1, 10)], "torchft": [run(3.0, 9), run(3.0, 11)]}
+        for seed in (0, 1, 2)
+    }
+    import bench_text_fair
+
+    dp = {str(seed): {"bits_per_byte": 2.9} for seed in (0, 1, 2)}
+    pairs = bench_text_fair.figures({"20": {"runs": runs}}, dp)
+    assert pairs["20"]["seeds_complete"] == 3
+    assert pairs["20"]["gm_median_excess"] == pytest.approx(0.2)
+    assert pairs["20"]["torchft_median_excess"] == pytest.approx(0.1)
+    assert pairs["20"]["wall_ratio"] == pytest.approx(1.0)
+    tuning = {"seed": 100, "points": [{"outer": [0.7, 0.9], "bits_per_byte": 3.0}]}
+    tuning["best"] = [0.7, 0.9]
+    import _harness
+
+    parameters = {
+        "size": "small",
+        "seeds": [0, 1, 2],
+        "order": list(bench_text_fair.ORDER),
+        "gm_outer": [1.0, 0.6],
+        "torchft": {"outer_grid": [[0.7, 0.9]], "tuning_seed": 100},
+    }
+    document = _harness.header("text-fair-small", quick=False, parameters=parameters)
+    document["figures"] = {"pairs": pairs, "tuning": {"20": tuning}, "runs": {"20": runs}}
+    page = report.Page(tmp_path / "docs")
+    report_fair.section(page, document)
+    assert [row[3] for row in page.targets] == [_page.verdict(False), _page.verdict(True)]
+    assert "| 20 | 0 | 3.1000 (0.2000) | 3.0000 (0.1000) | 10, 10 | 9, 11 |" in "\n".join(
+        page.lines
+    )
