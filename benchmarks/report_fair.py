@@ -7,10 +7,11 @@ torchft figures are shown but judge nothing. ``text-fair-{size}.json``
 (``bench_text.py --mode fair``) holds the comparison over seeds, each pair in both orders.
 """
 
+import statistics
 from typing import Any
 
 import bench_text
-from _page import Page, num, provenance, table
+from _page import Page, byte_size, num, provenance, table
 
 NOT_JUDGED = "not judged: earlier harness"
 REPRODUCTION = {"50": (0.274, 0.256), "100": (0.346, 0.332), "250": (0.500, 0.498)}
@@ -81,7 +82,13 @@ def section(page: Page, result: dict[str, Any]) -> None:
         f"{', '.join(p['order'])}, a system's figure on a seed the mean of its two runs; "
         "torchft's bytes are its process group's all-reduce payload (measured by wrapping "
         "the group) sent and received by a ring (computed), gradientmail's measured. "
-        + provenance(result),
+        + provenance(result)
+        + (
+            ""
+            if size == "full"
+            else f" **Size `{size}`: a scaled-down run, so its figures check the harness, not "
+            "the full-size comparison.**"
+        ),
         "",
     )
     rows = []
@@ -101,6 +108,12 @@ def section(page: Page, result: dict[str, Any]) -> None:
                         f"{r['load']['start'][0]:.1f}→{r['load']['end'][0]:.1f}"
                         for s in ("gm", "torchft")
                         for r in by.get(s, [])
+                    ),
+                    " / ".join(
+                        byte_size(statistics.fmean(r["bytes_per_learner"] for r in by[system]))
+                        if by.get(system)
+                        else "–"
+                        for system in ("gm", "torchft")
                     ),
                     "/".join(str(x) for x in tuning["best"]) if tuning else "–",
                 ]
@@ -134,6 +147,7 @@ def section(page: Page, result: dict[str, Any]) -> None:
                 "gradientmail wall (s)",
                 "torchft wall (s)",
                 "1-minute load, start→end, gm then torchft runs",
+                "bytes per learner, gm / torchft",
                 "torchft outer (tuned)",
             ],
             rows,

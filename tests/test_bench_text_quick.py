@@ -341,7 +341,8 @@ def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
     assert "0.274 | 0.256" in "\n".join(report_fair.earlier("full"))
 
     def run(bits: float, wall: float) -> dict:
-        return {"bits_per_byte": bits, "wall_seconds": wall, "load": {"start": [1.0], "end": [2.0]}}
+        load = {"start": [1.0], "end": [2.0]}
+        return {"bits_per_byte": bits, "wall_seconds": wall, "load": load, "bytes_per_learner": 2e6}
 
     runs = {
         str(seed): {"gm": [run(3.1, 10), run(3.1, 10)], "torchft": [run(3.0, 9), run(3.0, 11)]}
