@@ -30,24 +30,30 @@ def _range(runs: list[dict[str, Any]], key: str, digits: int = 3) -> str:
     return f"{num(statistics.median(values), digits)} [{low}, {high}]"
 
 
-def _ratios(run: dict[str, Any]) -> dict[str, float]:
-    """A run's steps: committed ÷ taken (1: no step lost) and taken ÷ what each learner takes
-    alone in the budget at its nominal speed (below 1: it waited, or the machine was too
-    busy for its nominal speed)."""
+def _ratios(fleet: str, run: dict[str, Any], budget: float) -> dict[str, float]:
+    """A run's steps: committed ÷ taken (1: no step lost), and taken and committed ÷ what
+    each learner takes alone in the budget at its nominal speed, its pauses included
+    (``bench_fleet.alone_steps``; below 1: it waited, or the machine was too busy for its
+    nominal speed)."""
     learners = run.get("learners", [])
+    last = len(learners) - 1
     taken = sum(x["steps"] for x in learners)
-    alone = sum(x["alone_steps"] for x in learners)
+    alone = sum(
+        bench_fleet.alone_steps(x["speed"], budget, pauses=fleet == "pausing" and k == last)
+        for k, x in enumerate(learners)
+    )
     committed = sum(x.get("committed_steps", 0.0) for x in learners)
     return {
         "committed_over_taken": committed / taken if taken else 0.0,
         "taken_over_alone": taken / alone if alone else 0.0,
+        "committed_over_alone": committed / alone if alone else 0.0,
     }
 
 
-def _row(fleet: str, arm: str, runs: list[dict[str, Any]]) -> list[str]:
+def _row(fleet: str, arm: str, runs: list[dict[str, Any]], budget: float) -> list[str]:
     speeds = "/".join(f"{s:g}" for s in bench_fleet.FLEETS.get(fleet, []))
     learners = [r["learners"] for r in runs if "learners" in r]
-    ratios = [r | _ratios(r) for r in runs]
+    ratios = [r | _ratios(fleet, r, budget) for r in runs]
     committed = [sum(x.get("committed_steps", 0.0) for x in ls) for ls in learners]
     steps = "–"
     if learners:
@@ -91,9 +97,7 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         provenance(result),
         "",
     )
-    rows = [
-        _row(key.split("/")[0], key.split("/")[1], entries) for key, entries in sorted(runs.items())
-    ]
+    rows = [_row(*key.split("/"), entries, p["budget"]) for key, entries in sorted(runs.items())]
     header = ["fleet", "arm", "runs", "bits/byte", "before close", "fastest waits"]
     header += [
         "committed ÷ taken",
@@ -103,11 +107,11 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         "load",
     ]
     page.add(*table(header, rows))
-    _targets(page, runs)
+    _targets(page, runs, p["budget"])
     _plot(page, runs)
 
 
-def _targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
+def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], budget: float) -> None:
     for fleet in HETEROGENEOUS:
         gm = runs.get(f"{fleet}/gm", [])
         if not gm:
@@ -120,8 +124,9 @@ def _targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
             waits <= 0.05,
             "bench_fleet",
         )
-        committed = min(r["committed_over_alone"] for r in gm)
-        kept = min(_ratios(r)["committed_over_taken"] for r in gm)
+        ratios = [_ratios(fleet, r, budget) for r in gm]
+        committed = min(r["committed_over_alone"] for r in ratios)
+        kept = min(r["committed_over_taken"] for r in ratios)
         page.target(
             f"fleet {fleet}: steps committed ÷ each alone, default",
             "≥ 0.9 in every run",
@@ -162,6 +167,9 @@ def _targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
 
 def _plot(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
     shown = [f for f in ("equal", *HETEROGENEOUS) if any(k.startswith(f"{f}/") for k in runs)]
+    if not any(r.get("curve") for entries in runs.values() for r in entries):
+        page.add("_No curves against wall time in this results file._", "")
+        return
 
     def draw(figure: Any) -> None:
         for i, fleet in enumerate(shown):
