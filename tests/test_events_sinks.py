@@ -113,7 +113,7 @@ def samples(*, raised: bool = True) -> list[Event]:
     )
     syncer_error = error(RecordError("records/41: not a JSON object"))
     events: list[Event] = [
-        CreatingRun("alpha", 4),
+        CreatingRun("alpha", 4, "even", (3_497_000, 3_496_800, 3_497_000, 3_496_878)),
         AwaitingCreator("alpha", ("beta", "gamma")),
         TookOverCreation("alpha", 30.5),
         Joined("alpha", "beta", 4, 40),

@@ -29,7 +29,7 @@ from gradientmail.clock import Clock
 from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
 from gradientmail.protocol.codec import Rows, encode_fragment
-from gradientmail.protocol.fragments import signature
+from gradientmail.protocol.fragments import signature, window
 from gradientmail.protocol.identities import listed
 from gradientmail.protocol.records import (
     BlobRef,
@@ -158,11 +158,12 @@ async def _create(
 ) -> Manifest:
     specs = signature(named, config.fragments, config.pattern)
     by_name = dict(named)
-    emit(CreatingRun(learner, config.fragments))
+    emit(CreatingRun(learner, config.fragments, config.pattern, tuple(s.numel for s in specs)))
     theta0: list[BlobRef] = []
     for spec in specs:
         names = [param.name for param in spec.params]
-        tensors = [by_name[name] for name in names] if whole is None else await whole(names)
+        wholes = [by_name[name] for name in names] if whole is None else await whole(names)
+        tensors = [window(t, param) for t, param in zip(wholes, spec.params, strict=True)]
         data = await anyio.to_thread.run_sync(_encode_fp32, tensors, spec)
         ref = await store.put_blob(data, "fp32", indexed=True)
         await store.put_init_marker(

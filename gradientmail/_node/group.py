@@ -50,6 +50,7 @@ from gradientmail._node.model import by_fragment
 from gradientmail._node.sharded import ShardedRank
 from gradientmail._node.state import NodeState
 from gradientmail.errors import GroupFailed, RunMismatch
+from gradientmail.protocol.fragments import window
 from gradientmail.protocol.group import (
     Decision,
     Entry,
@@ -103,8 +104,10 @@ def link_of(group: object, timeout: float, *, model: bool) -> "GroupLink | None"
 
 
 def fragment_params(manifest: Manifest, named: Sequence[tuple[str, Tensor]]) -> Params:
-    """The live parameters of each fragment of ``manifest``, in its ``spec.params`` order."""
-    return by_fragment(manifest, dict(named))
+    """The live parameters of each fragment of ``manifest``, in its ``spec.params`` order
+    (a parameter split by rows: a view of its rows, ``fragments.window``)."""
+    by_name = dict(named)
+    return by_fragment(manifest, lambda p: window(by_name[p.name], p))
 
 
 class GroupLink:

@@ -1,24 +1,24 @@
 """The model a node trains, as the named parameters the run splits into fragments, and for a
 sharded learner (FSDP2) the rows of each parameter this rank holds."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.records import Manifest
+from gradientmail.protocol.records import Manifest, ParamSpec
 
 __all__ = ["Shard", "by_fragment", "named_parameters", "shards"]
 
 T = TypeVar("T")
 
 
-def by_fragment(manifest: Manifest, by_name: Mapping[str, T]) -> tuple[tuple[T, ...], ...]:
-    """``by_name``'s value of each parameter of each fragment of ``manifest``, in its
+def by_fragment(manifest: Manifest, pick: Callable[[ParamSpec], T]) -> tuple[tuple[T, ...], ...]:
+    """``pick``'s value of each parameter of each fragment of ``manifest``, in its
     ``spec.params`` order (the live parameters, a sharded rank's rows of them, ...)."""
-    return tuple(tuple(by_name[p.name] for p in spec.params) for spec in manifest.fragments)
+    return tuple(tuple(pick(p) for p in spec.params) for spec in manifest.fragments)
 
 
 def named_parameters(

@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import anyio
+import msgspec
 from torch import Tensor
 
 from gradientmail._node.model import by_fragment
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.protocol.codec import Rows
 from gradientmail.protocol.group import Gathered, PartReport
-from gradientmail.protocol.records import Manifest
+from gradientmail.protocol.records import Manifest, ParamSpec
 
 __all__ = ["Layout", "ShardedRank", "squares"]
 
@@ -135,9 +136,30 @@ class Layout:
     rows: dict[str, tuple[int, int]]
 
     def params(self, manifest: Manifest) -> tuple[tuple[Tensor, ...], ...]:
-        """The local rows of each fragment's parameters, in its ``spec.params`` order."""
-        return by_fragment(manifest, self.local)
+        """The local rows of each fragment's parameters, in its ``spec.params`` order (of a
+        parameter split by rows between fragments, those of the fragment's part)."""
+        return by_fragment(manifest, self._local)
 
     def fragment_rows(self, manifest: Manifest) -> tuple[Rows, ...]:
-        """This rank's ``codec.Rows`` of each fragment."""
-        return by_fragment(manifest, self.rows)
+        """This rank's ``codec.Rows`` of each fragment (of a parameter split by rows between
+        fragments, counted within the fragment's part)."""
+        return by_fragment(manifest, self._rows)
+
+    def _rows(self, param: ParamSpec) -> tuple[int, int]:
+        start, end = self.rows[param.name]
+        if isinstance(param.start, msgspec.UnsetType):
+            return start, end
+        # The rank's rows clamped to the part: ranks before it hold none of it at its start,
+        # ranks after it none at its end, so the ranks' ranges still tile the part in order.
+        count = param.shape[0]
+        low = min(max(start - param.start, 0), count)
+        return low, max(min(max(end - param.start, 0), count), low)
+
+    def _local(self, param: ParamSpec) -> Tensor:
+        local = self.local[param.name]
+        if isinstance(param.start, msgspec.UnsetType):
+            return local
+        low, high = self._rows(param)
+        if low == high:
+            return local.narrow(0, 0, 0)
+        return local.narrow(0, param.start + low - self.rows[param.name][0], high - low)

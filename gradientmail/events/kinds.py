@@ -17,7 +17,13 @@ import re
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from gradientmail.protocol.records import DropReason, RejectReason, RoundRecord, RoundRecordDraft
+from gradientmail.protocol.records import (
+    DropReason,
+    Pattern,
+    RejectReason,
+    RoundRecord,
+    RoundRecordDraft,
+)
 
 __all__ = [
     "KINDS",
@@ -63,10 +69,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class CreatingRun:
-    """This node holds the creation claim and is uploading Θ⁰ of ``fragments`` fragments."""
+    """This node holds the creation claim and is uploading Θ⁰ of ``fragments`` fragments,
+    split by ``pattern`` into fragments of ``sizes`` parameters (elements, in fragment
+    order)."""
 
     learner: str
     fragments: int
+    pattern: Pattern
+    sizes: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,14 @@ the model's order. Two patterns:
     smaller than that parameter, so ``preview`` shows it and fewer fragments (or a model
     without that one huge tensor, e.g. a tied embedding) is the remedy. Unlike the two
     patterns above, a fragment's parameters need not be neighbours in the model.
+``even`` (the default)
+    The parameters in module order as one stream of rows (a parameter's rows are those of
+    its first dimension; a 0-dimensional parameter is one row), cut into ``F`` runs: the k-th
+    cut falls at the row boundary whose element count before it is closest to ``k/F`` of the
+    model's (ties: the earlier), leaving every fragment at least one row. A parameter cut
+    through is split by rows between neighbouring fragments (its ``ParamSpec.start`` the
+    first row each holds), so fragments differ by less than one row's elements from the
+    balance point on each side, whatever the largest tensor.
 
 The schedule: fragments are staggered by ``H // F`` local steps (``H = sync_every``), so that
 on a steady learner one fragment is in flight at a time, and in round order: fragment ``f``
@@ -47,13 +55,15 @@ import bisect
 import heapq
 import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import torch
 from torch import Tensor
 
 from gradientmail.protocol.codec import ENCODINGS, decode_fragment, encode_fragment
+from gradientmail.protocol.costs import Costs, costs
 from gradientmail.protocol.records import Encoding, FragmentSpec, ParamSpec, Pattern, RunConfig
 from gradientmail.protocol.sparse import TOPK, delta_sparsity, update_sparsity
 
@@ -67,6 +77,7 @@ __all__ = [
     "offset",
     "preview",
     "signature",
+    "window",
 ]
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -133,7 +144,73 @@ def _balanced(params: Sequence[ParamSpec], fragments: int) -> list[list[int]]:
     return sorted(sorted(group) for group in groups)
 
 
-_SPLITS = {"contiguous": _contiguous, "strided": _strided, "balanced": _balanced}
+def _rows(param: ParamSpec) -> int:
+    return param.shape[0] if param.shape else 1
+
+
+def _even(params: Sequence[ParamSpec], fragments: int) -> list[list[ParamSpec]]:
+    rows = [_rows(param) for param in params]
+    widths = [p.numel // count if count else 0 for p, count in zip(params, rows, strict=True)]
+    row_at = list(itertools.accumulate(rows, initial=0))
+    elements_at = list(itertools.accumulate((p.numel for p in params), initial=0))
+    total_rows, total = row_at[-1], elements_at[-1]
+    if total_rows < fragments:
+        raise ValueError(
+            f"the model's parameters have {total_rows} rows in all, fewer than the "
+            f"{fragments} fragments asked for; use at most {total_rows} fragments"
+        )
+
+    def elements(row: int) -> int:
+        i = bisect.bisect_right(row_at, row) - 1
+        return elements_at[i] + (row - row_at[i]) * widths[i] if i < len(params) else total
+
+    cuts = [0]
+    for k in range(1, fragments):
+        low, high = cuts[-1] + 1, total_rows - (fragments - k)
+        target = total * k / fragments
+        i = max(bisect.bisect_right(elements_at, target) - 1, 0)
+        i = min(i, len(params) - 1)
+        near = row_at[i] + int((target - elements_at[i]) // max(widths[i], 1))
+        candidates = {min(max(r, low), high) for r in (near, near + 1)}
+        cuts.append(min(candidates, key=lambda r: (abs(elements(r) - target), r)))
+    cuts.append(total_rows)
+    groups: list[list[ParamSpec]] = [[] for _ in range(fragments)]
+    for param, first, count in zip(params, row_at, rows, strict=False):
+        if count == 0:
+            groups[min(bisect.bisect_right(cuts, first), fragments) - 1].append(param)
+        for f, (a, b) in enumerate(itertools.pairwise(cuts)):
+            lo, hi = max(first, a), min(first + count, b)
+            if (lo, hi) == (first, first + count) and count:
+                groups[f].append(param)
+            elif lo < hi:
+                shape = (hi - lo, *param.shape[1:])
+                groups[f].append(msgspec.structs.replace(param, shape=shape, start=lo - first))
+    return groups
+
+
+def _whole(
+    split: Callable[[Sequence[ParamSpec], int], list[list[int]]],
+) -> Callable[[Sequence[ParamSpec], int], list[list[ParamSpec]]]:
+    def pick(params: Sequence[ParamSpec], fragments: int) -> list[list[ParamSpec]]:
+        return [[params[i] for i in group] for group in split(params, fragments)]
+
+    return pick
+
+
+_SPLITS = {
+    "contiguous": _whole(_contiguous),
+    "strided": _whole(_strided),
+    "balanced": _whole(_balanced),
+    "even": _even,
+}
+
+
+def window(tensor: Tensor, param: ParamSpec) -> Tensor:
+    """The part of ``tensor`` (the whole parameter) that ``param`` holds: ``tensor`` itself,
+    or for a parameter split by rows a view of its rows (written in place)."""
+    if isinstance(param.start, msgspec.UnsetType):
+        return tensor
+    return tensor.narrow(0, param.start, param.shape[0])
 
 
 def signature(
@@ -142,8 +219,9 @@ def signature(
     """Split ``named`` (``model.named_parameters()`` order) into ``fragments`` fragments.
 
     Every fragment is non-empty. Raises ``ValueError`` for fewer parameter tensors than
-    fragments (use fewer fragments), a repeated or empty name, a parameter that is not a
-    floating-point tensor, a fragment count below 1 or an unknown pattern.
+    fragments (under ``even``: fewer rows; use fewer fragments), a repeated or empty name, a
+    parameter that is not a floating-point tensor, a fragment count below 1 or an unknown
+    pattern.
     """
     if not isinstance(fragments, int) or fragments < 1:
         raise ValueError(f"fragments must be a positive integer, got {fragments!r}")
@@ -153,7 +231,7 @@ def signature(
         if param.name in seen:
             raise ValueError(f"parameter name {param.name!r} occurs twice")
         seen.add(param.name)
-    if len(params) < fragments:
+    if len(params) < fragments and pattern != "even":
         raise ValueError(
             f"the model has {len(params)} parameter tensors, fewer than the {fragments} "
             f"fragments asked for; use at most {len(params)} fragments"
@@ -163,15 +241,24 @@ def signature(
         raise ValueError(
             f"unknown fragment pattern {pattern!r}: use one of {', '.join(map(repr, _SPLITS))}"
         )
-    groups = split(params, fragments)
     return tuple(
-        FragmentSpec(index=index, params=tuple(params[i] for i in group))
-        for index, group in enumerate(groups)
+        FragmentSpec(index=index, params=tuple(group))
+        for index, group in enumerate(split(params, fragments))
     )
 
 
+def _key(param: ParamSpec) -> tuple[str, int | None]:
+    return param.name, None if isinstance(param.start, msgspec.UnsetType) else param.start
+
+
+def _named(param: ParamSpec) -> str:
+    if isinstance(param.start, msgspec.UnsetType):
+        return repr(param.name)
+    return f"{param.name!r} rows [{param.start}, {param.start + param.shape[0]})"
+
+
 def _describe(param: ParamSpec) -> str:
-    return f"{param.name!r} (shape {list(param.shape)}, {param.dtype})"
+    return f"{_named(param)} (shape {list(param.shape)}, {param.dtype})"
 
 
 def mismatch(run: Sequence[FragmentSpec], ours: Sequence[FragmentSpec]) -> str | None:
@@ -182,21 +269,21 @@ def mismatch(run: Sequence[FragmentSpec], ours: Sequence[FragmentSpec]) -> str |
     fragment count, then which parameters each fragment holds.
     """
     theirs = [param for spec in run for param in spec.params]
-    mine = {param.name: param for spec in ours for param in spec.params}
+    mine = {_key(param): param for spec in ours for param in spec.params}
     advice = "build the model exactly as the run's creator did, or start a new run"
     for param in theirs:
-        other = mine.get(param.name)
+        other = mine.get(_key(param))
         if other is None:
             return f"the run's parameter {_describe(param)} is missing from this model; {advice}"
         if other.shape != param.shape or other.dtype != param.dtype:
             return (
-                f"parameter {param.name!r}: the run has shape {list(param.shape)}, "
+                f"parameter {_named(param)}: the run has shape {list(param.shape)}, "
                 f"{param.dtype}; this model has shape {list(other.shape)}, {other.dtype}; {advice}"
             )
-    known = {param.name for param in theirs}
+    known = {_key(param) for param in theirs}
     for spec in ours:
         for param in spec.params:
-            if param.name not in known:
+            if _key(param) not in known:
                 return f"this model's parameter {_describe(param)} is not in the run; {advice}"
     if len(run) != len(ours):
         return (
@@ -204,12 +291,12 @@ def mismatch(run: Sequence[FragmentSpec], ours: Sequence[FragmentSpec]) -> str |
             "join with the run's config"
         )
     for a, b in zip(run, ours, strict=True):
-        names_a, names_b = [p.name for p in a.params], [p.name for p in b.params]
+        names_a, names_b = [_named(p) for p in a.params], [_named(p) for p in b.params]
         if names_a != names_b:
             first = next(x or y for x, y in itertools.zip_longest(names_a, names_b) if x != y)
             return (
                 f"fragment {a.index} holds {len(a.params)} parameters in the run and "
-                f"{len(b.params)} here (first difference at {first!r}); join with the run's "
+                f"{len(b.params)} here (first difference at {first}); join with the run's "
                 "fragment pattern"
             )
     return None
@@ -279,13 +366,18 @@ class Preview:
     """How ``config`` splits a model, before any run exists (``preview``).
 
     ``largest_tensor`` names the model's largest parameter and its element count: when it is
-    above ``1/F`` of the model no split of whole tensors is more even than that tensor.
-    ``str(preview)`` is a table for a terminal.
+    above ``1/F`` of the model no split of whole tensors is more even than that tensor (the
+    ``even`` pattern splits it by rows). ``tensors`` counts the model's parameter tensors
+    (a fragment's ``tensors`` counts each part of a split one). ``str(preview)`` is a table
+    for a terminal.
     """
 
     config: RunConfig
     fragments: tuple[FragmentSize, ...]
     largest_tensor: tuple[str, int]
+    tensors: int
+    learners: int = 2
+    """How many learners ``costs`` and the table count on."""
 
     @property
     def params(self) -> int:
@@ -301,10 +393,22 @@ class Preview:
         down = sum(f.blob_bytes[self.config.update_encoding] for f in self.fragments)
         return up, down
 
+    def costs(self) -> Costs:
+        """What a run of this split with ``learners`` learners costs (``protocol.costs``;
+        a ``topk`` update counted as the union of every learner's selection, its most)."""
+        config, fragments = self.config, self.fragments
+        if config.update_encoding == TOPK:
+            update = [self.learners * f.topk_update_bytes for f in fragments]
+        else:
+            update = [f.blob_bytes[config.update_encoding] for f in fragments]
+        delta = [f.blob_bytes[config.delta_encoding] for f in fragments]
+        fp32 = [f.blob_bytes["fp32"] for f in fragments]
+        return costs(delta, update, fp32, config, self.learners)
+
     def __str__(self) -> str:
         config, total = self.config, self.params
         lines = [
-            f"{total:,} parameters in {sum(f.tensors for f in self.fragments)} tensors, "
+            f"{total:,} parameters in {self.tensors} tensors, "
             f"fragments={config.fragments} pattern={config.pattern} "
             f"block_size={config.block_size}",
             f"{'fragment':>8} {'tensors':>7} {'parameters':>12} {'share':>6}"
@@ -326,8 +430,9 @@ class Preview:
                 else ""
             )
         )
+        lines.extend(_cost_lines(self.costs()))
         name, numel = self.largest_tensor
-        if numel * config.fragments > total:
+        if numel * config.fragments > total and config.pattern != "even":
             lines.append(
                 f"{name!r} ({numel:,} parameters) is more than 1/{config.fragments} of the "
                 "model: its fragment cannot be smaller than it"
@@ -345,13 +450,34 @@ def _topk_bytes(spec: FragmentSpec, config: RunConfig) -> tuple[int, int]:
     return len(delta), len(update)
 
 
-def _megabytes(size: int) -> str:
+def _megabytes(size: float) -> str:
     return f"{size / 1e6:.3f} MB"
 
 
-def preview(named: Iterable[tuple[str, Tensor]], config: RunConfig | None = None) -> Preview:
+def _cost_lines(run: Costs) -> list[str]:
+    config, steps = run.config, 1000
+    learner, syncers = run.per_steps(steps)
+    least, most = run.storage
+    return [
+        f"per round, each of {run.learners} learners: {_megabytes(run.learner_up)} up, "
+        f"{_megabytes(run.learner_down)} down, 2 puts and 2+ gets",
+        f"  the syncer closing it: {_megabytes(run.syncer_up)} up (checkpoints averaged in), "
+        f"{_megabytes(run.syncer_down)} down, {run.syncer_requests['put']:.2f} puts and "
+        f"{run.syncer_requests['get']:.0f}+ gets",
+        f"  {config.fragments} rounds per {config.sync_every} steps: per {steps:,} steps each "
+        f"learner moves {_megabytes(learner)}, the syncers {_megabytes(syncers)}",
+        f"storage at keep_rounds={config.keep_rounds} keep_versions={config.keep_versions} "
+        f"checkpoint_every={config.checkpoint_every}: {_megabytes(least)} to "
+        f"{_megabytes(most)}, plus {run.record_bytes:,} bytes of record per round",
+    ]
+
+
+def preview(
+    named: Iterable[tuple[str, Tensor]], config: RunConfig | None = None, *, learners: int = 2
+) -> Preview:
     """How ``config`` (default ``RunConfig()``) would split ``named`` (a model's
-    ``named_parameters()``), with each fragment's blob size in every encoding.
+    ``named_parameters()``), with each fragment's blob size in every encoding and what a run
+    of ``learners`` learners costs (``Preview.costs``).
 
     Sizes are exact: each fragment is encoded once per encoding from zeros of its shapes, one
     fragment at a time (so it briefly allocates one fragment's fp32 copy). Raises what
@@ -371,4 +497,6 @@ def preview(named: Iterable[tuple[str, Tensor]], config: RunConfig | None = None
         blob_bytes[TOPK] = delta
         sizes.append(FragmentSize(spec.index, len(spec.params), spec.numel, blob_bytes, update))
     largest = max(named, key=lambda item: item[1].numel())
-    return Preview(config, tuple(sizes), (largest[0], largest[1].numel()))
+    if learners < 1:
+        raise ValueError(f"learners must be at least 1, got {learners}")
+    return Preview(config, tuple(sizes), (largest[0], largest[1].numel()), len(named), learners)

@@ -63,7 +63,7 @@ MAX_MANIFEST_BYTES: Final = 16 << 20
 Encoding = Literal["fp32", "bf16", "int8", "int4", "topk"]
 """How a delta or an update travels: full fp32, bf16, blockwise-absmax int8 / int4, or
 chunked Top-k with low-bit values (``protocol.sparse``)."""
-Pattern = Literal["contiguous", "strided", "balanced"]
+Pattern = Literal["contiguous", "strided", "balanced", "even"]
 """How parameters are split into fragments (see ``protocol.fragments``)."""
 Weighting = Literal["tokens", "steps", "equal"]
 """What a snapshot's weight in its round is proportional to."""
@@ -110,7 +110,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     field that differs); a node that passes none takes the manifest's.
 
     fragments, sync_every, pattern
-        The model is split into ``fragments`` groups of parameters (``pattern``); each is
+        The model is split into ``fragments`` groups of parameters (``pattern``; the default,
+        ``even``, balances them by size and splits a large tensor by rows); each is
         synchronized every ``sync_every`` local steps, staggered (``protocol.fragments``).
     delta_encoding, update_encoding, block_size
         How learners' deltas and the syncer's updates travel; ``block_size`` elements share one
@@ -169,7 +170,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     fragments: int = 4
     sync_every: int = 50
-    pattern: Pattern = "contiguous"
+    pattern: Pattern = "even"
     delta_encoding: Encoding = "fp32"
     update_encoding: Encoding = "fp32"
     block_size: int = 256
@@ -275,11 +276,15 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ParamSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """One parameter of the model: its qualified name, shape and dtype (``"float32"``)."""
+    """One parameter of the model: its qualified name, shape and dtype (``"float32"``), or,
+    with ``start``, the rows ``[start, start + shape[0])`` of its first dimension (the
+    ``even`` pattern splits a large parameter by rows between neighbouring fragments;
+    ``shape`` is then the slice's)."""
 
     name: Annotated[str, msgspec.Meta(min_length=1)]
     shape: tuple[Count, ...]
     dtype: str
+    start: Count | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def numel(self) -> int:

@@ -18,7 +18,7 @@ from gradientmail.demo.model import GPT, GPTConfig
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import digest, encode_fragment
-from gradientmail.protocol.fragments import signature
+from gradientmail.protocol.fragments import signature, window
 from gradientmail.protocol.records import (
     BlobRef,
     Manifest,
@@ -76,7 +76,10 @@ async def write_run(directory: Path) -> WrittenRun:
             return BlobRef(sha256=digest(data), size=len(data), encoding="fp32")
 
         current = {name: p.detach().clone() for name, p in named.items()}
-        theta0 = [await blob([current[p.name] for p in spec.params], spec.index) for spec in specs]
+        theta0 = [
+            await blob([window(current[p.name], p) for p in spec.params], spec.index)
+            for spec in specs
+        ]
         manifest = Manifest(created_by="alpha", config=config, fragments=specs, theta0=theta0)
         await mailbox.put_if_absent(keys.MANIFEST, encode(manifest))
         records = {}
@@ -85,8 +88,9 @@ async def write_run(directory: Path) -> WrittenRun:
             fragment = keys.fragment_of(round, FRAGMENTS)
             spec = specs[fragment]
             for p in spec.params:
-                current[p.name] = current[p.name] + 0.01 * torch.randn(p.shape, generator=generator)
-            theta = await blob([current[p.name] for p in spec.params], fragment)
+                current[p.name] = current[p.name].clone()
+                window(current[p.name], p).add_(0.01 * torch.randn(p.shape, generator=generator))
+            theta = await blob([window(current[p.name], p) for p in spec.params], fragment)
             record = RoundRecord(
                 round=round,
                 fragment=fragment,

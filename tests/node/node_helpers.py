@@ -12,6 +12,7 @@ from torch import nn
 from gradientmail._node import Node, NodeOptions
 from gradientmail.mailbox import Mailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.fragments import window
 from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, decode
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
@@ -121,6 +122,6 @@ async def assert_holds_committed(
     for fragment, version in enumerate(versions):
         theta = await committed_theta(mailbox, fragment, version)
         for spec, value in zip(manifest.fragments[fragment].params, theta, strict=True):
-            assert torch.equal(params[spec.name].detach(), value), (
+            assert torch.equal(window(params[spec.name], spec).detach(), value), (
                 f"{spec.name} (fragment {fragment}) differs from version {version}"
             )

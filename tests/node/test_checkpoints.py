@@ -30,6 +30,7 @@ from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import mean_of, replayed
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
+from gradientmail.protocol.fragments import window
 from gradientmail.protocol.records import BlobRef, RoundRecord, RoundRecordDraft, RunConfig
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
@@ -178,7 +179,7 @@ async def test_a_learner_joining_between_checkpoints_holds_the_replayed_theta(
         assert manifest is not None
         for fragment, version in enumerate(versions):
             theta, _ = (await from_scratch(box, history, fragment))[version]
-            ours = [named[p.name] for p in manifest.fragments[fragment].params]
+            ours = [window(named[p.name], p) for p in manifest.fragments[fragment].params]
             assert same_bits(ours, theta), (fragment, version)
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from gradientmail._node import node as open_node
 from gradientmail._node.commit import FragmentState, SyncerState, collect_garbage
 from gradientmail._node.creation import load_newest
+from gradientmail._node.group import fragment_params
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.lease import release
 from gradientmail._node.receive import Receiver
@@ -226,8 +227,7 @@ async def _driven(rt: Runtime, model: nn.Module) -> AsyncIterator[LearnerDriver]
     """The driver of a learner joining with ``model`` (which holds the run's θ⁰), its
     publisher running until the block ends."""
     newest = await load_newest(rt.store, rt.manifest, rt.clock, rt.options.poll_interval)
-    named = dict(model.named_parameters())
-    params = tuple(tuple(named[p.name] for p in spec.params) for spec in rt.manifest.fragments)
+    params = fragment_params(rt.manifest, list(model.named_parameters()))
     learner = Learner.start(rt.config, rt.learner, newest.versions, newest.thetas, newest.round)
     driver = LearnerDriver(rt, learner, params, lambda: None)
     try:

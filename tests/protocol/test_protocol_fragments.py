@@ -257,7 +257,7 @@ def test_preview_says_when_one_tensor_outweighs_a_fragment() -> None:
     assert shown.largest_tensor == ("big", 1000)
     assert "'big' (1,000 parameters) is more than 1/2 of the model" in str(shown)
     with pytest.raises(ValueError, match="use at most 3 fragments"):
-        preview(named, RunConfig(fragments=4, sync_every=8))
+        preview(named, RunConfig(fragments=4, sync_every=8, pattern="balanced"))
 
 
 @pytest.mark.parametrize(

@@ -82,15 +82,16 @@ async def newest_theta(mailbox: Mailbox, run_key: RunKey | None = None) -> dict[
     manifest = await store.manifest()
     assert manifest is not None
     records = await history(mailbox, run_key)
-    weights: dict[str, torch.Tensor] = {}
+    parts: dict[str, list[torch.Tensor]] = {}
     reader = RunReader(store)
     for fragment, spec in enumerate(manifest.fragments):
         version = max((r.version for r in records if r.fragment == fragment), default=0)
         rebuilt = await reader.rebuild(fragment, version, manifest=manifest)
         assert rebuilt is not None
         for param, value in zip(spec.params, rebuilt.theta, strict=True):
-            weights[param.name] = value
-    return weights
+            parts.setdefault(param.name, []).append(value)
+    # A parameter split by rows has its parts in fragment order, which is row order.
+    return {name: torch.cat(values) for name, values in parts.items()}
 
 
 def assert_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:

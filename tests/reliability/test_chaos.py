@@ -39,7 +39,7 @@ import gradientmail
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys, records
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
-from gradientmail.protocol.fragments import signature
+from gradientmail.protocol.fragments import signature, window
 from gradientmail.protocol.outer import apply_update
 from gradientmail.protocol.records import (
     BlobRef,
@@ -221,7 +221,7 @@ async def _replays() -> list[tuple[str, bytes]]:
     theta0 = []
     for spec in specs:
         data = encode_fragment(
-            [by_name[p.name].detach() for p in spec.params], spec, "fp32", block_size=1
+            [window(by_name[p.name], p).detach() for p in spec.params], spec, "fp32", block_size=1
         )
         theta0.append(await store.put_blob(data, "fp32"))
     manifest = await store.create_manifest(
