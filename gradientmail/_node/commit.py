@@ -173,6 +173,7 @@ def _draft(rt: Runtime, held: RoundState, result: Aggregate, started: float) -> 
         quorum_seconds=max(0.0, quorum_at - claimed),
         grace_seconds=max(0.0, started - quorum_at),
         cosine=result.cosine,
+        closed_at=rt.wall(),
     )
 
 

@@ -5,6 +5,7 @@ instead of reaching into the node. ``backoff`` is the retry schedule the tasks s
 ``Nudge`` is how one task cuts another's pause short.
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ class Runtime:
     options: NodeOptions
     clock: Clock
     emit: Callable[[Event], None]
+    wall: Callable[[], float] = time.time
+    """The wall clock stamped on records for people to read (``RoundRecord.closed_at``)."""
 
     @property
     def config(self) -> RunConfig:

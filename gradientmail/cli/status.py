@@ -24,6 +24,7 @@ judges a lease live while its newest beat changed within ``--lease-timeout`` sec
 """
 
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -33,7 +34,8 @@ from typing import Any
 
 import anyio
 import msgspec
-from rich.console import Console, Group, RenderableType
+from rich import box
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -98,6 +100,9 @@ def document(
             "quorum_seconds": _finite(record.quorum_seconds),
             "grace_seconds": _finite(record.grace_seconds),
             "cosine": _finite(record.cosine),
+            "closed_at": None
+            if isinstance(record.closed_at, msgspec.UnsetType)
+            else record.closed_at,
             **_last_in(record),
         }
         for record in (ordered[-last:] if last > 0 else [])
@@ -115,7 +120,7 @@ def document(
             "signed": isinstance(manifest.key_id, str),
             "key_id": manifest.key_id if isinstance(manifest.key_id, str) else None,
             "fragments": count,
-            "tensors": sum(len(spec.params) for spec in manifest.fragments),
+            "tensors": len({param.name for spec in manifest.fragments for param in spec.params}),
             "parameters": sum(spec.numel for spec in manifest.fragments),
             "config": msgspec.to_builtins(manifest.config),
         },
@@ -146,6 +151,7 @@ def document(
             "rejected_tokens": sum(r.tokens for r in rejected) / count,
             "tokens_by_fragment": tokens_by_fragment,
         },
+        "finished": not observation.leases,
         "desync": desync(observation, live),
         "arrivals": arrivals(rounds),
         "learners": paces(ordered),
@@ -231,6 +237,54 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _clock(closed_at: float | None) -> str:
+    if closed_at is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(closed_at, datetime.UTC).strftime("%H:%M:%S")
+
+
+def _table(title: str) -> Table:
+    return Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False
+    )
+
+
+def _column(table: Table, header: str, justify: JustifyMethod) -> None:
+    """A column that never wraps: a header or an id broken over two lines reads as two."""
+    table.add_column(header, justify=justify, no_wrap=True, min_width=len(header))
+
+
+def _in_flight(doc: Mapping[str, Any]) -> Text:
+    """The open round, or for a finished run (no node holds a lease) that it is finished,
+    when its newest round committed, and what an unfinished round left behind."""
+    pending = doc["pending"]
+    left = (
+        f"snapshots from {', '.join(pending['snapshots']) or 'nobody'}; "
+        f"claimed by {', '.join(pending['claims']) or 'nobody'}"
+    )
+    if not doc["finished"]:
+        return Text.assemble(
+            ("in flight ", "bold"),
+            f"round {pending['round']} (fragment {pending['fragment']}): "
+            + left.replace("nobody", "nobody yet"),
+        )
+    newest = doc["rounds"][-1] if doc["rounds"] else None
+    when = "" if newest is None or newest["closed_at"] is None else " at " + _when(newest)
+    text = Text.assemble(
+        ("finished ", "bold green"),
+        "no node of this run is running; "
+        + ("no round committed" if newest is None else f"round {newest['round']} committed{when}"),
+    )
+    if pending["snapshots"] or pending["claims"]:
+        text.append(f"; round {pending['round']} was left unfinished ({left})")
+    return text
+
+
+def _when(round: Mapping[str, Any]) -> str:
+    moment = datetime.datetime.fromtimestamp(round["closed_at"], datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def render(doc: Mapping[str, Any]) -> RenderableType:
     """The status document as rich tables (pure: builds renderables, prints nothing)."""
     manifest = doc["manifest"]
@@ -245,11 +299,9 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         ("config ", "dim"),
         config,
     )
-    fragments = Table(title="fragments", title_justify="left")
+    fragments = _table("fragments")
     for column in ("fragment", "tensors", "parameters", "version", "from round", "theta"):
-        fragments.add_column(
-            column, justify="left" if column == "theta" else "right", overflow="fold"
-        )
+        _column(fragments, column, "left" if column == "theta" else "right")
     for f in doc["fragments"]:
         fragments.add_row(
             str(f["index"]),
@@ -260,43 +312,40 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             "–" if f["theta"] is None else f["theta"][:12],
         )
     totals = doc["totals"]
-    rounds = Table(
-        title=f"rounds (newest {len(doc['rounds'])} of {totals['rounds']})", title_justify="left"
-    )
-    for column in ("round", "frag", "ver"):
-        rounds.add_column(column, justify="right", overflow="fold")
-    # Cells wrap (fold) rather than being cut with an ellipsis, in a narrow terminal too.
-    rounds.add_column("committed by", overflow="fold")
-    rounds.add_column("participants (weight)", ratio=3, overflow="fold")
-    rounds.add_column("rejected", ratio=1, overflow="fold")
-    for column in ("quorum s", "grace s", "cosine"):
-        rounds.add_column(column, justify="right", overflow="fold")
-    rounds.add_column("spread s", overflow="fold")
+    rounds = _table(f"rounds (newest {len(doc['rounds'])} of {totals['rounds']}; times UTC)")
+    for column in ("round", "frag"):
+        _column(rounds, column, "right")
+    _column(rounds, "closed", "left")
+    _column(rounds, "by", "left")
+    # The one column that gives up width in a narrow terminal, its cells cut (…) rather
+    # than wrapped so that a round stays one line; --json has every participant.
+    rounds.add_column("weights", min_width=12)
+    for column in ("rej", "cosine", "spread s"):
+        _column(rounds, column, "right")
     for r in doc["rounds"]:
         rounds.add_row(
             str(r["round"]),
             str(r["fragment"]),
-            str(r["version"]),
+            _clock(r["closed_at"]),
             r["committed_by"],
-            " ".join(f"{p['learner']} {p['weight']:.2f}" for p in r["participants"]) or "-",
-            ", ".join(f"{x['learner']}: {x['reason']}" for x in r["rejected"]) or "-",
-            _seconds(r["quorum_seconds"]),
-            _seconds(r["grace_seconds"]),
+            Text(
+                " ".join(f"{p['learner']} {p['weight']:.2f}" for p in r["participants"]) or "-",
+                no_wrap=True,
+                overflow="ellipsis",
+            ),
+            str(len(r["rejected"])) if r["rejected"] else "-",
             "-" if r["cosine"] is None else f"{r['cosine']:.3f}",
             _spread(r["spread_seconds"], r["last_in"]),
         )
-    pending = doc["pending"]
-    in_flight = Text.assemble(
-        ("in flight ", "bold"),
-        f"round {pending['round']} (fragment {pending['fragment']}): snapshots from "
-        f"{', '.join(pending['snapshots']) or 'nobody yet'}; "
-        f"claimed by {', '.join(pending['claims']) or 'nobody yet'}",
-    )
-    leases = Table(title="leases", title_justify="left")
+    rejections = [
+        Text(f"round {r['round']} rejected {x['learner']}: {x['reason']}")
+        for r in doc["rounds"]
+        for x in r["rejected"]
+    ]
+    in_flight = _in_flight(doc)
+    leases = _table("leases")
     for column in ("learner", "newest beat", "beats", "live"):
-        leases.add_column(
-            column, justify="left" if column == "learner" else "right", overflow="fold"
-        )
+        _column(leases, column, "left" if column == "learner" else "right")
     for lease in doc["leases"]:
         live = lease["live"]
         leases.add_row(
@@ -316,6 +365,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         head,
         fragments,
         rounds,
+        *rejections,
         in_flight,
         leases if doc["leases"] else no_leases,
         *_learners(doc["learners"]),

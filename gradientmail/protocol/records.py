@@ -469,6 +469,10 @@ class RoundRecordDraft(_Object, frozen=True, kw_only=True):
     quorum_seconds: float
     grace_seconds: float
     cosine: float | None
+    closed_at: Annotated[float, msgspec.Meta(ge=0.0, le=1e11)] | msgspec.UnsetType = msgspec.UNSET
+    """When the closer drafted the record, in seconds since the Unix epoch on its wall clock:
+    shown by ``status`` and ``report``, never read by a protocol decision (absent from
+    records of writers that did not note it)."""
 
 
 class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):

@@ -27,6 +27,7 @@ from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import encode_fragment
+from gradientmail.protocol.fragments import window
 from gradientmail.protocol.records import Manifest, decode, encode
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation
@@ -110,10 +111,11 @@ def test_status_table_shows_the_run(written_run: WrittenRun) -> None:
     assert result.returncode == 0, result.stderr
     for text in (
         "created by alpha",
-        "rounds (newest 5 of 5)",
+        "rounds (newest 5 of 5; times UTC)",
         "gamma: non-finite",
         "alpha 0.75",
         "claimed by alpha",
+        "in flight round 5",
         "5 rounds committed",
         "learners (newest rounds)",
     ):
@@ -261,7 +263,9 @@ def _signed_copy(written_run: WrittenRun, target: Path) -> str:
                 await store.put_record(record)
             zeros = {n: torch.zeros_like(t) for n, t in written_run.newest.items()}
             spec = written_run.manifest.fragments[2]
-            data = encode_fragment([zeros[p.name] for p in spec.params], spec, "fp32", block_size=1)
+            data = encode_fragment(
+                [window(zeros[p.name], p) for p in spec.params], spec, "fp32", block_size=1
+            )
             ref = await store.put_blob(data, "fp32")
             forged = msgspec.structs.replace(
                 written_run.records[2], round=5, version=2, theta=ref, committed_by="mallory"
@@ -329,20 +333,86 @@ def test_load_puts_the_newest_weights_into_a_module(written_run: WrittenRun) -> 
         assert torch.equal(param.detach(), before[name])
 
 
-def test_status_piped_wraps_cells_instead_of_cutting_them(
-    written_run: WrittenRun, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 18: piped, status rendered at 80 columns and cut its cells (``parti…``)."""
+def test_status_piped_uses_columns_or_160(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped, rich would render at 80 columns whatever ``$COLUMNS`` says."""
     monkeypatch.delenv("COLUMNS", raising=False)
     assert console_for().width == 160
-    doc = json.loads(cli("status", str(written_run.directory), "--json").stdout)
-    for width in (60, 120):
-        out = io.StringIO()
-        Console(file=out, width=width).print(render(doc))
-        text = out.getvalue()
-        assert "…" not in text, width
-    assert "participants" in text
-    assert "alpha 0.75" in text
+    monkeypatch.setenv("COLUMNS", "80")
+    assert console_for().width == 80
+
+
+def _lines(doc: dict[str, object], width: int) -> list[str]:
+    out = io.StringIO()
+    Console(file=out, width=width).print(render(doc))
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_status_fits_80_columns_one_line_per_round(written_run: WrittenRun, width: int) -> None:
+    """At 80 columns status broke its headers ("parti/cipan/ts"), split ids ("host-" /
+    "0") and took six lines per round: every header, id and round now keeps to one line."""
+    observation = _observation(written_run, {})
+    records = {
+        r: msgspec.structs.replace(record, closed_at=1_780_000_000.0 + 60 * r)
+        for r, record in observation.records.items()
+    }
+    doc = document(dataclasses.replace(observation, records=records), last=5)
+    lines = _lines(doc, width)
+    assert all(len(line) <= width for line in lines)
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["round", "frag"])
+    assert lines[header].split() == [
+        "round",
+        "frag",
+        "closed",
+        "by",
+        "weights",
+        "rej",
+        "cosine",
+        "spread",
+        "s",
+    ]
+    rows = [line.split() for line in lines[header + 2 : header + 7]]
+    assert [row[0] for row in rows] == ["0", "1", "2", "3", "4"], lines
+    for row, (_, record) in zip(rows, sorted(records.items()), strict=True):
+        assert row[2] == time.strftime("%H:%M:%S", time.gmtime(record.closed_at)), row
+        assert row[3] == record.committed_by
+        assert row[4:8] == ["alpha", "0.75", "beta", "0.25"], row
+    assert "round 3 rejected gamma: non-finite" in lines
+    fragments = next(i for i, line in enumerate(lines) if line.split()[:1] == ["fragment"])
+    assert lines[fragments].split() == [
+        "fragment",
+        "tensors",
+        "parameters",
+        "version",
+        "from",
+        "round",
+        "theta",
+    ]
+    leases = next(i for i, line in enumerate(lines) if line.split()[:1] == ["learner"])
+    assert lines[leases].split() == ["learner", "newest", "beat", "beats", "live"]
+
+
+def test_status_says_when_a_run_is_finished(written_run: WrittenRun) -> None:
+    """A run no node holds a lease in is finished: status says so and when its newest round
+    committed, and names the round it left unfinished rather than showing it in flight."""
+    observation = _observation(written_run, {})
+    records = dict(observation.records)
+    records[4] = msgspec.structs.replace(records[4], closed_at=1_780_000_000.0)
+    observation = dataclasses.replace(
+        observation, records=records, leases={}, snapshots=("beta",), claims=("alpha",)
+    )
+    doc = document(observation, last=5)
+    assert doc["finished"] is True
+    assert doc["rounds"][-1]["closed_at"] == 1_780_000_000.0
+    text = " ".join(" ".join(_lines(doc, 80)).split())
+    assert "in flight" not in text
+    assert (
+        "finished no node of this run is running; round 4 committed at 2026-05-28 20:26:40 UTC;"
+        " round 5 was left unfinished (snapshots from beta; claimed by alpha)"
+    ) in text
+    running = document(_observation(written_run, {}), last=5)
+    assert running["finished"] is False
+    assert "in flight round 5" in " ".join(_lines(running, 80))
 
 
 def _observation(written_run: WrittenRun, participants: dict[int, int]) -> Observation:
