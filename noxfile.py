@@ -1,5 +1,5 @@
-"""Development sessions: ``lint``, ``types``, ``tests`` (the default), ``soak``, ``bench``,
-``bench-text``, ``bench-large``.
+"""Development sessions: ``lint``, ``types``, ``tests``, ``report`` (the default), ``soak``,
+``bench``, ``bench-text``, ``bench-large``.
 
 The sessions run in the environment nox itself runs in, which the README's command creates
 once (``.venv`` with the ``dev`` extra, whose torch pin is the CPU wheel): installing torch
@@ -10,7 +10,7 @@ import sys
 
 import nox
 
-nox.options.sessions = ["lint", "types", "tests"]
+nox.options.sessions = ["lint", "types", "tests", "report"]
 nox.options.default_venv_backend = "none"
 
 PYTHON = sys.executable
@@ -23,6 +23,27 @@ def tests(session: nox.Session) -> None:
     per core of CI's machine: ``.ci/run`` took 905 s so, 1219 s with the suite in one process.
     ``nox -s tests -- -n 0`` runs it in one process."""
     session.run(PYTHON, "-m", "pytest", "-q", "-n", "2", *session.posargs)
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """The report's page opened in headless Chromium (``tests/cli/test_report_browser.py``,
+    marked ``browser``, which ``tests`` leaves out), Debian's package installed first by
+    ``.ci/chromium`` when missing (about 2 minutes from a Debian mirror; the tests take
+    about 15 s)."""
+    session.run("bash", ".ci/chromium", external=True)
+    session.run(
+        PYTHON,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:xdist",
+        "-m",
+        "browser",
+        "tests/cli",
+        *session.posargs,
+    )
 
 
 @nox.session

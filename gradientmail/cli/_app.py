@@ -74,6 +74,16 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gradientmail.cli.report import report, summary
+
+    doc = anyio.run(lambda: report(args.url, args.out, progress=args.progress, events=args.events))
+    print(f"wrote {args.out}: {summary(doc)}")
+    return 0
+
+
 def _syncer(args: argparse.Namespace) -> int:
     from gradientmail.cli.syncer import syncer
 
@@ -257,6 +267,30 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("url", help="mailbox URL or directory of the run")
     export.add_argument("--out", type=Path, required=True, help="the safetensors file to write")
     export.set_defaults(handler=_export)
+
+    report = commands.add_parser(
+        "report",
+        help="write one self-contained HTML page of a run's figures",
+        description="Read the run at URL and write one HTML file that loads nothing else: "
+        "the shared model's evaluations where the run recorded them, rounds over time, "
+        "participants and weights per round, each learner's waiting and bytes, the split.",
+    )
+    report.add_argument("url", help="mailbox URL or directory of the run")
+    report.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    report.add_argument(
+        "--progress",
+        type=Path,
+        default=None,
+        help="evaluations of the shared model, JSON lines with loss and round or tokens "
+        "(default: eval.jsonl in the run's directory)",
+    )
+    report.add_argument(
+        "--events",
+        type=Path,
+        default=None,
+        help="directory of the learners' event logs (default: events/ in the run's directory)",
+    )
+    report.set_defaults(handler=_report)
     _identity_commands(commands)
     return top
 
