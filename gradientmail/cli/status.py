@@ -24,7 +24,6 @@ judges a lease live while its newest beat changed within ``--lease-timeout`` sec
 """
 
 import contextlib
-import datetime
 import json
 import math
 import os
@@ -34,12 +33,11 @@ from typing import Any
 
 import anyio
 import msgspec
-from rich import box
-from rich.console import Console, Group, JustifyMethod, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
+from gradientmail.cli._tables import column_of, in_flight_line, rounds_table, table
 from gradientmail.cli.learners import paces
 from gradientmail.clock import MonotonicClock
 from gradientmail.errors import NoRun, UsageError
@@ -227,64 +225,6 @@ def console_for() -> Console:
     return Console(width=int(columns) if columns.isdigit() else _PIPED_WIDTH)
 
 
-def _spread(seconds: float | None, last: str | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds:.2f}" if last is None else f"{seconds:.2f} {last}"
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _clock(closed_at: float | None) -> str:
-    if closed_at is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(closed_at, datetime.UTC).strftime("%H:%M:%S")
-
-
-def _table(title: str) -> Table:
-    return Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False
-    )
-
-
-def _column(table: Table, header: str, justify: JustifyMethod) -> None:
-    """A column that never wraps: a header or an id broken over two lines reads as two."""
-    table.add_column(header, justify=justify, no_wrap=True, min_width=len(header))
-
-
-def _in_flight(doc: Mapping[str, Any]) -> Text:
-    """The open round, or for a finished run (no node holds a lease) that it is finished,
-    when its newest round committed, and what an unfinished round left behind."""
-    pending = doc["pending"]
-    left = (
-        f"snapshots from {', '.join(pending['snapshots']) or 'nobody'}; "
-        f"claimed by {', '.join(pending['claims']) or 'nobody'}"
-    )
-    if not doc["finished"]:
-        return Text.assemble(
-            ("in flight ", "bold"),
-            f"round {pending['round']} (fragment {pending['fragment']}): "
-            + left.replace("nobody", "nobody yet"),
-        )
-    newest = doc["rounds"][-1] if doc["rounds"] else None
-    when = "" if newest is None or newest["closed_at"] is None else " at " + _when(newest)
-    text = Text.assemble(
-        ("finished ", "bold green"),
-        "no node of this run is running; "
-        + ("no round committed" if newest is None else f"round {newest['round']} committed{when}"),
-    )
-    if pending["snapshots"] or pending["claims"]:
-        text.append(f"; round {pending['round']} was left unfinished ({left})")
-    return text
-
-
-def _when(round: Mapping[str, Any]) -> str:
-    moment = datetime.datetime.fromtimestamp(round["closed_at"], datetime.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 def render(doc: Mapping[str, Any]) -> RenderableType:
     """The status document as rich tables (pure: builds renderables, prints nothing)."""
     manifest = doc["manifest"]
@@ -299,9 +239,9 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         ("config ", "dim"),
         config,
     )
-    fragments = _table("fragments")
+    fragments = table("fragments")
     for column in ("fragment", "tensors", "parameters", "version", "from round", "theta"):
-        _column(fragments, column, "left" if column == "theta" else "right")
+        column_of(fragments, column, "left" if column == "theta" else "right")
     for f in doc["fragments"]:
         fragments.add_row(
             str(f["index"]),
@@ -312,40 +252,16 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             "–" if f["theta"] is None else f["theta"][:12],
         )
     totals = doc["totals"]
-    rounds = _table(f"rounds (newest {len(doc['rounds'])} of {totals['rounds']}; times UTC)")
-    for column in ("round", "frag"):
-        _column(rounds, column, "right")
-    _column(rounds, "closed", "left")
-    _column(rounds, "by", "left")
-    # The one column that gives up width in a narrow terminal, its cells cut (…) rather
-    # than wrapped so that a round stays one line; --json has every participant.
-    rounds.add_column("weights", min_width=12)
-    for column in ("rej", "cosine", "spread s"):
-        _column(rounds, column, "right")
-    for r in doc["rounds"]:
-        rounds.add_row(
-            str(r["round"]),
-            str(r["fragment"]),
-            _clock(r["closed_at"]),
-            r["committed_by"],
-            Text(
-                " ".join(f"{p['learner']} {p['weight']:.2f}" for p in r["participants"]) or "-",
-                no_wrap=True,
-                overflow="ellipsis",
-            ),
-            str(len(r["rejected"])) if r["rejected"] else "-",
-            "-" if r["cosine"] is None else f"{r['cosine']:.3f}",
-            _spread(r["spread_seconds"], r["last_in"]),
-        )
+    rounds = rounds_table(doc)
     rejections = [
         Text(f"round {r['round']} rejected {x['learner']}: {x['reason']}")
         for r in doc["rounds"]
         for x in r["rejected"]
     ]
-    in_flight = _in_flight(doc)
-    leases = _table("leases")
+    in_flight = in_flight_line(doc)
+    leases = table("leases")
     for column in ("learner", "newest beat", "beats", "live"):
-        _column(leases, column, "left" if column == "learner" else "right")
+        column_of(leases, column, "left" if column == "learner" else "right")
     for lease in doc["leases"]:
         live = lease["live"]
         leases.add_row(
@@ -412,18 +328,18 @@ def _learners(learners: list[dict[str, Any]]) -> list[RenderableType]:
     """Each learner's pace (``cli.learners.paces``) as a table; nothing for none."""
     if not learners:
         return []
-    table = Table(title="learners (newest rounds)", title_justify="left")
+    paced = table("learners (newest rounds)")
     for column in ("learner", "steps/s", "steps/round", "waiting"):
-        table.add_column(column, justify="left" if column == "learner" else "right")
+        column_of(paced, column, "left" if column == "learner" else "right")
     for x in learners:
         rate, waited = x["steps_per_second"], x["waited"]
-        table.add_row(
+        paced.add_row(
             x["learner"],
             "–" if rate is None else f"{rate:.2f}",
             f"{x['steps_per_round']:g}",
             "–" if waited is None else f"{waited:.0%}",
         )
-    return [table]
+    return [paced]
 
 
 async def status(

@@ -3,6 +3,7 @@
 import dataclasses
 import io
 import json
+import re
 import signal
 import stat
 import statistics
@@ -28,7 +29,7 @@ from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.fragments import window
-from gradientmail.protocol.records import Manifest, decode, encode
+from gradientmail.protocol.records import Manifest, Participant, decode, encode
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation
 from gradientmail.store import Store
@@ -113,7 +114,7 @@ def test_status_table_shows_the_run(written_run: WrittenRun) -> None:
         "created by alpha",
         "rounds (newest 5 of 5; times UTC)",
         "gamma: non-finite",
-        "alpha 0.75",
+        "0.75",
         "claimed by alpha",
         "in flight round 5",
         "5 rounds committed",
@@ -365,7 +366,8 @@ def test_status_fits_80_columns_one_line_per_round(written_run: WrittenRun, widt
         "frag",
         "closed",
         "by",
-        "weights",
+        "alpha",
+        "beta",
         "rej",
         "cosine",
         "spread",
@@ -376,7 +378,7 @@ def test_status_fits_80_columns_one_line_per_round(written_run: WrittenRun, widt
     for row, (_, record) in zip(rows, sorted(records.items()), strict=True):
         assert row[2] == time.strftime("%H:%M:%S", time.gmtime(record.closed_at)), row
         assert row[3] == record.committed_by
-        assert row[4:8] == ["alpha", "0.75", "beta", "0.25"], row
+        assert row[4:6] == ["0.75", "0.25"], row
     assert "round 3 rejected gamma: non-finite" in lines
     fragments = next(i for i, line in enumerate(lines) if line.split()[:1] == ["fragment"])
     assert lines[fragments].split() == [
@@ -390,6 +392,31 @@ def test_status_fits_80_columns_one_line_per_round(written_run: WrittenRun, widt
     ]
     leases = next(i for i, line in enumerate(lines) if line.split()[:1] == ["learner"])
     assert lines[leases].split() == ["learner", "newest", "beat", "beats", "live"]
+
+
+def test_status_at_80_columns_with_many_learners_cuts_only_the_weights(
+    written_run: WrittenRun,
+) -> None:
+    """Learners whose weight columns do not fit share one column, cut at its end: a round
+    stays one line, and every id shown before the cut is whole."""
+    observation = _observation(written_run, {})
+    many = tuple(
+        Participant(learner=f"host-{k}", weight=0.125, steps=8, tokens=100, base_version=0)
+        for k in range(8)
+    )
+    records = {
+        r: msgspec.structs.replace(record, participants=many)
+        for r, record in observation.records.items()
+    }
+    lines = _lines(document(dataclasses.replace(observation, records=records), last=5), 80)
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["round", "frag"])
+    assert lines[header].split()[:5] == ["round", "frag", "closed", "by", "weights"]
+    rows = lines[header + 2 : header + 7]
+    assert [row.split()[0] for row in rows] == ["0", "1", "2", "3", "4"], lines
+    for row in rows:
+        assert len(row) <= 80
+        assert "host-0 0.12 host-1 0.12" in row
+        assert "…" in row
 
 
 def test_status_says_when_a_run_is_finished(written_run: WrittenRun) -> None:
@@ -485,7 +512,7 @@ def test_status_shows_who_the_others_wait_for(written_run: WrittenRun) -> None:
     out = io.StringIO()
     Console(file=out, width=240).print(render(doc))
     text = out.getvalue()
-    assert "0.40 beta" in text
+    assert re.search(r"alpha\s+0\.75\s+0\.25\*\s+1\s+0\.900\s+0\.40", text), text
     assert (
         "median first-to-last spread 0.20 s over 5 rounds listed; last in most: beta (3 of 5)"
         in text
