@@ -7,11 +7,12 @@ import collections
 import anyio
 import pytest
 import torch
-from node_helpers import FAST, LEARNER_ONLY, records, train, wait_until
+from node_helpers import FAST, LEARNER_ONLY, Recorder, records, train, wait_until
 from torch import nn
 
 from gradientmail import preview
 from gradientmail._node import node as open_node
+from gradientmail.events import CreatingRun
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import RunConfig
@@ -49,7 +50,9 @@ def near(measured: float, predicted: float, within: float) -> bool:
 
 async def test_preview_costs_are_what_a_run_moves_and_keeps() -> None:
     shared = MemoryMailbox()
-    run = preview(model().named_parameters(), CONFIG, learners=2).costs()
+    shown = preview(model().named_parameters(), CONFIG, learners=2)
+    run = shown.costs()
+    sink = Recorder()
     boxes = {"syncer": Counted(shared), "learner": Counted(shared)}
     states = {}
 
@@ -57,7 +60,7 @@ async def test_preview_costs_are_what_a_run_moves_and_keeps() -> None:
         trained = model()
         options = FAST if name == "syncer" else LEARNER_ONLY
         async with open_node(
-            trained, boxes[name], learner=name, config=CONFIG, options=options
+            trained, boxes[name], learner=name, config=CONFIG, options=options, sinks=[sink]
         ) as node:
             await train(node, trained, seed=seed, until_round=30)
         states[name] = node.state
@@ -69,6 +72,10 @@ async def test_preview_costs_are_what_a_run_moves_and_keeps() -> None:
         tg.start_soon(learner, "syncer", 1)
         await wait_until(created)
         tg.start_soon(learner, "learner", 2)
+    # The creator reports the split it makes, which is preview's.
+    (created,) = sink.of(CreatingRun)
+    assert created.pattern == "even"
+    assert created.sizes == tuple(f.params for f in shown.fragments)
     history = await records(shared)
     rounds = len(history)
     published = {
