@@ -46,7 +46,8 @@ fragment 0 last instead, round 0 would be the last of its period to get a snapsh
 syncer (rounds close in order) would wait on it, or close the rounds before it empty.
 
 ``preview`` shows a split before a run exists: each fragment's tensors, elements and blob
-size in every encoding, and the bytes one learner moves per ``sync_every`` steps.
+size in every encoding, the bytes one learner moves per ``sync_every`` steps, and what a run
+costs (``protocol.costs``: bytes and puts per round, storage at the config's retention).
 
 Pure: no I/O.
 """
