@@ -84,6 +84,28 @@ class Costs:
             rounds * (self.syncer_up + self.syncer_down),
         )
 
+    def lines(self) -> list[str]:
+        """The costs as lines of text (``Preview``'s table ends with them)."""
+        config, steps = self.config, 1000
+        learner, syncers = self.per_steps(steps)
+        least, most = self.storage
+        return [
+            f"per round, each of {self.learners} learners: {_mb(self.learner_up)} up, "
+            f"{_mb(self.learner_down)} down, 2 puts and 2+ gets",
+            f"  the syncer closing it: {_mb(self.syncer_up)} up (checkpoints averaged in), "
+            f"{_mb(self.syncer_down)} down, {self.syncer_requests['put']:.2f} puts and "
+            f"{self.syncer_requests['get']:.0f}+ gets",
+            f"  {config.fragments} rounds per {config.sync_every} steps: per {steps:,} steps "
+            f"each learner moves {_mb(learner)}, the syncers {_mb(syncers)}",
+            f"storage at keep_rounds={config.keep_rounds} keep_versions={config.keep_versions} "
+            f"checkpoint_every={config.checkpoint_every}: {_mb(least)} to {_mb(most)}, plus "
+            f"{self.record_bytes:,} bytes of record per round",
+        ]
+
+
+def _mb(size: float) -> str:
+    return f"{size / 1e6:.3f} MB"
+
 
 def _index(size: int) -> int:
     return 32 * -(-size // INDEX_CHUNK)

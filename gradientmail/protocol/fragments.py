@@ -431,7 +431,7 @@ class Preview:
                 else ""
             )
         )
-        lines.extend(_cost_lines(self.costs()))
+        lines.extend(self.costs().lines())
         name, numel = self.largest_tensor
         if numel * config.fragments > total and config.pattern != "even":
             lines.append(
@@ -453,24 +453,6 @@ def _topk_bytes(spec: FragmentSpec, config: RunConfig) -> tuple[int, int]:
 
 def _megabytes(size: float) -> str:
     return f"{size / 1e6:.3f} MB"
-
-
-def _cost_lines(run: Costs) -> list[str]:
-    config, steps = run.config, 1000
-    learner, syncers = run.per_steps(steps)
-    least, most = run.storage
-    return [
-        f"per round, each of {run.learners} learners: {_megabytes(run.learner_up)} up, "
-        f"{_megabytes(run.learner_down)} down, 2 puts and 2+ gets",
-        f"  the syncer closing it: {_megabytes(run.syncer_up)} up (checkpoints averaged in), "
-        f"{_megabytes(run.syncer_down)} down, {run.syncer_requests['put']:.2f} puts and "
-        f"{run.syncer_requests['get']:.0f}+ gets",
-        f"  {config.fragments} rounds per {config.sync_every} steps: per {steps:,} steps each "
-        f"learner moves {_megabytes(learner)}, the syncers {_megabytes(syncers)}",
-        f"storage at keep_rounds={config.keep_rounds} keep_versions={config.keep_versions} "
-        f"checkpoint_every={config.checkpoint_every}: {_megabytes(least)} to "
-        f"{_megabytes(most)}, plus {run.record_bytes:,} bytes of record per round",
-    ]
 
 
 def preview(
