@@ -582,10 +582,16 @@ async def follow(
         check_model(manifest, named)
     except (ValueError, RunMismatch) as exc:
         problem = exc
-    params = fragment_params(manifest, named)
-    if problem is None and load is not None:
+    params: Params = ()
+    if problem is None:
+        # A sharded rank's parameters are DTensors: a window of one would be a collective
+        # the other ranks are not in, so its rows come from ``load`` instead.
         try:
-            params = await load(manifest, versions, round)
+            params = (
+                fragment_params(manifest, named)
+                if load is None
+                else await load(manifest, versions, round)
+            )
         except Exception as exc:
             problem = exc
     fragments = manifest.config.fragments
