@@ -12,11 +12,13 @@ time.
 """
 
 import statistics
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
 from node_helpers import FAST, Trainer, records, tiny_model
 
+from gradientmail._node import Node
 from gradientmail._node import node as open_node
 from gradientmail.events import WAITING_WARNING, Event, RoundRecorded, StepsDropped, Waiting
 from gradientmail.mailbox import MemoryMailbox
@@ -33,16 +35,44 @@ PAUSED = 2.0
 CONFIG = RunConfig(fragments=2, sync_every=16, grace=0.3)
 
 
+async def run_fleet(
+    config: RunConfig,
+    sink: Callable[[Event], None],
+    train: Callable[[str, Node, Trainer], Awaitable[None]],
+) -> MemoryMailbox:
+    """Learners a, b and c on one mailbox (a creates the run, b and c join it), each running
+    ``train(name, node, trainer)`` once all three have joined; the mailbox after they closed."""
+    box = MemoryMailbox()
+    created, everyone = anyio.Event(), anyio.Event()
+    joined: set[str] = set()
+
+    async def learner(name: str, seed: int) -> None:
+        model = tiny_model(seed)
+        async with open_node(
+            model, box, learner=name, config=config, options=FAST, sinks=[sink]
+        ) as node:
+            created.set()
+            joined.add(name)
+            if joined == set(SPEEDS):
+                everyone.set()
+            await everyone.wait()
+            await train(name, node, Trainer(model, seed))
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(learner, "a", 1)
+            await created.wait()
+            tg.start_soon(learner, "b", 2)
+            tg.start_soon(learner, "c", 3)
+    return box
+
+
 async def fleet(
     config: RunConfig,
 ) -> tuple[dict[str, float], dict[str, int], list[Waiting], list[RoundRecord]]:
     """Every learner trains ``TRAIN`` seconds at its speed, then closes. Returns each one's
     share of its training time spent waiting, the steps each dropped, the ``Waiting``
     reports and the records."""
-    box = MemoryMailbox()
-    created = anyio.Event()
-    joined: set[str] = set()
-    everyone = anyio.Event()
     waiting: dict[str, float] = {}
     dropped = dict.fromkeys(SPEEDS, 0)
     reports: list[Waiting] = []
@@ -53,30 +83,15 @@ async def fleet(
         if isinstance(event, Waiting):
             reports.append(event)
 
-    async def learner(name: str, seed: int) -> None:
-        model = tiny_model(seed)
-        trainer = Trainer(model, seed)
-        async with open_node(
-            model, box, learner=name, config=config, options=FAST, sinks=[seen]
-        ) as node:
-            created.set()
-            joined.add(name)
-            if joined == set(SPEEDS):
-                everyone.set()
-            await everyone.wait()
-            began = anyio.current_time()
-            while anyio.current_time() - began < TRAIN:
-                trainer.step()
-                await node.step(tokens=16)
-                await anyio.sleep(SPEEDS[name] * TICK)
-            waiting[name] = node.state.waited_seconds / (anyio.current_time() - began)
+    async def train(name: str, node: Node, trainer: Trainer) -> None:
+        began = anyio.current_time()
+        while anyio.current_time() - began < TRAIN:
+            trainer.step()
+            await node.step(tokens=16)
+            await anyio.sleep(SPEEDS[name] * TICK)
+        waiting[name] = node.state.waited_seconds / (anyio.current_time() - began)
 
-    with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(learner, "a", 1)
-            await created.wait()
-            tg.start_soon(learner, "b", 2)
-            tg.start_soon(learner, "c", 3)
+    box = await run_fleet(config, seen, train)
     return waiting, dropped, reports, await records(box)
 
 
@@ -115,9 +130,6 @@ async def test_a_pausing_learner_holds_the_others_rounds_at_most_once_for_its_pa
     one round waits for it, at most the grace plus its step time, and then the rounds go on
     without it, a fragment's interval apart; once it steps again it is in them again. (In
     the repeatable mode no round commits during the pause.)"""
-    box = MemoryMailbox()
-    created, everyone = anyio.Event(), anyio.Event()
-    joined: set[str] = set()
     seen_by_a: list[tuple[float, RoundRecord]] = []
     pause: list[float] = []
 
@@ -125,32 +137,17 @@ async def test_a_pausing_learner_holds_the_others_rounds_at_most_once_for_its_pa
         if isinstance(event, RoundRecorded) and event.learner == "a":
             seen_by_a.append((anyio.current_time(), event.record))
 
-    async def learner(name: str, seed: int) -> None:
-        model = tiny_model(seed)
-        trainer = Trainer(model, seed)
-        async with open_node(
-            model, box, learner=name, config=CONFIG, options=FAST, sinks=[seen]
-        ) as node:
-            created.set()
-            joined.add(name)
-            if joined == {"a", "b", "c"}:
-                everyone.set()
-            await everyone.wait()
-            for step in range(200):
-                trainer.step()
-                await node.step(tokens=16)
-                await anyio.sleep(TICK)
-                if name == "c" and step == 80:
-                    pause.append(anyio.current_time())
-                    await anyio.sleep(PAUSED)
-                    pause.append(anyio.current_time())
+    async def train(name: str, node: Node, trainer: Trainer) -> None:
+        for step in range(200):
+            trainer.step()
+            await node.step(tokens=16)
+            await anyio.sleep(TICK)
+            if name == "c" and step == 80:
+                pause.append(anyio.current_time())
+                await anyio.sleep(PAUSED)
+                pause.append(anyio.current_time())
 
-    with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(learner, "a", 1)
-            await created.wait()
-            tg.start_soon(learner, "b", 2)
-            tg.start_soon(learner, "c", 3)
+    await run_fleet(CONFIG, seen, train)
     began, ended = pause
     during = [r for at, r in seen_by_a if began < at < ended]
     interval = CONFIG.sync_every // CONFIG.fragments * TICK
