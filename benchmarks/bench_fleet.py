@@ -239,13 +239,22 @@ def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
     ]
 
 
-def alone_steps(speed: float, budget: float, *, pauses: bool) -> int:
-    """The steps a learner of ``speed`` takes alone in ``budget`` seconds, its pauses
+def alone_steps(
+    speed: float,
+    budget: float,
+    *,
+    pauses: bool,
+    base_step: float = BASE_STEP,
+    pause: tuple[float, int] = (PAUSE, PAUSE_EVERY),
+) -> int:
+    """The steps a learner of ``speed`` takes alone in ``budget`` seconds at ``base_step``
+    seconds a step of speed 1, its pauses (``pause``: seconds, every so many steps)
     included."""
+    seconds, every = pause
     steps, elapsed = 0, 0.0
     while elapsed < budget:
         steps += 1
-        elapsed += speed * BASE_STEP + (PAUSE if pauses and steps % PAUSE_EVERY == 0 else 0.0)
+        elapsed += speed * base_step + (seconds if pauses and steps % every == 0 else 0.0)
     return steps
 
 

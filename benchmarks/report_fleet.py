@@ -30,7 +30,7 @@ def _range(runs: list[dict[str, Any]], key: str, digits: int = 3) -> str:
     return f"{num(statistics.median(values), digits)} [{low}, {high}]"
 
 
-def _ratios(fleet: str, run: dict[str, Any], budget: float) -> dict[str, float]:
+def _ratios(fleet: str, run: dict[str, Any], p: dict[str, Any]) -> dict[str, float]:
     """A run's steps: committed ÷ taken (1: no step lost), and taken and committed ÷ what
     each learner takes alone in the budget at its nominal speed, its pauses included
     (``bench_fleet.alone_steps``; below 1: it waited, or the machine was too busy for its
@@ -39,7 +39,13 @@ def _ratios(fleet: str, run: dict[str, Any], budget: float) -> dict[str, float]:
     last = len(learners) - 1
     taken = sum(x["steps"] for x in learners)
     alone = sum(
-        bench_fleet.alone_steps(x["speed"], budget, pauses=fleet == "pausing" and k == last)
+        bench_fleet.alone_steps(
+            x["speed"],
+            p["budget"],
+            pauses=fleet == "pausing" and k == last,
+            base_step=p["base_step"],
+            pause=(p["pause"][0], p["pause"][1]),
+        )
         for k, x in enumerate(learners)
     )
     committed = sum(x.get("committed_steps", 0.0) for x in learners)
@@ -50,10 +56,10 @@ def _ratios(fleet: str, run: dict[str, Any], budget: float) -> dict[str, float]:
     }
 
 
-def _row(fleet: str, arm: str, runs: list[dict[str, Any]], budget: float) -> list[str]:
+def _row(fleet: str, arm: str, runs: list[dict[str, Any]], p: dict[str, Any]) -> list[str]:
     speeds = "/".join(f"{s:g}" for s in bench_fleet.FLEETS.get(fleet, []))
     learners = [r["learners"] for r in runs if "learners" in r]
-    ratios = [r | _ratios(fleet, r, budget) for r in runs]
+    ratios = [r | _ratios(fleet, r, p) for r in runs]
     committed = [sum(x.get("committed_steps", 0.0) for x in ls) for ls in learners]
     steps = "–"
     if learners:
@@ -96,8 +102,9 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         "",
         provenance(result),
         "",
+        *_invocations(result),
     )
-    rows = [_row(*key.split("/"), entries, p["budget"]) for key, entries in sorted(runs.items())]
+    rows = [_row(*key.split("/"), entries, p) for key, entries in sorted(runs.items())]
     header = ["fleet", "arm", "runs", "bits/byte", "before close", "fastest waits"]
     header += [
         "committed ÷ taken",
@@ -107,11 +114,27 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         "load",
     ]
     page.add(*table(header, rows))
-    _targets(page, runs, p["budget"])
+    _targets(page, runs, p)
     _plot(page, runs)
 
 
-def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], budget: float) -> None:
+def _invocations(result: dict[str, Any]) -> list[str]:
+    """A line per invocation whose runs the file holds (``--keep`` measures in parts)."""
+    by: dict[tuple[str, str], set[str]] = {}
+    for key, entries in result["figures"]["runs"].items():
+        for r in entries:
+            mark = r.get("measured", {"date": result["date"], "git_commit": result["git_commit"]})
+            by.setdefault((mark["date"], mark["git_commit"]), set()).add(key)
+    if len(by) < 2:
+        return []
+    lines = [
+        f"- {date}, commit `{commit[:12]}`: {', '.join(sorted(keys))}"
+        for (date, commit), keys in sorted(by.items())
+    ]
+    return ["Measured in parts:", "", *lines, ""]
+
+
+def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], p: dict[str, Any]) -> None:
     for fleet in HETEROGENEOUS:
         gm = runs.get(f"{fleet}/gm", [])
         if not gm:
@@ -124,7 +147,7 @@ def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], budget: float) -
             waits <= 0.05,
             "bench_fleet",
         )
-        ratios = [_ratios(fleet, r, budget) for r in gm]
+        ratios = [_ratios(fleet, r, p) for r in gm]
         committed = min(r["committed_over_alone"] for r in ratios)
         kept = min(r["committed_over_taken"] for r in ratios)
         page.target(

@@ -1,0 +1,84 @@
+"""docs/benchmarks.md's fleet section (``benchmarks/report_fleet.py``) from a results file
+of known figures: the table's rows, the steps' ratios and the targets' verdicts."""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _page  # noqa: E402
+import report_fleet  # noqa: E402
+
+
+def learners(*steps: tuple[float, int, float]) -> list[dict[str, Any]]:
+    return [
+        {"speed": s, "steps": n, "committed_steps": c, "waiting_share": 0.0} for s, n, c in steps
+    ]
+
+
+def run(bits: float, waits: float, *steps: tuple[float, int, float]) -> dict[str, Any]:
+    return {
+        "bits_per_byte": bits,
+        "fastest_waiting_share": waits,
+        "learners": learners(*steps),
+        "rounds": 10,
+        "load": [0.5, 0.5, 0.5],
+    }
+
+
+def result() -> dict[str, Any]:
+    fast = [(1.0, 100, 100.0), (1.0, 100, 100.0), (1.0, 100, 100.0), (4.0, 25, 25.0)]
+    slow = [(1.0, 25, 25.0), (1.0, 25, 25.0), (1.0, 25, 25.0), (4.0, 25, 25.0)]
+    return {
+        "benchmark": "fleet",
+        "date": "2026-01-01T00:00:00+00:00",
+        "quick": False,
+        "git_commit": "0" * 40,
+        "machine": {"cpus": 2, "processor": "x86_64", "load_average_1m": 0.5},
+        "load_average_1m_after": 0.5,
+        "versions": {"python": "3.11"},
+        "parameters": {
+            "size": "medium",
+            "base_step": 1.0,
+            "sync_every": 50,
+            "budget": 100.0,
+            "pause": [15.0, 250],
+        },
+        "figures": {
+            "runs": {
+                "straggler/gm": [run(2.8, 0.0, *fast), run(2.9, 0.01, *fast)],
+                "straggler/gm-repeatable": [run(3.7, 0.75, *slow)],
+                "straggler/torchft": [{"bits_per_byte": 2.7, "fastest_waiting_share": 0.7}],
+            }
+        },
+    }
+
+
+def test_the_section_tabulates_every_arm_and_judges_the_default(tmp_path: Path) -> None:
+    page = _page.Page(tmp_path)
+    report_fleet.fleets(page, result())
+    text = "\n".join(page.lines)
+    # Two runs: median [min, max]; every step committed; a quarter of alone in the repeatable.
+    assert (
+        "| straggler (1/1/1/4) | gradientmail, default (adaptive) | 2 | 2.850 [2.800, 2.900]"
+        in text
+    )
+    assert "| 1.000 [1.000, 1.000] | 1.00 [1.00, 1.00] |" in text
+    assert "| 0.75 | 1.000 | 0.31 |" in text
+    verdicts = {row[0]: row[3] for row in page.targets}
+    assert verdicts["fleet straggler: the fastest learner's waiting, default"] == "met"
+    assert verdicts["fleet straggler: steps committed ÷ each alone, default"] == "met"
+    assert (
+        verdicts["fleet straggler: default's bits per byte vs gradientmail, repeatable mode"]
+        == "met"
+    )
+    # torchft ended lower than the default's worst run: the target is missed, and says so.
+    assert verdicts["fleet straggler: default's bits per byte vs torchft DiLoCo"] == "**missed**"
+
+
+def test_a_missing_results_file_says_so(tmp_path: Path) -> None:
+    page = _page.Page(tmp_path)
+    report_fleet.fleets(page, None)
+    assert any("Not run" in line for line in page.lines)
