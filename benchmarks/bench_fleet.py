@@ -347,6 +347,10 @@ def run(
         if any(before["parameters"][k] != result["parameters"][k] for k in same):
             raise SystemExit(f"{stored}: its runs were measured with other parameters")
         runs = before["figures"]["runs"]
+        earlier = {"date": before["date"], "git_commit": before["git_commit"]}
+        for entries in runs.values():
+            for entry in entries:
+                entry.setdefault("measured", earlier)
         result["parameters"]["fleets"] = before["parameters"]["fleets"] | {
             f: FLEETS[f] for f in fleets
         }
