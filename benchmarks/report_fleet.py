@@ -198,9 +198,11 @@ def _plot(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
         for i, fleet in enumerate(shown):
             axes = figure.add_subplot(2, 2, i + 1)
             for arm, style in (("gm", "-"), ("gm-repeatable", "--"), ("torchft", ":")):
-                entries = runs.get(f"{fleet}/{arm}", [])
-                if entries and entries[0].get("curve"):
-                    curve = entries[0]["curve"]
+                # The first run that recorded its curve.
+                curve = next(
+                    (e["curve"] for e in runs.get(f"{fleet}/{arm}", []) if e.get("curve")), None
+                )
+                if curve:
                     axes.plot(*zip(*curve, strict=True), style, label=ARM_LABEL[arm])
             dp = runs.get("equal/dp", [])
             if dp and dp[0].get("curve"):
@@ -210,7 +212,7 @@ def _plot(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
             axes.set_ylabel("bits per byte", fontsize=8)
             axes.set_ylim(2.3, 4.5)
             axes.grid(True, alpha=0.3)
-            if i == 0:
+            if axes.get_legend_handles_labels()[0]:
                 axes.legend(fontsize=6)
 
     page.plot("fleet.png", draw, "validation bits per byte against wall time, per fleet and arm")
