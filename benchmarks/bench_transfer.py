@@ -51,7 +51,8 @@ import anyio.to_thread
 from aiobotocore.config import AioConfig
 from bench_store import FilesArm
 
-import gradientmail.mailbox.local as local_module
+import gradientmail.mailbox._local_reads as local_reads
+import gradientmail.mailbox._local_writes as local_writes
 from gradientmail.mailbox import LocalMailbox, S3Mailbox
 from gradientmail.mailbox._s3_parts import part_ranges
 
@@ -152,24 +153,24 @@ class MailboxArm:
         self.chunk = chunk
 
     async def put(self, key: str, data: bytes) -> None:
-        saved = local_module._WRITE_CHUNK
+        saved = local_writes.WRITE_CHUNK
         if self.chunk is not None:
-            local_module._WRITE_CHUNK = self.chunk
+            local_writes.WRITE_CHUNK = self.chunk
         try:
             if not await self.mailbox.put_if_absent(key, data):
                 raise RuntimeError(f"{key!r} existed before its put")
         finally:
-            local_module._WRITE_CHUNK = saved
+            local_writes.WRITE_CHUNK = saved
 
     async def get(self, key: str) -> bytes:
-        saved = local_module._READ_CHUNK_BYTES
+        saved = local_reads.READ_CHUNK_BYTES
         if self.chunk is not None:
-            local_module._READ_CHUNK_BYTES = self.chunk
+            local_reads.READ_CHUNK_BYTES = self.chunk
         try:
             # The size is known, as a blob's is from its reference.
             data = await self.mailbox.get(key, max_bytes=self.size)
         finally:
-            local_module._READ_CHUNK_BYTES = saved
+            local_reads.READ_CHUNK_BYTES = saved
         if data is None:
             raise RuntimeError(f"{key!r} is missing after its put")
         return data
@@ -276,7 +277,7 @@ async def _local(scratch: Path, data: bytes, repetitions: int) -> dict[str, Any]
                 await mailbox.delete([key])
 
         figures = await _rounds(arms, data, repetitions, remove)
-    return figures | {"write_chunk": local_module._WRITE_CHUNK}
+    return figures | {"write_chunk": local_writes.WRITE_CHUNK}
 
 
 async def _sweep(endpoint: str, bucket: str, data: bytes) -> list[dict[str, Any]]:

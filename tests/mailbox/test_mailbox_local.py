@@ -15,7 +15,8 @@ from _mailbox_memory import traced_get
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gradientmail.mailbox.local as local_module
+import gradientmail.mailbox._local_reads as local_reads
+import gradientmail.mailbox._local_writes as local_writes
 from gradientmail.mailbox import LocalMailbox, NotARegularFile, ObjectTooLarge, check_key
 from gradientmail.mailbox.local import key_of, key_path
 
@@ -373,7 +374,7 @@ def _object_files(directory: Path) -> tuple[int, list[Path]]:
 async def test_large_objects_are_written_in_chunks_and_a_cancelled_write_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(local_module, "_WRITE_CHUNK", 2**20)
+    monkeypatch.setattr(local_writes, "WRITE_CHUNK", 2**20)
     data = os.urandom(5 * 2**20 + 3)
     temporaries = tmp_path / "box" / "tmp"
     async with LocalMailbox(tmp_path / "box") as mailbox:
@@ -404,7 +405,7 @@ def _open_descriptors() -> int:
 async def test_large_objects_are_read_in_chunks_into_one_buffer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    monkeypatch.setattr(local_module, "_READ_CHUNK_BYTES", 2**20)
+    monkeypatch.setattr(local_reads, "READ_CHUNK_BYTES", 2**20)
     data = os.urandom(size)
     async with LocalMailbox(tmp_path / "box") as mailbox:
         assert await mailbox.put_if_absent("blob", data)
@@ -423,7 +424,7 @@ async def test_large_objects_are_read_in_chunks_into_one_buffer(
 async def test_a_cancelled_chunked_read_closes_its_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(local_module, "_READ_CHUNK_BYTES", 2**16)
+    monkeypatch.setattr(local_reads, "READ_CHUNK_BYTES", 2**16)
     async with LocalMailbox(tmp_path / "box") as mailbox:
         assert await mailbox.put_if_absent("blob", os.urandom(16 * 2**20))
         before = await anyio.to_thread.run_sync(_open_descriptors)
