@@ -6,11 +6,11 @@ Transport
 Natively async over aiobotocore with its httpx backend, on asyncio and trio alike (aiohttp
 runs on asyncio only, and measured no faster here, so there is one code path). aiobotocore's
 httpx session sends an in-memory body as an iterator over its *lines*, with an event-loop
-checkpoint per line: a 64 MiB random PUT took about 50 s instead of 1 s. ``_WholeBodySession``
-hands httpx the bytes in 1 MiB pieces instead (each one socket write under the write
-timeout, which is ``read_timeout``: a slow link gets through, a dead one does not), through
-an iterator that a cancelled request can drop safely (httpx's own is an async generator,
-which trio reports when it is collected unfinished).
+checkpoint per line: a 64 MiB random PUT took about 50 s instead of 1 s. The session of
+``_s3_client`` hands httpx the bytes in 1 MiB pieces instead (each one socket write under
+the write timeout, which is ``read_timeout``: a slow link gets through, a dead one does
+not), through an iterator that a cancelled request can drop safely (httpx's own is an
+async generator, which trio reports when it is collected unfinished).
 
 Consistency assumed of the store
 --------------------------------
@@ -54,38 +54,35 @@ a 200 response; the first is mapped as above (a per-key ``SlowDown`` or ``Intern
 """
 
 import contextlib
-import io
-import logging
-import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import anyio
-from aiobotocore._httpx import httpx
-from aiobotocore.config import AioConfig
-from aiobotocore.httpxsession import HttpxSession
-from aiobotocore.session import get_session
-from botocore.exceptions import (
-    ChecksumError,
-    ClientError,
-    ConnectionError,
-    HTTPClientError,
-    IncompleteReadError,
-)
+from botocore.exceptions import ClientError, HTTPClientError
 
 from gradientmail.errors import MailboxUnavailable, StoreAccessError
-from gradientmail.mailbox import _s3_parts
 from gradientmail.mailbox._base import (
     MAX_KEY_BYTES,
-    ObjectTooLarge,
     check_key,
     check_max_bytes,
     check_prefix,
     check_range,
 )
+from gradientmail.mailbox._s3_client import RequestChecksums as RequestChecksums
+from gradientmail.mailbox._s3_client import client_config, session
+from gradientmail.mailbox._s3_errors import (
+    ADVICE,
+    TRANSIENT,
+    TRANSIENT_CODES,
+    error_code,
+    shown_endpoint,
+)
+from gradientmail.mailbox._s3_listing import list_keys
 from gradientmail.mailbox._s3_parts import MIN_PART_BYTES
+from gradientmail.mailbox._s3_reads import get_object, get_range
+from gradientmail.mailbox._s3_writes import put_in_parts, put_once
 
 __all__ = ["MAX_OBJECT_BYTES", "S3AccessError", "S3Mailbox"]
 
@@ -95,226 +92,16 @@ _MAX_PUT_BYTES = 5 * 2**30
 """The largest single PUT S3 accepts."""
 
 _PART_SIZE = 16 * 2**20
-# A request body goes out in socket writes of this size, each under the write timeout.
-_SEND_CHUNK = 1 << 20
 _MULTIPART_THRESHOLD = 32 * 2**20
 _PART_CONCURRENCY = 8
 _DELETE_CHUNK = 1000
-_CONFLICT_ATTEMPTS = 3
-# A transfer that failed on the way (refused, timed out, dropped, cut short, or whose bytes
-# arrived damaged): the store may be fine and a retry may succeed.
-_TRANSIENT = (ConnectionError, HTTPClientError, IncompleteReadError, ChecksumError)
-_TRANSIENT_CODES = frozenset(
-    {
-        # Throttling: AWS's SlowDown (503), R2's TooManyRequests (429), and the other
-        # spellings botocore's standard retries treat as throttling.
-        "SlowDown",
-        "TooManyRequests",
-        "TooManyRequestsException",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        # The store's own trouble.
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "PriorRequestNotComplete",
-        # A conflicting operation on the same bucket or key is in progress.
-        "OperationAborted",
-    }
-)
-
-_log = logging.getLogger("gradientmail.mailbox.s3")
-
-RequestChecksums = Literal["when_supported", "when_required"]
-
-# botocore's parsed service models (a few MB of JSON, read-only once loaded), shared by the
-# mailboxes of this process so that only the first one pays for loading them.
-_shared_loader: Any = None
-
-
-def _session() -> Any:
-    global _shared_loader
-    session = get_session()
-    if _shared_loader is None:
-        _shared_loader = session.get_component("data_loader")
-    else:
-        session.register_component("data_loader", _shared_loader)
-    return session
-
-
-class _Pieces:
-    """Yields ``data`` in views of ``_SEND_CHUNK`` bytes, then stops; a plain object rather
-    than an async generator, so that dropping it half-iterated leaves nothing for the
-    collector to close."""
-
-    def __init__(self, data: bytes) -> None:
-        self._view = memoryview(data)
-        self._at = 0
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> memoryview:
-        if self._at >= len(self._view):
-            raise StopAsyncIteration
-        piece = self._view[self._at : self._at + _SEND_CHUNK]
-        self._at += len(piece)
-        return piece
-
-
-class _WholeBody(httpx.AsyncByteStream):  # type: ignore[misc]  # aiobotocore is untyped
-    """An in-memory request body that httpcore iterates through ``_Pieces``.
-
-    httpcore sends each piece as one socket write under the write timeout, so pieces of
-    ``_SEND_CHUNK`` bound the rate a body needs to get through (a whole 16 MiB part would
-    need 3 MiB/s under aiobotocore's 5 s default), while staying few enough to cost
-    nothing (the stock session's piece per line of random bytes made a 64 MiB PUT crawl).
-
-    httpx's ``ByteStream`` iterates as an async generator; when a request is cancelled
-    while its body is being written, httpcore drops that generator mid-iteration and trio
-    reports it as a ``ResourceWarning`` once it is collected (encode/httpx#3686). Each
-    iteration starts afresh, as httpcore re-sends a body on a new connection when the
-    first one was dead before it could be used.
-    """
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def __aiter__(self) -> AsyncIterator[memoryview]:
-        return _Pieces(self._data)
-
-
-async def _whole_body(request: Any) -> None:
-    # An httpx request hook: runs in the sending task, before the request goes out.
-    if isinstance(request.stream, httpx.ByteStream):
-        request.stream = _WholeBody(request.content)
-
-
-class _WholeBodySession(HttpxSession):  # type: ignore[misc]  # aiobotocore is untyped
-    """aiobotocore's httpx session, handing httpx an in-memory body as one ``bytes`` that
-    a cancelled request can drop safely.
-
-    The stock session iterates an ``io.BytesIO`` body (what botocore makes of ``bytes``)
-    line by line with a checkpoint per line, which makes large random payloads crawl.
-    The original body is put back afterwards, so botocore's retries can rewind it. Every
-    in-memory body then goes out as a ``_WholeBody``.
-    """
-
-    def _make_async_client(self) -> Any:
-        client = super()._make_async_client()
-        hooks = client.event_hooks
-        client.event_hooks = {**hooks, "request": [*hooks["request"], _whole_body]}
-        return client
-
-    async def send(self, request: Any) -> Any:
-        body = request.body
-        if not isinstance(body, io.BytesIO):
-            return await super().send(request)
-        start = body.tell()
-        whole = body.getvalue()
-        request.body = whole[start:] if start else whole
-        try:
-            return await super().send(request)
-        finally:
-            request.body = body
-
-
-def _object_size(response: Any) -> int | None:
-    """The whole object's size: from ``Content-Range`` (``bytes 0-9/1234``) for a part of
-    it, else the response's length; None when the store stated neither."""
-    content_range = response.get("ContentRange")
-    if content_range:
-        total = content_range.rpartition("/")[2]
-        return int(total) if total.isdigit() else None
-    length = response.get("ContentLength")
-    return int(length) if length is not None else None
-
-
-async def _read_at_most(stream: Any, key: str, max_bytes: int) -> bytes:
-    """The whole body of a response that did not state its length, read in chunks and
-    abandoned (``ObjectTooLarge``) as soon as it exceeds ``max_bytes``."""
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in stream.iter_chunks(1 << 20):
-        total += len(chunk)
-        if total > max_bytes:
-            raise ObjectTooLarge(key, total, max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _read_prefix(stream: Any, size: int) -> bytes:
-    """The first ``size`` bytes of a body (fewer when it is shorter); the rest is not read
-    (closing the response drops its connection)."""
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in stream.iter_chunks(1 << 20):
-        chunks.append(chunk)
-        total += len(chunk)
-        if total >= size:
-            break
-    return b"".join(chunks)[:size]
-
-
-def _error_code(exc: ClientError) -> str | None:
-    code = exc.response.get("Error", {}).get("Code")
-    return str(code) if code is not None else None
-
-
-_MISSING = "does not exist: create it (e.g. `aws s3 mb s3://{bucket}`) or fix the bucket's name"
-_DENIED = (
-    "refused access: give credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-    "AWS_PROFILE) allowed to list, get, put and delete objects in this bucket and prefix"
-)
-_CREDENTIALS = (
-    "rejected the credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
-    "AWS_PROFILE), and AWS_SESSION_TOKEN for temporary ones, for this endpoint"
-)
-_UNSUPPORTED = (
-    "does not implement a request gradientmail needs (a conditional PUT, say): use a store "
-    "that does (docs/mailbox.md lists those known to qualify)"
-)
-_REGION = "is in another region: give its region in the URL (?region=...) or AWS_DEFAULT_REGION"
-_ADVICE = {
-    "NoSuchBucket": _MISSING,
-    "AccessDenied": _DENIED,
-    "AllAccessDisabled": _DENIED,
-    "AccountProblem": _DENIED,
-    "InvalidAccessKeyId": _CREDENTIALS,
-    "SignatureDoesNotMatch": _CREDENTIALS,
-    "InvalidToken": _CREDENTIALS,
-    "ExpiredToken": _CREDENTIALS,
-    "TokenRefreshRequired": _CREDENTIALS,
-    "AuthorizationHeaderMalformed": _REGION,
-    "PermanentRedirect": _REGION,
-    "IllegalLocationConstraintException": _REGION,
-    "NotImplemented": _UNSUPPORTED,
-}
-"""The error codes ``S3AccessError`` explains: the bucket, the access or the region is wrong,
-or the store lacks a feature the mailbox needs."""
-
-
-def _shown_endpoint(endpoint: str) -> str:
-    """``endpoint`` without any user or password a URL might carry."""
-    parts = urllib.parse.urlsplit(endpoint)
-    if parts.username is None and parts.password is None:
-        return endpoint
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 class S3AccessError(ClientError, StoreAccessError):  # type: ignore[misc]  # botocore is untyped
     """The store refused an operation for a reason only the user can fix: the bucket does
     not exist, access to it is denied, the credentials are rejected, it lives in another
     region, or the store does not implement a request the mailbox needs (the codes in
-    ``_ADVICE``).
+    ``ADVICE`` of ``_s3_errors``).
 
     A ``StoreAccessError`` (the node fails at once; nothing retries it) and a
     ``ClientError`` carrying the store's ``response`` and ``operation_name`` unchanged,
@@ -332,9 +119,9 @@ class S3AccessError(ClientError, StoreAccessError):  # type: ignore[misc]  # bot
         self.bucket = bucket
         self.endpoint = endpoint
         code = error_response.get("Error", {}).get("Code", "Unknown")
-        advice = _ADVICE.get(code, "was refused").format(bucket=bucket)
+        advice = ADVICE.get(code, "was refused").format(bucket=bucket)
         self.args = (
-            f"bucket {bucket!r} at {_shown_endpoint(endpoint) if endpoint else 'AWS'} {advice} "
+            f"bucket {bucket!r} at {shown_endpoint(endpoint) if endpoint else 'AWS'} {advice} "
             f"({code} from {operation_name})",
         )
 
@@ -440,19 +227,11 @@ class S3Mailbox:
         self._region = region
         self._max_concurrency = max_concurrency
         self._checksums: RequestChecksums = request_checksums
-        self._config = AioConfig(
-            http_session_cls=_WholeBodySession,
-            # Loading the models is blocking file I/O: aiobotocore does it in a worker thread.
-            warm_up_loader_caches=True,
-            retries={"mode": "standard"},
-            max_pool_connections=max_concurrency,
+        self._config = client_config(
+            max_concurrency=max_concurrency,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
-            # aiobotocore's httpx session gives writes 5 s; a slow link is not a dead one.
-            connector_args={"write_timeout": read_timeout},
-            s3={"addressing_style": "path"},
-            request_checksum_calculation=request_checksums,
-            response_checksum_validation=request_checksums,
+            checksums=request_checksums,
         )
         self._stack: AsyncExitStack | None = None
         self._client: Any = None
@@ -473,7 +252,7 @@ class S3Mailbox:
         stack = AsyncExitStack()
         try:
             self._client = await stack.enter_async_context(
-                _session().create_client(
+                session().create_client(
                     "s3",
                     endpoint_url=self._endpoint_url,
                     region_name=self._region,
@@ -510,7 +289,7 @@ class S3Mailbox:
                 await stack.aclose()
 
     def __repr__(self) -> str:
-        where = _shown_endpoint(self._endpoint_url) if self._endpoint_url else "aws"
+        where = shown_endpoint(self._endpoint_url) if self._endpoint_url else "aws"
         state = "open" if self._stack is not None else "closed"
         return f"S3Mailbox(s3://{self._bucket}/{self._prefix} at {where}, {state})"
 
@@ -525,14 +304,14 @@ class S3Mailbox:
         5xx other than 501) and so outlasted botocore's retries, else ``exc`` itself."""
         if isinstance(exc, S3AccessError):
             return exc
-        code = _error_code(exc)
-        if code in _ADVICE:
+        code = error_code(exc)
+        if code in ADVICE:
             endpoint = self._client.meta.endpoint_url if self._client is not None else None
             return S3AccessError(
                 exc.response, exc.operation_name, self._bucket, endpoint or self._endpoint_url
             )
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in _TRANSIENT_CODES or status == 429 or (isinstance(status, int) and status >= 500):
+        if code in TRANSIENT_CODES or status == 429 or (isinstance(status, int) and status >= 500):
             return MailboxUnavailable(
                 f"{what}: the store answered {code} ({status or 'in a 200 response'}) "
                 f"to {exc.operation_name}"
@@ -551,7 +330,7 @@ class S3Mailbox:
             if mapped is exc:
                 raise
             raise mapped from exc
-        except _TRANSIENT as exc:
+        except TRANSIENT as exc:
             raise MailboxUnavailable(f"{what}: {exc}") from exc
 
     def _full_key(self, key: str) -> str:
@@ -572,98 +351,38 @@ class S3Mailbox:
             )
         client, limiter = self._open()
         body = data if isinstance(data, bytes) else bytes(data)
-        if len(body) > self._multipart_threshold:
-            return await self._put_in_parts(key, full, body)
-        for _ in range(_CONFLICT_ATTEMPTS):
-            with self._boundary(f"put {key!r}"):
-                try:
-                    async with limiter:
-                        await client.put_object(
-                            Bucket=self._bucket, Key=full, Body=body, IfNoneMatch="*"
-                        )
-                except ClientError as exc:
-                    code = _error_code(exc)
-                    if code == "PreconditionFailed":
-                        return False
-                    if code != "ConditionalRequestConflict":
-                        raise
-                    _log.info("conditional write of %r conflicted; retrying", key)
-                else:
-                    return True
-        raise MailboxUnavailable(
-            f"put {key!r}: conditional write conflicted {_CONFLICT_ATTEMPTS} times"
-        )
-
-    async def _put_in_parts(self, key: str, full: str, body: bytes) -> bool:
-        client, limiter = self._open()
         with self._boundary(f"put {key!r}"):
-            async with limiter:
-                try:
-                    await client.head_object(Bucket=self._bucket, Key=full)
-                except ClientError as exc:
-                    if _error_code(exc) not in ("404", "NoSuchKey"):
-                        raise
-                else:
-                    # Uploading gigabytes only to be refused at the completion is waste.
-                    return False
-            try:
-                return await _s3_parts.upload(
-                    client,
-                    limiter,
-                    bucket=self._bucket,
-                    key=full,
-                    data=body,
-                    part_size=self._part_size,
-                    concurrency=self._part_concurrency,
-                    checksums=self._checksums,
+            if len(body) <= self._multipart_threshold:
+                return await put_once(
+                    client, limiter, bucket=self._bucket, key=key, full=full, body=body
                 )
-            except ClientError as exc:
-                if _error_code(exc) == "ConditionalRequestConflict":
-                    raise MailboxUnavailable(f"put {key!r}: conditional write conflicted") from exc
-                raise
+            return await put_in_parts(
+                client,
+                limiter,
+                bucket=self._bucket,
+                key=key,
+                full=full,
+                body=body,
+                part_size=self._part_size,
+                concurrency=self._part_concurrency,
+                checksums=self._checksums,
+            )
 
     async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         full = self._full_key(key)
         check_max_bytes(max_bytes)
         client, limiter = self._open()
-        # A caller allowing more than the threshold expects a large object (a blob of known
-        # size): ask for the first part only, which tells the size, and fetch the rest in
-        # parallel. Others (records) get one plain GET, whose checksum botocore validates.
-        ranged = max_bytes is not None and max_bytes > self._multipart_threshold
         with self._boundary(f"get {key!r}"):
-            async with limiter:
-                response = await self._first_response(full, ranged)
-                if response is None:
-                    return None
-                # Leaving this block unread closes the response (and drops its connection).
-                async with response["Body"] as stream:
-                    size = _object_size(response)
-                    if max_bytes is not None:
-                        if size is None:
-                            return await _read_at_most(stream, key, max_bytes)
-                        if size > max_bytes:
-                            raise ObjectTooLarge(key, size, max_bytes)
-                    if size is None:
-                        data: bytes = await stream.read()
-                        return data
-                    total: int = size
-                    # A first part (which may be all of it), or a small object: read it.
-                    if "ContentRange" in response or total <= self._multipart_threshold:
-                        data = await stream.read()
-                        if len(data) >= total:
-                            return data
-                    else:
-                        data = b""
-            return await _s3_parts.download(
+            return await get_object(
                 client,
                 limiter,
                 bucket=self._bucket,
-                key=full,
-                size=total,
-                etag=response["ETag"],
+                key=key,
+                full=full,
+                max_bytes=max_bytes,
+                threshold=self._multipart_threshold,
                 part_size=self._part_size,
                 concurrency=self._part_concurrency,
-                first=data,
             )
 
     async def get_range(self, key: str, start: int, end: int) -> bytes | None:
@@ -671,63 +390,17 @@ class S3Mailbox:
         check_range(start, end)
         client, limiter = self._open()
         with self._boundary(f"get {key!r} [{start}, {end})"):
-            async with limiter:
-                request = {"Bucket": self._bucket, "Key": full, "Range": f"bytes={start}-{end - 1}"}
-                try:
-                    response = await client.get_object(**request)
-                except ClientError as exc:
-                    code = _error_code(exc)
-                    if code == "NoSuchKey":
-                        return None
-                    if code == "InvalidRange":
-                        return b""  # the object ends at or before ``start``
-                    raise
-                async with response["Body"] as stream:
-                    if "ContentRange" in response:
-                        return await _read_at_most(stream, key, end - start)
-                    # A store that ignores Range answers the whole object: keep the range.
-                    return (await _read_prefix(stream, end))[start:end]
-
-    async def _first_response(self, full: str, ranged: bool) -> Any:
-        """The response to the GET of ``full`` (its first part when ``ranged``), or None
-        when there is no such object."""
-        request = {"Bucket": self._bucket, "Key": full}
-        if ranged:
-            request["Range"] = f"bytes=0-{self._part_size - 1}"
-        try:
-            return await self._client.get_object(**request)
-        except ClientError as exc:
-            code = _error_code(exc)
-            if code == "NoSuchKey":
-                return None
-            if code == "InvalidRange":
-                # An empty object has no first byte to range over.
-                return await self._first_response(full, False)
-            raise
+            return await get_range(
+                client, limiter, bucket=self._bucket, key=key, full=full, start=start, end=end
+            )
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
         check_prefix(prefix)
         client, limiter = self._open()
-        request: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._prefix + prefix}
-        if after:
-            request["StartAfter"] = self._prefix + after
-        keys: list[str] = []
         with self._boundary(f"list {prefix!r}"):
-            while True:
-                async with limiter:
-                    page = await client.list_objects_v2(**request)
-                for item in page.get("Contents", ()):
-                    full = item.get("Key")
-                    if full is None or not full.startswith(self._prefix):
-                        continue
-                    key = full[len(self._prefix) :]
-                    # The store may ignore StartAfter; on one that honours it this cuts nothing.
-                    if key > after:
-                        keys.append(key)
-                token = page.get("NextContinuationToken")
-                if not page.get("IsTruncated") or not token:
-                    return keys
-                request["ContinuationToken"] = token
+            return await list_keys(
+                client, limiter, bucket=self._bucket, root=self._prefix, prefix=prefix, after=after
+            )
 
     async def delete(self, keys: Iterable[str]) -> None:
         full_keys = [self._full_key(key) for key in keys]
