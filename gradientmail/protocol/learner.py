@@ -73,10 +73,10 @@ The step accounting is the ``Ledger``'s: for every fragment at all times
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from msgspec import UNSET
-
 from gradientmail.protocol import keys
 from gradientmail.protocol.fragments import due, joined_phase
+from gradientmail.protocol.learner_records import fold_held
+from gradientmail.protocol.learner_state import LearnerState
 from gradientmail.protocol.learner_values import (
     Action,
     Apply,
@@ -95,11 +95,8 @@ from gradientmail.protocol.learner_values import (
     Tensors,
     Unavailable,
 )
-from gradientmail.protocol.merge import Ledger, Outcome
-from gradientmail.protocol.pace import Pace, fleet_step_time
-from gradientmail.protocol.records import DropReason, RoundRecord, RunConfig
-from gradientmail.protocol.rounds import due_for
-from gradientmail.protocol.schedule import phase_shift, positions_until_due, steps_to_hold
+from gradientmail.protocol.merge import Outcome
+from gradientmail.protocol.records import DropReason, RoundRecord
 
 __all__ = [
     "Action",
@@ -118,150 +115,10 @@ __all__ = [
 ]
 
 
-_STILL = Pace()
-
-
 @dataclass(frozen=True, slots=True)
-class Learner:
-    """The learner's whole state (see the module docstring). Build it with ``start``.
-
-    ``committed`` counts the records folded that this learner's node committed; ``held`` the
-    records seen but not yet folded (each with the time it was seen); ``phase`` the steps
-    added to the step count for ``due`` (``joining``: set at the first step, the learner
-    joined a run in progress); the steps after ``step`` up to ``hold_until`` do not advance
-    the schedule (each takes its advance from the phase), ``stood`` counts those taken so
-    far; ``position`` is the schedule's count of positions (``pace``: how many a step
-    advances; the step count itself at rate 1)."""
-
-    config: RunConfig
-    name: str
-    ledger: Ledger
-    slots: tuple[Slot, ...]
-    newest_round: int
-    step: int = 0
-    tokens: int = 0
-    committed: int = 0
-    held: tuple[tuple[RoundRecord, float], ...] = ()
-    phase: int = 0
-    joining: bool = False
-    hold_until: int = 0
-    stood: int = 0
-    position: int = 0
-    pace: Pace = _STILL
-    closing: Closing | None = None
-
-    @classmethod
-    def start(
-        cls,
-        config: RunConfig,
-        name: str,
-        versions: Sequence[int],
-        thetas: Sequence[Tensors],
-        newest_round: int,
-    ) -> "Learner":
-        """A learner that joined at ``versions`` (θ ``thetas``) after round ``newest_round``
-        (-1: none yet). Joined to a run in progress, its first step makes the round after
-        the newest it has seen by then come due (``fragments.joined_phase``)."""
-        if len(versions) != config.fragments or len(thetas) != config.fragments:
-            raise ValueError(f"a run of {config.fragments} fragments needs one version each")
-        return cls(
-            config=config,
-            name=name,
-            ledger=Ledger.new(config.fragments),
-            slots=tuple(Slot(v, tuple(t)) for v, t in zip(versions, thetas, strict=True)),
-            newest_round=newest_round,
-            joining=newest_round >= 0,
-        )
-
-    # -- queries -----------------------------------------------------------------------------
-
-    @property
-    def seen_round(self) -> int:
-        """The newest round whose record this learner was fed (folded or held)."""
-        return self.held[-1][0].round if self.held else self.newest_round
-
-    @property
-    def versions(self) -> tuple[int, ...]:
-        return tuple(slot.version for slot in self.slots)
-
-    @property
-    def aligned_round(self) -> int:
-        """The newest round among the versions held (-1: Θ⁰ only)."""
-        fragments = len(self.slots)
-        return max(
-            (keys.round_of(f, s.version, fragments) for f, s in enumerate(self.slots) if s.version),
-            default=-1,
-        )
-
-    @property
-    def settled(self) -> bool:
-        """Closing is done: no fragment has steps or a version pending."""
-        return not any(
-            slot.blocked or self.ledger[f].since_base.steps > 0 for f, slot in enumerate(self.slots)
-        )
-
-    @property
-    def finished(self) -> bool:
-        """Closing is done: settled, and every final round (if any) applied."""
-        return self.settled and (self.closing is None or self.closing.done(self.slots))
-
-    @property
-    def paced(self) -> bool:
-        """Whether the rounds pace this learner (``RunConfig.overlap``): a learner ahead of
-        the others waits for their rounds at its overlap step, so its schedule never moves
-        (the resynchronization rules would make the snapshots' steps depend on the
-        timing)."""
-        return self.config.overlap is not None
-
-    @property
-    def publishing(self) -> bool:
-        return any(slot.in_flight for slot in self.slots)
-
-    def awaiting(self, now: float) -> bool:
-        """Whether a round is due for this learner at ``now``: closing is not finished, or a
-        snapshot of it went out less than ``rounds.due_for`` seconds ago and its round's
-        record has not been seen."""
-        if self.closing is not None and not self.finished:
-            return True
-        window = due_for(self.config)
-        return any(
-            slot.published is not None
-            and slot.published.outcome is None
-            and now - slot.published.at < window
-            for slot in self.slots
-        )
-
-    def wait_until(self, now: float) -> float | None:
-        """When the next step may be taken at the latest (``RunConfig.overlap``), None
-        when it need not wait: it waits while it is the step at which a fragment applies
-        the version of the round its snapshot went to and that version is not ready, until
-        ``rounds.due_for`` after the snapshot. Never while closing: the flush applies
-        whatever is ready."""
-        overlap = self.config.applied_after
-        if overlap is None or self.closing is not None:
-            return None
-        window = due_for(self.config)
-        until = None
-        for slot in self.slots:
-            published = slot.published
-            if published is None or self.step + 1 < published.step + overlap:
-                continue
-            ready = slot.ready
-            end = published.at + window
-            if (ready is None or ready.round < published.round) and now < end:
-                until = end if until is None else min(until, end)
-        return until
-
-    def downloads(self) -> list[Download]:
-        """The versions to fetch now, one per fragment that wants one (see ``Download``)."""
-        wanted = []
-        for fragment, slot in enumerate(self.slots):
-            record = slot.wanted
-            if record is None or slot.ready is not None:
-                continue
-            nxt = record.version == slot.version + 1 and not slot.update_failed
-            wanted.append(Download(fragment, record, slot.base if nxt else None))
-        return wanted
+class Learner(LearnerState):
+    """The learner as one immutable state machine (see the module docstring; its fields and
+    queries are ``LearnerState``'s). Build it with ``start``."""
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -345,7 +202,7 @@ class Learner:
             closing=self.closing is not None,
             step_time=self.pace.step_time,
         )
-        return self._with(fragment, slot), job
+        return self.with_slot(fragment, slot), job
 
     def publish_done(self, fragment: int, round: int) -> tuple["Learner", list[Action]]:
         """The snapshot of ``fragment`` for ``round`` is in the store."""
@@ -363,7 +220,7 @@ class Learner:
                 f"expected the record of round {self.seen_round + 1}, got {record.round}"
             )
         state = replace(self, held=(*self.held, (record, now)))
-        return state._fold_held()
+        return fold_held(state)
 
     def version_ready(self, fragment: int, round: int, theta: Tensors) -> "Learner":
         """The download of round ``round``'s version of ``fragment`` gave ``theta``."""
@@ -372,7 +229,9 @@ class Learner:
         if wanted is None or wanted.round != round or slot.ready is not None:
             return self
         ready = Ready(round=round, version=wanted.version, theta=theta)
-        return self._with(fragment, replace(slot, ready=ready, wanted=None, update_failed=False))
+        return self.with_slot(
+            fragment, replace(slot, ready=ready, wanted=None, update_failed=False)
+        )
 
     def download_failed(
         self, fragment: int, round: int, stage: Stage, failure: Failure, detail: str
@@ -382,7 +241,7 @@ class Learner:
         if slot.wanted is None or slot.wanted.round != round:
             return self, []
         if stage == "update":
-            return self._with(fragment, replace(slot, update_failed=True)), []
+            return self.with_slot(fragment, replace(slot, update_failed=True)), []
         if failure == "gone" or slot.reported:
             return self, []
         report = Unavailable(
@@ -393,7 +252,7 @@ class Learner:
             f"{slot.version}, and the download is retried at every poll, silently, until it "
             "works or a newer record of the fragment replaces it",
         )
-        return self._with(fragment, replace(slot, reported=True)), [report]
+        return self.with_slot(fragment, replace(slot, reported=True)), [report]
 
     def dropped_all(self, reason: DropReason, detail: str) -> tuple["Learner", list[Action]]:
         """Give up every fragment's local steps (closing without a flush, or giving up).
@@ -408,15 +267,10 @@ class Learner:
             if gone.steps or gone.tokens:
                 actions.append(gone)
             if slot.published is not None and slot.published.outcome is None:
-                state = state._with(fragment, replace(slot, published=None))
+                state = state.with_slot(fragment, replace(slot, published=None))
         return replace(state, ledger=ledger), actions
 
     # -- transitions -------------------------------------------------------------------------
-
-    def _with(self, fragment: int, slot: Slot) -> "Learner":
-        slots = list(self.slots)
-        slots[fragment] = slot
-        return replace(self, slots=tuple(slots))
 
     def _snapshot(self, fragment: int, now: float) -> tuple["Learner", list[Action]]:
         slot = self.slots[fragment]
@@ -425,7 +279,7 @@ class Learner:
         round = keys.round_of(fragment, slot.version + 1, self.config.fragments)
         published = Published(round=round, step=self.step, at=now, stood=self.stood)
         state = replace(self, ledger=self.ledger.published(fragment, round))
-        state = state._with(fragment, replace(slot, published=published, in_flight=True))
+        state = state.with_slot(fragment, replace(slot, published=published, in_flight=True))
         return state, [Snapshot(fragment, round)]
 
     def _apply_ready(self, *, holding: bool = True) -> tuple["Learner", list[Action]]:
@@ -478,7 +332,7 @@ class Learner:
                 ready=None,
                 reported=False,
             )
-            state = state._with(fragment, aligned)
+            state = state.with_slot(fragment, aligned)
             if outcome == "rejected":
                 # The ledger dropped the steps up to the record when it was folded; the reset
                 # to the round's θ just now also wiped the steps taken since.
@@ -493,111 +347,11 @@ class Learner:
         slot = self.slots[fragment]
         published = slot.published
         if not slot.in_flight:
-            return self._fold_held()  # a final snapshot: nothing waited on it
+            return fold_held(self)  # a final snapshot: nothing waited on it
         ledger = self.ledger
         slot = replace(slot, in_flight=False)
         mine = published is not None and published.round == round
         if not ok and mine and published is not None and published.outcome is None:
             slot = replace(slot, published=None)
             ledger = ledger.publish_failed(fragment)
-        return replace(self, ledger=ledger)._with(fragment, slot)._fold_held()
-
-    def _fold_held(self) -> tuple["Learner", list[Action]]:
-        state = self
-        actions: list[Action] = []
-        while state.held:
-            record, seen_at = state.held[0]
-            slot = state.slots[record.fragment]
-            published = slot.published
-            if slot.in_flight and published is not None and published.round == record.round:
-                break
-            state = replace(state, held=state.held[1:])
-            state, more = state._fold(record, seen_at)
-            actions.extend(more)
-        return state, actions
-
-    def _fold(self, record: RoundRecord, seen_at: float) -> tuple["Learner", list[Action]]:
-        fragment = record.fragment
-        had_steps = self.ledger[fragment].since_base.steps > 0
-        ledger, resolution = self.ledger.recorded(record, self.name)
-        actions: list[Action] = [Recorded(record)]
-        slot = self.slots[fragment]
-        published = slot.published
-        if resolution is not None:
-            actions.append(Resolved(resolution))
-            if resolution.outcome == "rejected":
-                detail = f"rejected by round {resolution.round}: {resolution.reason}"
-                actions.append(
-                    Dropped(fragment, resolution.steps, resolution.tokens, "rejected", detail)
-                )
-            if published is not None and published.round == resolution.round:
-                published = replace(published, outcome=resolution.outcome)
-        if record.version > slot.version:
-            slot = replace(slot, wanted=record, update_failed=False, reported=False)
-        committed = self.committed + (record.committed_by == self.name)
-        closing = self.closing.folded(record, self.name) if self.closing else None
-        state = replace(
-            self, ledger=ledger, newest_round=record.round, committed=committed, closing=closing
-        )
-        state = state._with(fragment, replace(slot, published=published))
-        if self.paced:
-            # The waits at the overlap step keep paced learners in the same rounds: one that
-            # fell behind catches up while the others' rounds wait for it. Moving the schedule
-            # from clock readings (which include those waits) could step over a fragment's due
-            # step every period, and would make the snapshots' steps depend on the timing.
-            return state, actions
-        fleet = fleet_step_time([state.pace.step_time, *(p.pace for p in record.participants)])
-        state = replace(state, pace=state.pace.rated(fleet, state.config))
-        missed = (
-            had_steps
-            and bool(record.participants)
-            and (resolution is None or resolution.outcome == "late")
-            and (resolution is not None or self.ledger[fragment].in_flight is None)
-        )
-        if missed:
-            state = state._realigned(record, seen_at, published, least=0.0)
-        elif resolution is not None and resolution.outcome == "included":
-            # Waited for, in the late half of the grace: one jitter from missing the next.
-            moved = state._realigned(record, seen_at, published, least=self.config.grace / 2)
-            if moved.phase != state.phase:
-                state = replace(moved, hold_until=state.step)
-            else:
-                state = state._held_back(record, published)
-        return state, actions
-
-    def _realigned(
-        self, record: RoundRecord, seen_at: float, published: Published | None, least: float
-    ) -> "Learner":
-        """Advance the phase when this learner was more than ``least`` seconds behind the
-        first snapshots of ``record``'s round (``schedule.phase_shift``)."""
-        tau, rate = self.pace.step_time, self.pace.rate
-        if tau is None:
-            return self
-        if published is not None and published.round == record.round:
-            mine = published.at
-        else:
-            ahead = positions_until_due(record.fragment, self.position + self.phase, self.config)
-            if ahead is None:
-                return self
-            mine = seen_at + (ahead / rate + max(0, self.hold_until - self.step)) * tau
-        lag = mine - (seen_at - record.grace_seconds)
-        shift = phase_shift(lag, least, tau, rate, self.config)
-        return replace(self, phase=(self.phase + shift) % self.config.sync_every)
-
-    def _held_back(self, record: RoundRecord, published: Published | None) -> "Learner":
-        """Hold the schedule for as many steps as the round waited after this learner's
-        snapshot for its last participant's (``schedule.steps_to_hold``), less the steps
-        held (or still to hold) since the snapshot was taken: they closed part of that gap."""
-        if published is None:
-            return self
-        arrived = {p.learner: p.arrived for p in record.participants if p.arrived is not UNSET}
-        mine = arrived.get(self.name)
-        if mine is None:
-            return self
-        pending = max(0, self.hold_until - self.step)
-        held = (self.stood - published.stood) + pending
-        early = max(arrived.values()) - mine
-        needed = steps_to_hold(early, self.pace.step_time, self.pace.rate, held, self.config)
-        if needed <= 0:
-            return self
-        return replace(self, hold_until=self.step + pending + needed)
+        return fold_held(replace(self, ledger=ledger).with_slot(fragment, slot))
