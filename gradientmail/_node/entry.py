@@ -1,10 +1,10 @@
 """Entering a run: creating or joining it (``_node.creation``), loading the newest committed
 weights into the model, and a learner group's entry (``_node.group``: its leader joins and
 brings its followers in; the followers take the leader's manifest and weights, or in a
-sharded group read their own rows of the leader's versions). A sharded group's leader that
-creates the run gathers Θ⁰ from its ranks one fragment at a time (``group.gather_whole``):
-every rank holds one fragment whole while it is uploaded. Runs in the task entering the
-node, before any of its tasks starts."""
+sharded group read their own rows of the leader's versions: ``_node.group_entry``). A
+sharded group's leader that creates the run gathers Θ⁰ from its ranks one fragment at a
+time (``group_entry.gather_whole``): every rank holds one fragment whole while it is
+uploaded. Runs in the task entering the node, before any of its tasks starts."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -13,16 +13,9 @@ import torch
 from torch import Tensor
 
 from gradientmail._node.creation import load_newest, open_run
-from gradientmail._node.group import (
-    GroupLink,
-    GroupMember,
-    Params,
-    follow,
-    fragment_params,
-    gather_whole,
-    lead,
-    refuse,
-)
+from gradientmail._node.group import GroupMember, Params, fragment_params
+from gradientmail._node.group_entry import follow, gather_whole, lead, refuse
+from gradientmail._node.group_link import GroupLink
 from gradientmail._node.lease import Emit
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.runtime import Runtime

@@ -46,7 +46,8 @@ from anyio.abc import TaskGroup, TaskStatus
 from torch import Tensor
 
 from gradientmail._node.entry import enter
-from gradientmail._node.group import GroupLink, GroupMember, Ticks, link_of
+from gradientmail._node.group import GroupMember
+from gradientmail._node.group_link import GroupLink, link_of
 from gradientmail._node.handle import StepHandle
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.lease import run_lease
@@ -59,6 +60,7 @@ from gradientmail._node.shared import shared_model
 from gradientmail._node.state import NodeState
 from gradientmail._node.supervision import block_error
 from gradientmail._node.syncer import run_syncer
+from gradientmail._node.ticks import Ticks
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import GroupFailed, NodeFailed
 from gradientmail.events import (
