@@ -43,7 +43,7 @@ def _install_attack(spec: dict[str, Any]) -> None:
 
     import torch
 
-    from gradientmail._node import learner as node_learner
+    from gradientmail._node import publisher
     from gradientmail.protocol.aggregation import MAX_DELTA_RATIO
     from gradientmail.protocol.codec import encode_fragment
 
@@ -71,7 +71,7 @@ def _install_attack(spec: dict[str, Any]) -> None:
         )
         return data, own
 
-    node_learner._encode_delta = crafted  # type: ignore[assignment]
+    publisher.encode_delta = crafted  # type: ignore[assignment]
 
 
 def _worker(spec_path: Path, role: str) -> None:

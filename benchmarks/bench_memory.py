@@ -9,7 +9,7 @@ own code, above the resident set it started from (``VmRSS``):
 
 - ``publish``: a learner holding its live fragment and base B (fp32) copies the snapshot S
   out as the driver does (``LearnerDriver._copy_out`` on the CPU), encodes S − B and its
-  norm (``_node.learner._encode_delta``) and uploads the blob (``Store.put_blob`` on a
+  norm (``_node.publisher.encode_delta``) and uploads the blob (``Store.put_blob`` on a
   ``LocalMailbox``). Bound: 4 (S) + b bytes per parameter (b: the delta encoding's bytes
   per parameter, 1 + 4/block_size at int8) plus a few pieces of ``CHUNK_ELEMENTS``.
 - ``close``: a syncer holding θ and the momentum (fp32) downloads K snapshot blobs
@@ -57,7 +57,7 @@ import anyio.to_thread
 import torch
 
 from gradientmail._node.commit import _fp32_blobs, _outcome
-from gradientmail._node.learner import _encode_delta, _Job
+from gradientmail._node.publisher import Job, encode_delta
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.mailbox.local import key_path
 from gradientmail.protocol import keys
@@ -126,7 +126,7 @@ async def _publish(size: int, scratch: Path) -> dict[str, Any]:
     publish = Publish(
         fragment=0, round=0, base_version=0, base=base, snapshot=snapshot, steps=1, tokens=1
     )
-    data, _ = await anyio.to_thread.run_sync(_encode_delta, _Job(publish, None), spec, CONFIG)
+    data, _ = await anyio.to_thread.run_sync(encode_delta, Job(publish, None), spec, CONFIG)
     async with LocalMailbox(scratch) as mailbox:
         await Store(mailbox).put_blob(data, CONFIG.delta_encoding)
     return {"start": start, "peak": _status("VmHWM"), "seconds": time.perf_counter() - began}

@@ -19,7 +19,7 @@ rows (``_node.sharded``) and replays the leader's learner inputs.
 Leaving the block normally closes with flush (``Closing``): every fragment with steps since
 its last included snapshot is published, and the node waits until those rounds are
 committed and applied; then a node that stepped publishes its final snapshots (the model it
-held when closing began, ``Learner.finalize``) and waits for their round (``Closed``), or
+held when closing began, ``Finalized``) and waits for their round (``Closed``), or
 gives up once nothing has landed for
 ``close_timeout`` seconds (``GaveUp``, ``StepsDropped``). Its syncer keeps closing rounds
 meanwhile, so the last node alive closes its own flush rounds. Leaving by an exception or a
@@ -78,6 +78,7 @@ from gradientmail.mailbox import open as open_mailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.group import Decision
 from gradientmail.protocol.learner import Learner
+from gradientmail.protocol.learner_inputs import DroppedAll, Finalized
 from gradientmail.protocol.records import DropReason, Manifest, RunConfig
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
@@ -287,7 +288,7 @@ class Node:
 
     def _drop_unpublished(self, reason: DropReason, detail: str) -> None:
         if self._driver is not None:
-            self._driver.drop_all(reason, detail)
+            self._driver.feed(DroppedAll(reason, detail))
 
     async def _start(self, tg: TaskGroup) -> None:
         """Start the node's tasks in ``tg``: the lease first (its first beat lands before
@@ -358,7 +359,7 @@ class Node:
         while True:
             self._raise_failure()
             driver.flush_once()
-            driver.finalize()
+            driver.feed(Finalized())
             if self._group is not None and self._group.sharded:
                 await self._group.closing_tick()
             state = driver.state

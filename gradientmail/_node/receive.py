@@ -6,14 +6,14 @@ value is never replaced here: every input goes through the driver's method for i
 ``Receiver.run`` is one task of the node's task group, on the event-loop thread. Every
 ``poll_interval`` (``due_poll_interval`` while a round is due: ``Learner.awaiting``) it
 lists ``records/`` after the newest round fed and feeds each record
-(``Learner.record_seen``); a record that does not decode or verify, or a gap in the
+(``RecordSeen``); a record that does not decode or verify, or a gap in the
 records, stops the listing there (retried at every poll; one ``PollFailed`` per distinct
 failure, not one per poll). Then it prepares the versions the learner wants
 (``Learner.downloads``): the update, decoded and applied to the base by
 ``protocol.outer.apply_update`` in a worker thread, or θ rebuilt by ``RunReader.rebuild``
 (the checkpoint at or below the record's version and the updates after it;
-``Learner.version_ready``). Each fragment's download fails alone
-(``Learner.download_failed``): a corrupt or missing update falls back to the rebuild, which
+``VersionReady``). Each fragment's download fails alone
+(``DownloadFailed``): a corrupt or missing update falls back to the rebuild, which
 gets past a damaged update only when the record is itself a checkpoint (else the fragment
 waits for a newer record, at most ``checkpoint_every`` versions), and the other fragments
 are prepared anyway.
@@ -39,6 +39,7 @@ from gradientmail.events.kinds import PollFailed
 from gradientmail.protocol.checkpoint import check_record
 from gradientmail.protocol.codec import Rows
 from gradientmail.protocol.learner import Download, Failure, Stage
+from gradientmail.protocol.learner_inputs import DownloadFailed, RecordSeen, VersionReady
 from gradientmail.protocol.outer import added, apply_update
 from gradientmail.protocol.records import FragmentSpec
 from gradientmail.protocol.sizes import max_blob_bytes
@@ -109,7 +110,7 @@ class Receiver:
             if record is None:
                 return
             check_record(record, round, rt.config)
-            driver.record_seen(record, rt.clock.now())
+            driver.feed(RecordSeen(record, rt.clock.now()))
 
     async def _prepare(self) -> None:
         """Download every version the learner wants, falling back to θ in the same turn
@@ -144,12 +145,12 @@ class Receiver:
                 sharded.prepare(fragment, round, theta)
                 return
             if theta is not None:
-                driver.version_ready(fragment, round, theta)
+                driver.feed(VersionReady(fragment, round, theta))
                 return
             failure, detail = "gone", "the blob is gone"
         _log.info("%s: the %s of round %d: %s", self._rt.learner, stage, round, detail)
         if sharded is None or sharded.leader:
-            driver.download_failed(fragment, round, stage, failure, detail)
+            driver.feed(DownloadFailed(fragment, round, stage, failure, detail))
 
     async def _download(self, download: Download) -> tuple[Tensor, ...] | None:
         """θ of ``download.record`` (None: the blob is gone). Raises ``CorruptBlob`` or

@@ -9,14 +9,13 @@ from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.sharded import ShardedRank
 from gradientmail.protocol.group import (
     Decision,
-    Entry,
     PartReport,
-    Stepped,
     Summed,
     all_ready,
     decode_log,
     encode_log,
 )
+from gradientmail.protocol.learner_inputs import Input, Stepped, VersionReady
 
 __all__ = ["Outgoing", "Ticks"]
 
@@ -39,7 +38,7 @@ class Ticks:
     replays the log; the leader gathers reports and feeds the versions every rank holds).
     ``log`` is the leader's driver's record (``LearnerDriver.record``), None on a follower."""
 
-    def __init__(self, driver: LearnerDriver, rank: ShardedRank, log: list[Entry] | None) -> None:
+    def __init__(self, driver: LearnerDriver, rank: ShardedRank, log: list[Input] | None) -> None:
         self._driver = driver
         self._rank = rank
         self._log = log
@@ -84,7 +83,7 @@ class Ticks:
         for fragment in all_ready(summed, wanted, rank.world):
             round = wanted[fragment]
             assert round is not None
-            driver.version_ready(fragment, round, rank.take(fragment, round))
+            driver.feed(VersionReady(fragment, round, rank.take(fragment, round)))
 
     def current(self, ok: bool) -> Decision:
         """The leader's decision as it stands, for the result of the close."""

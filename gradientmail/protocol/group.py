@@ -19,8 +19,10 @@ one version per fragment; then, per fragment, the sum of every rank's prepared r
 the sum of their squares.
 
 A sharded group (FSDP2) runs one pure learner per rank over its own rows and keeps them in
-step by the leader's *log* (``Entry``): every input the leader's learner took since the last
-exchange, in order, without tensors (a rank's input carries its own rows). The decision says
+step by the leader's *log*: every input (``protocol.learner_inputs.Input``) the leader's
+learner took since the last exchange, in order, without tensors (a rank's input carries its
+own rows). The log lives only in the exchanges between the group's ranks, one version of
+gradientmail on every rank; nothing stores it. The decision says
 how many bytes of log follow the exchange (``encode_log``/``decode_log``); each rank feeds
 its own learner the same entries. The step itself is not in the log: its tokens and clock
 reading travel in the decision (``Decision.stepped``), so a tick whose leader took no other
@@ -28,7 +30,7 @@ input needs no broadcast after its one all-reduce. Each rank also adds the round
 version of each fragment it has prepared (−1: none) and its square: every rank holds the
 round ``w`` the leader's learner wants exactly when the sums are ``W·w`` and ``W·w²``
 (``all_ready``; Σ(r − w)² = Σr² − 2wΣr + Ww² is 0 only then), and only then does the leader
-feed (and log) ``version_ready``.
+feed (and log) ``VersionReady``.
 """
 
 import math
@@ -40,32 +42,17 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from gradientmail.protocol.learner import Learner
-from gradientmail.protocol.learner_values import Failure, Stage
-from gradientmail.protocol.records import (
-    DECODE_FAILURES,
-    DropReason,
-    RoundRecord,
-    SnapshotPart,
-)
+from gradientmail.protocol.learner_inputs import Input, Stepped
+from gradientmail.protocol.records import DECODE_FAILURES, SnapshotPart
 
 __all__ = [
     "KINDS",
-    "BeganClosing",
     "Decision",
-    "DownloadFailed",
-    "DroppedAll",
-    "Entry",
-    "Finalized",
-    "Flushed",
     "Gathered",
     "Kind",
     "Message",
     "PartReport",
-    "PublishEnded",
-    "RecordSeen",
-    "Stepped",
     "Summed",
-    "VersionReady",
     "all_ready",
     "contribution",
     "decode_log",
@@ -290,90 +277,17 @@ def all_ready(summed: Summed, wanted: Sequence[int | None], world: int) -> tuple
 # -- the log of a sharded group --------------------------------------------------------------
 
 
-class Stepped(msgspec.Struct, frozen=True, tag="step"):
-    """``Learner.stepped(tokens, now)``."""
-
-    tokens: int
-    now: float
-
-
-class Flushed(msgspec.Struct, frozen=True, tag="flush"):
-    """``Learner.flush(now)``: one turn of the closing flush."""
-
-    now: float
-
-
-class RecordSeen(msgspec.Struct, frozen=True, tag="record"):
-    """``Learner.record_seen(record, now)``."""
-
-    record: RoundRecord
-    now: float
-
-
-class VersionReady(msgspec.Struct, frozen=True, tag="ready"):
-    """``Learner.version_ready(fragment, round, θ)``, θ the rank's own rows."""
-
-    fragment: int
-    round: int
-
-
-class DownloadFailed(msgspec.Struct, frozen=True, tag="failed"):
-    """``Learner.download_failed(...)``: the leader's download, for every rank."""
-
-    fragment: int
-    round: int
-    stage: Stage
-    failure: Failure
-    detail: str
-
-
-class PublishEnded(msgspec.Struct, frozen=True, tag="published"):
-    """``Learner.publish_done`` (``ok``) or ``publish_failed`` of the snapshot of
-    ``fragment`` for ``round``: the learner's snapshot, all its parts."""
-
-    fragment: int
-    round: int
-    ok: bool
-
-
-class BeganClosing(msgspec.Struct, frozen=True, tag="closing"):
-    """``Learner.began_closing(models)``, the models each rank's own rows at that point."""
-
-
-class Finalized(msgspec.Struct, frozen=True, tag="finalize"):
-    """``Learner.finalize()``."""
-
-
-class DroppedAll(msgspec.Struct, frozen=True, tag="dropped"):
-    """``Learner.dropped_all(reason, detail)``."""
-
-    reason: DropReason
-    detail: str
-
-
-Entry: TypeAlias = (
-    Stepped
-    | Flushed
-    | RecordSeen
-    | VersionReady
-    | DownloadFailed
-    | PublishEnded
-    | BeganClosing
-    | Finalized
-    | DroppedAll
-)
-"""One input of the leader's learner, as every rank of a sharded group replays it."""
-
 _log_encoder = msgspec.json.Encoder()
-_log_decoder = msgspec.json.Decoder(list[Entry])
+_log_decoder = msgspec.json.Decoder(list[Input])
 
 
-def encode_log(entries: Sequence[Entry]) -> bytes:
-    """The bytes the leader broadcasts after an exchange (empty for no entry)."""
+def encode_log(entries: Sequence[Input]) -> bytes:
+    """The bytes the leader broadcasts after an exchange (empty for no entry); ``entries``
+    carry no tensors (``learner_inputs.without_tensors``)."""
     return _log_encoder.encode(list(entries)) if entries else b""
 
 
-def decode_log(data: bytes) -> list[Entry]:
+def decode_log(data: bytes) -> list[Input]:
     """The entries of ``encode_log``'s bytes. Raises ``ValueError`` for bytes it did not
     write (the group's own ranks send them: a failure is a bug or a version mismatch)."""
     if not data:

@@ -2,11 +2,12 @@
 run, fed inputs and answering with actions (no I/O, no clock, no thread; the node's tasks
 move the bytes and the time around it).
 
-``Learner`` is an immutable value; every input returns the next value and the actions the
-driver carries out, in order. Per fragment it keeps the base ``B`` (θ of the version its
+``Learner`` is an immutable value; ``handle(input)`` takes one input (``Input``, the tagged
+union of ``protocol.learner_inputs``) and returns the next value and the actions the driver
+carries out, in order. Per fragment it keeps the base ``B`` (θ of the version its
 local weights started from), the snapshot it published, and the version being prepared:
 
-``stepped(tokens, now)``
+``Stepped(tokens, now)``
     One local optimizer step. Answers ``Apply`` for every prepared version (the driver
     merges it into the live weights with ``merge.merge_into``: included ``θ_new + (θ − S)``,
     late or absent ``θ_new + (θ − B)``, rejected ``θ_new``), ``Dropped`` when a rejection
@@ -17,12 +18,13 @@ local weights started from), the snapshot it published, and the version being pr
     after it, no earlier; ``wait_until`` tells the driver how long the next step must wait
     for it.
 ``took(fragment, snapshot)``
-    The driver copied the fragment (``S``); answers the ``Publish`` to carry out for round
+    The reply to a ``Snapshot`` action, not an input (each rank of a sharded group answers
+    its own): the driver copied the fragment (``S``); answers the ``Publish`` to carry out for round
     ``round_of(f, version(B) + 1)``: the next round of that fragment after the newest record
     this learner has applied.
-``publish_done`` / ``publish_failed``
+``PublishEnded(fragment, round, ok)``
     A failed publish forgets the snapshot; its steps go out with the fragment's next one.
-``record_seen(record, now)``
+``RecordSeen(record, now)``
     The next committed record in round order. It is folded into the ``Ledger`` at once, or
     after the publish of this learner's snapshot for its round returns (until then the
     participant named like this learner may be an earlier life's snapshot under the same
@@ -33,16 +35,16 @@ local weights started from), the snapshot it published, and the version being pr
     What to fetch now: the newest record of each fragment not yet prepared; the update
     (``outer.apply_update`` on ``B``) when it is the next version and its update has not
     failed, θ rebuilt from the checkpoint below the record otherwise (``checkpoint``).
-``version_ready`` / ``download_failed``
+``VersionReady`` / ``DownloadFailed``
     A prepared θ waits for the next step. A corrupt update falls back to the rebuild; a θ
     that cannot be rebuilt answers ``Unavailable`` once (retried at every poll, silently);
     one whose blobs are gone waits for the newer record. No fragment holds up another.
-``flush()`` / ``settled`` / ``dropped_all(reason, detail)``
+``Flushed(now)`` / ``settled`` / ``DroppedAll(reason, detail)``
     Closing: every fragment with steps is snapshotted as soon as it can be; settled once no
     fragment has steps or a pending version; what is given up is ``Dropped``.
-``began_closing(models)`` / ``finalize()`` / ``finished``
+``BeganClosing(models)`` / ``Finalized()`` / ``finished``
     The close that never hurts (docs/protocol.md, "The last round of a run"): ``models`` is
-    the live model when closing began; once settled, ``finalize`` answers one final
+    the live model when closing began; once settled, ``Finalized`` answers one final
     ``Publish`` per fragment (that model minus the newest θ held, 0 steps, for the next
     round of the fragment; again, for the next, when a round left it out: see
     ``Closing``), and the close is finished once every fragment holds the version of its
@@ -72,9 +74,22 @@ The step accounting is the ``Ledger``'s: for every fragment at all times
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import assert_never
 
 from gradientmail.protocol import keys
 from gradientmail.protocol.fragments import due, joined_phase
+from gradientmail.protocol.learner_inputs import (
+    BeganClosing,
+    DownloadFailed,
+    DroppedAll,
+    Finalized,
+    Flushed,
+    Input,
+    PublishEnded,
+    RecordSeen,
+    Stepped,
+    VersionReady,
+)
 from gradientmail.protocol.learner_records import fold_held
 from gradientmail.protocol.learner_state import LearnerState
 from gradientmail.protocol.learner_values import (
@@ -101,17 +116,27 @@ from gradientmail.protocol.records import DropReason, RoundRecord
 __all__ = [
     "Action",
     "Apply",
+    "BeganClosing",
     "Download",
+    "DownloadFailed",
     "Dropped",
+    "DroppedAll",
     "Failure",
+    "Finalized",
+    "Flushed",
+    "Input",
     "Learner",
     "Publish",
+    "PublishEnded",
+    "RecordSeen",
     "Recorded",
     "Resolved",
     "Slot",
     "Snapshot",
     "Stage",
+    "Stepped",
     "Unavailable",
+    "VersionReady",
 ]
 
 
@@ -122,8 +147,56 @@ class Learner(LearnerState):
 
     # -- inputs ------------------------------------------------------------------------------
 
-    def stepped(self, tokens: int, now: float) -> tuple["Learner", list[Action]]:
-        """One local step that consumed ``tokens``, at time ``now``."""
+    def handle(self, input: Input) -> tuple["Learner", list[Action]]:
+        """Take one input (see the module docstring and ``protocol.learner_inputs``): the
+        next value and the actions to carry out, in order. Raises ``ValueError`` for a
+        record out of order (``RecordSeen``) or models of another fragment count
+        (``BeganClosing``)."""
+        match input:
+            case Stepped(tokens=tokens, now=now):
+                return self._stepped(tokens, now)
+            case Flushed(now=now):
+                return self._flush(now)
+            case RecordSeen(record=record, now=now):
+                return self._record_seen(record, now)
+            case VersionReady(fragment=fragment, round=round, theta=theta):
+                return self._version_ready(fragment, round, theta), []
+            case DownloadFailed(fragment, round, stage, failure, detail):
+                return self._download_failed(fragment, round, stage, failure, detail)
+            case PublishEnded(fragment=fragment, round=round, ok=ok):
+                return self._published(fragment, round, ok=ok)
+            case BeganClosing(models=models):
+                return self._began_closing(models), []
+            case Finalized():
+                return self._finalize()
+            case DroppedAll(reason=reason, detail=detail):
+                return self._dropped_all(reason, detail)
+        assert_never(input)
+
+    def took(self, fragment: int, snapshot: Tensors) -> tuple["Learner", Publish]:
+        """The copy for the ``Snapshot`` of ``fragment`` just answered (not an input: see
+        the module docstring)."""
+        slot = self.slots[fragment]
+        published = slot.published
+        if published is None or published.snapshot is not None:
+            raise ValueError(f"fragment {fragment} has no snapshot waiting for its copy")
+        flight = self.ledger[fragment].in_flight
+        assert flight is not None
+        slot = replace(slot, published=replace(published, snapshot=snapshot))
+        job = Publish(
+            fragment=fragment,
+            round=published.round,
+            base_version=slot.version,
+            base=slot.base,
+            snapshot=snapshot,
+            steps=flight.covers.steps,
+            tokens=flight.covers.tokens,
+            closing=self.closing is not None,
+            step_time=self.pace.step_time,
+        )
+        return self.with_slot(fragment, slot), job
+
+    def _stepped(self, tokens: int, now: float) -> tuple["Learner", list[Action]]:
         pace, advance = self.pace.stepped(now)
         state = replace(
             self,
@@ -148,18 +221,14 @@ class Learner(LearnerState):
                 actions.extend(more)
         return state, actions
 
-    def flush(self, now: float) -> tuple["Learner", list[Action]]:
-        """Closing: apply what is prepared (at once, whatever ``overlap`` says) and snapshot
-        every fragment that can be."""
+    def _flush(self, now: float) -> tuple["Learner", list[Action]]:
         state, actions = self._apply_ready(holding=False)
         for fragment in range(self.config.fragments):
             state, more = state._snapshot(fragment, now)
             actions.extend(more)
         return state, actions
 
-    def began_closing(self, models: Sequence[Tensors]) -> "Learner":
-        """Closing with flush began with the live model ``models`` (one tuple per fragment).
-        Raises ``ValueError`` for a count that is not the run's fragments."""
+    def _began_closing(self, models: Sequence[Tensors]) -> "Learner":
         if len(models) != self.config.fragments:
             raise ValueError(f"a run of {self.config.fragments} fragments needs one model each")
         fragments = self.config.fragments
@@ -167,8 +236,8 @@ class Learner(LearnerState):
         closing = Closing(tuple(tuple(m) for m in models), max(nxt, self.seen_round))
         return replace(self, closing=closing)
 
-    def finalize(self) -> tuple["Learner", list[Publish]]:
-        """The final snapshots, once settled (none before, none without ``began_closing``):
+    def _finalize(self) -> tuple["Learner", list[Action]]:
+        """The final snapshots, once settled (none before, none without ``BeganClosing``):
         per fragment the model closing began with minus the newest θ held, for round
         ``round_of(f, version + 1)``. None from a learner that never stepped (its model is
         θ), nor from one that saw others train on (a snapshot of another learner that was not
@@ -180,41 +249,9 @@ class Learner(LearnerState):
         if self.closing is None or not self.settled or not self.step:
             return self, []
         closing, jobs = self.closing.jobs(self.slots)
-        return replace(self, closing=closing), jobs
+        return replace(self, closing=closing), list(jobs)
 
-    def took(self, fragment: int, snapshot: Tensors) -> tuple["Learner", Publish]:
-        """The copy for the ``Snapshot`` of ``fragment`` just answered."""
-        slot = self.slots[fragment]
-        published = slot.published
-        if published is None or published.snapshot is not None:
-            raise ValueError(f"fragment {fragment} has no snapshot waiting for its copy")
-        flight = self.ledger[fragment].in_flight
-        assert flight is not None
-        slot = replace(slot, published=replace(published, snapshot=snapshot))
-        job = Publish(
-            fragment=fragment,
-            round=published.round,
-            base_version=slot.version,
-            base=slot.base,
-            snapshot=snapshot,
-            steps=flight.covers.steps,
-            tokens=flight.covers.tokens,
-            closing=self.closing is not None,
-            step_time=self.pace.step_time,
-        )
-        return self.with_slot(fragment, slot), job
-
-    def publish_done(self, fragment: int, round: int) -> tuple["Learner", list[Action]]:
-        """The snapshot of ``fragment`` for ``round`` is in the store."""
-        return self._published(fragment, round, ok=True)
-
-    def publish_failed(self, fragment: int, round: int) -> tuple["Learner", list[Action]]:
-        """The snapshot of ``fragment`` for ``round`` did not reach the store."""
-        return self._published(fragment, round, ok=False)
-
-    def record_seen(self, record: RoundRecord, now: float) -> tuple["Learner", list[Action]]:
-        """The record of round ``seen_round + 1``, seen at ``now``. Raises ``ValueError`` for
-        any other round (records are fed in order, each once)."""
+    def _record_seen(self, record: RoundRecord, now: float) -> tuple["Learner", list[Action]]:
         if record.round != self.seen_round + 1:
             raise ValueError(
                 f"expected the record of round {self.seen_round + 1}, got {record.round}"
@@ -222,8 +259,7 @@ class Learner(LearnerState):
         state = replace(self, held=(*self.held, (record, now)))
         return fold_held(state)
 
-    def version_ready(self, fragment: int, round: int, theta: Tensors) -> "Learner":
-        """The download of round ``round``'s version of ``fragment`` gave ``theta``."""
+    def _version_ready(self, fragment: int, round: int, theta: Tensors) -> "Learner":
         slot = self.slots[fragment]
         wanted = slot.wanted
         if wanted is None or wanted.round != round or slot.ready is not None:
@@ -233,10 +269,9 @@ class Learner(LearnerState):
             fragment, replace(slot, ready=ready, wanted=None, update_failed=False)
         )
 
-    def download_failed(
+    def _download_failed(
         self, fragment: int, round: int, stage: Stage, failure: Failure, detail: str
     ) -> tuple["Learner", list[Action]]:
-        """The ``stage`` blob of round ``round``'s record was ``failure`` (``detail``)."""
         slot = self.slots[fragment]
         if slot.wanted is None or slot.wanted.round != round:
             return self, []
@@ -254,11 +289,9 @@ class Learner(LearnerState):
         )
         return self.with_slot(fragment, replace(slot, reported=True)), [report]
 
-    def dropped_all(self, reason: DropReason, detail: str) -> tuple["Learner", list[Action]]:
-        """Give up every fragment's local steps (closing without a flush, or giving up).
-
-        A snapshot still in flight is forgotten with its steps: its ``publish_done`` or
-        ``publish_failed`` may still arrive and then only ends the flight."""
+    def _dropped_all(self, reason: DropReason, detail: str) -> tuple["Learner", list[Action]]:
+        """A snapshot still in flight is forgotten with its steps: its ``PublishEnded`` may
+        still arrive and then only ends the flight."""
         state = self
         ledger = self.ledger
         actions: list[Action] = []

@@ -66,9 +66,9 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Write ``snapshot − base`` of ``fragment`` for ``round`` (covering ``steps`` and
-    ``tokens``), then report ``publish_done`` or ``publish_failed``. ``closing``: taken
+    ``tokens``), then report how it ended (``PublishEnded``). ``closing``: taken
     after closing began (the flush); ``final``: a closing learner's last snapshot
-    (``Learner.finalize``); ``step_time``: the learner's median step time (None: not known
+    (``Finalized``); ``step_time``: the learner's median step time (None: not known
     yet)."""
 
     fragment: int
@@ -87,7 +87,7 @@ class Publish:
 class Download:
     """Fetch ``record``'s version of its fragment: ``base + update`` when ``base`` is not
     None (the next version), else θ rebuilt from the checkpoint at or below the record
-    (``protocol.checkpoint``); then ``version_ready`` or ``download_failed``."""
+    (``protocol.checkpoint``); then ``VersionReady`` or ``DownloadFailed``."""
 
     fragment: int
     record: RoundRecord
@@ -176,7 +176,7 @@ class Slot:
 
 @dataclass(frozen=True, slots=True)
 class Closing:
-    """A close with flush (``Learner.began_closing``, docs/protocol.md "The last round of a
+    """A close with flush (``BeganClosing``, docs/protocol.md "The last round of a
     run"): ``models`` the live model when it began (one tuple per fragment), ``round`` the
     newest round it was in then, ``went_on`` the newest round folded since that holds a
     snapshot of another learner that was not closing (the others trained on), ``finals``
@@ -224,7 +224,7 @@ class Closing:
         )
 
     def jobs(self, slots: tuple[Slot, ...]) -> tuple["Closing", list[Publish]]:
-        """The final snapshots to publish now (see ``Learner.finalize``)."""
+        """The final snapshots to publish now (the ``Finalized`` input of ``Learner.handle``)."""
         fragments = len(slots)
         if not self.finals:
             if self.went_on > self.round + fragments:

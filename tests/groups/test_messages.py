@@ -2,24 +2,15 @@
 summing contributions as an all-reduce would, and the verdict every rank reaches."""
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gradientmail.protocol.group import (
-    BeganClosing,
     Decision,
-    DownloadFailed,
-    DroppedAll,
-    Entry,
-    Finalized,
-    Flushed,
     Gathered,
     Message,
     PartReport,
-    PublishEnded,
-    RecordSeen,
-    Stepped,
-    VersionReady,
     all_ready,
     contribution,
     decode_log,
@@ -27,6 +18,19 @@ from gradientmail.protocol.group import (
     read,
     verdict,
     width,
+)
+from gradientmail.protocol.learner_inputs import (
+    BeganClosing,
+    DownloadFailed,
+    DroppedAll,
+    Finalized,
+    Flushed,
+    Input,
+    PublishEnded,
+    RecordSeen,
+    Stepped,
+    VersionReady,
+    without_tensors,
 )
 from gradientmail.protocol.records import BlobRef, RoundRecord, SnapshotPart
 
@@ -172,7 +176,7 @@ def test_the_log_carries_every_input_of_the_leaders_learner() -> None:
         cosine=None,
         update=BlobRef(sha256="a" * 64, size=10, encoding="int8", index="b" * 64),
     )
-    entries: list[Entry] = [
+    entries: list[Input] = [
         Stepped(tokens=32, now=1.5),
         RecordSeen(record=record, now=2.0),
         VersionReady(fragment=1, round=3),
@@ -188,6 +192,19 @@ def test_the_log_carries_every_input_of_the_leaders_learner() -> None:
     assert decode_log(b"") == []
     with pytest.raises(ValueError, match="does not decode"):
         decode_log(b'[{"type":"unknown"}]')
+
+
+def test_the_log_carries_the_inputs_with_tensors_without_them() -> None:
+    rows = (torch.ones(2),)
+    fed: list[Input] = [VersionReady(1, 3, rows), BeganClosing((rows, rows))]
+    logged = [without_tensors(entry) for entry in fed]
+    assert logged == [VersionReady(1, 3), BeganClosing()]
+    # Each rank's log decodes in every rank of the same version: the bytes name no tensor.
+    data = b'[{"type":"ready","fragment":1,"round":3},{"type":"closing"}]'
+    assert encode_log(logged) == data
+    assert decode_log(data) == logged
+    with pytest.raises(ValueError, match="does not decode"):
+        decode_log(b'[{"type":"ready","fragment":1,"round":3,"theta":[1.0]}]')
 
 
 def test_the_leader_writes_a_snapshot_once_every_rank_reported_its_part() -> None:

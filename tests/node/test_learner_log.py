@@ -9,7 +9,8 @@ from node_helpers import CONFIG, FAST, tiny_model, train
 from gradientmail._node import node as open_node
 from gradientmail.events import Event, SnapshotPublished
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.protocol.group import (
+from gradientmail.protocol.group import decode_log, encode_log
+from gradientmail.protocol.learner_inputs import (
     BeganClosing,
     Finalized,
     Flushed,
@@ -17,8 +18,6 @@ from gradientmail.protocol.group import (
     RecordSeen,
     Stepped,
     VersionReady,
-    decode_log,
-    encode_log,
 )
 
 pytestmark = pytest.mark.anyio

@@ -25,6 +25,17 @@ from gradientmail.protocol.learner import (
     Snapshot,
     Unavailable,
 )
+from gradientmail.protocol.learner_inputs import (
+    BeganClosing,
+    DownloadFailed,
+    DroppedAll,
+    Finalized,
+    Flushed,
+    PublishEnded,
+    RecordSeen,
+    Stepped,
+    VersionReady,
+)
 from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord, RunConfig
 
 node_module = importlib.import_module("gradientmail._node.node")
@@ -99,16 +110,16 @@ def take(learner: Learner, actions: list[object]) -> tuple[Learner, list[Publish
 
 def test_a_snapshot_targets_the_round_after_its_base_and_blocks_until_aligned() -> None:
     learner = fresh()
-    learner, actions = learner.stepped(10, now=0.0)
+    learner, actions = learner.handle(Stepped(10, now=0.0))
     assert actions == []
-    learner, actions = learner.stepped(10, now=1.0)
+    learner, actions = learner.handle(Stepped(10, now=1.0))
     assert actions == [Snapshot(0, 0)]
     learner, jobs = take(learner, actions)
     assert [(j.fragment, j.round, j.steps, j.tokens) for j in jobs] == [(0, 0, 2, 20)]
     assert learner.slots[0].blocked
     assert not learner.slots[1].blocked
-    learner, _ = learner.publish_done(0, 0)
-    learner, actions = learner.record_seen(record(0, included=("me",)), now=2.0)
+    learner, _ = learner.handle(PublishEnded(0, 0, True))
+    learner, actions = learner.handle(RecordSeen(record(0, included=("me",)), now=2.0))
     assert [type(a) for a in actions] == [Recorded, Resolved]
     assert learner.ledger[0].committed.steps == 2
     [download] = learner.downloads()
@@ -119,14 +130,14 @@ def test_a_snapshot_targets_the_round_after_its_base_and_blocks_until_aligned() 
 
 def test_a_record_waits_for_the_publish_to_its_round() -> None:
     learner = fresh()
-    learner, _ = learner.stepped(1, now=0.0)
-    learner, actions = learner.stepped(1, now=1.0)
+    learner, _ = learner.handle(Stepped(1, now=0.0))
+    learner, actions = learner.handle(Stepped(1, now=1.0))
     learner, _ = take(learner, actions)
-    learner, actions = learner.record_seen(record(0, included=("me",)), now=1.5)
+    learner, actions = learner.handle(RecordSeen(record(0, included=("me",)), now=1.5))
     assert actions == []
     assert learner.seen_round == 0
     assert learner.newest_round == -1
-    learner, actions = learner.publish_done(0, 0)
+    learner, actions = learner.handle(PublishEnded(0, 0, True))
     assert isinstance(actions[0], Recorded)
     assert learner.newest_round == 0
 
@@ -134,32 +145,32 @@ def test_a_record_waits_for_the_publish_to_its_round() -> None:
 def finals_out(model: tuple[tuple[torch.Tensor, ...], ...]) -> tuple[Learner, list[Publish]]:
     """Five steps, then closing with ``model``: the flush of both fragments committed with
     this learner (rounds 0 and 1, θ = 1) and the final snapshots answered (rounds 2 and 3)."""
-    learner, _ = fresh().stepped(5, now=0.0)
-    learner = learner.began_closing(model)
-    learner, actions = learner.flush(now=1.0)
+    learner, _ = fresh().handle(Stepped(5, now=0.0))
+    learner, _ = learner.handle(BeganClosing(model))
+    learner, actions = learner.handle(Flushed(now=1.0))
     learner, jobs = take(learner, actions)
     for fragment, job in enumerate(jobs):
-        learner, _ = learner.publish_done(fragment, job.round)
-        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
-        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
-    learner, _ = learner.flush(now=3.0)
-    return learner.finalize()
+        learner, _ = learner.handle(PublishEnded(fragment, job.round, True))
+        learner, _ = learner.handle(RecordSeen(record(job.round, included=("me",)), now=2.0))
+        learner, _ = learner.handle(VersionReady(fragment, job.round, (torch.full((2,), 1.0),)))
+    learner, _ = learner.handle(Flushed(now=3.0))
+    return learner.handle(Finalized())
 
 
 def published_at_two() -> Learner:
     """One step a second; fragment 0 comes due after step 2 (t=2) and goes out; step 3 at
     t=3."""
-    learner, _ = out_at(fresh(), 2.0).stepped(1, now=3.0)
+    learner, _ = out_at(fresh(), 2.0).handle(Stepped(1, now=3.0))
     return learner
 
 
 def test_a_rejected_snapshot_drops_its_steps_and_resets_to_theta() -> None:
     learner = published_at_two()
-    learner, actions = learner.record_seen(record(0, rejected=("me",)), now=3.0)
+    learner, actions = learner.handle(RecordSeen(record(0, rejected=("me",)), now=3.0))
     assert [type(a) for a in actions] == [Recorded, Resolved, Dropped]
     assert learner.ledger[0].dropped.steps == 3  # the snapshot's two and the one since
-    learner = learner.version_ready(0, 0, (torch.full((2,), 7.0),))
-    learner, actions = learner.stepped(0, now=4.0)
+    learner, _ = learner.handle(VersionReady(0, 0, (torch.full((2,), 7.0),)))
+    learner, actions = learner.handle(Stepped(0, now=4.0))
     apply = next(a for a in actions if isinstance(a, Apply))
     assert apply.outcome == "rejected"
     assert [a.steps for a in actions if isinstance(a, Dropped)] == [1]  # reset to θ
@@ -168,35 +179,35 @@ def test_a_rejected_snapshot_drops_its_steps_and_resets_to_theta() -> None:
 
 
 def test_a_closing_learner_publishes_its_model_at_the_close_as_final_once_settled() -> None:
-    idle = fresh().began_closing(((torch.ones(2),), (torch.ones(2),)))
-    assert idle.finalize() == (idle, [])  # never stepped: its model is θ
+    idle, _ = fresh().handle(BeganClosing(((torch.ones(2),), (torch.ones(2),))))
+    assert idle.handle(Finalized()) == (idle, [])  # never stepped: its model is θ
     assert idle.finished
-    learner, _ = fresh().stepped(5, now=0.0)
+    learner, _ = fresh().handle(Stepped(5, now=0.0))
     model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
-    learner = learner.began_closing(model)
-    learner, actions = learner.flush(now=1.0)
+    learner, _ = learner.handle(BeganClosing(model))
+    learner, actions = learner.handle(Flushed(now=1.0))
     learner, jobs = take(learner, actions)
-    assert learner.finalize() == (learner, [])  # not settled: the flush comes first
+    assert learner.handle(Finalized()) == (learner, [])  # not settled: the flush comes first
     for fragment, job in enumerate(jobs):
-        learner, _ = learner.publish_done(fragment, job.round)
-        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=2.0)
-        learner = learner.version_ready(fragment, job.round, (torch.full((2,), 1.0),))
-    learner, _ = learner.flush(now=3.0)
+        learner, _ = learner.handle(PublishEnded(fragment, job.round, True))
+        learner, _ = learner.handle(RecordSeen(record(job.round, included=("me",)), now=2.0))
+        learner, _ = learner.handle(VersionReady(fragment, job.round, (torch.full((2,), 1.0),)))
+    learner, _ = learner.handle(Flushed(now=3.0))
     assert learner.settled
-    learner, finals = learner.finalize()
+    learner, finals = learner.handle(Finalized())
     assert [(j.fragment, j.round, j.base_version, j.steps, j.tokens) for j in finals] == [
         (0, 2, 1, 0, 0),
         (1, 3, 1, 0, 0),
     ]
     assert all(j.final and j.snapshot is m for j, m in zip(finals, model, strict=True))
-    assert learner.finalize() == (learner, [])  # once
+    assert learner.handle(Finalized()) == (learner, [])  # once
     assert not learner.finished
     ledger = learner.ledger
     for job in finals:
-        learner, _ = learner.publish_done(job.fragment, job.round)
-        learner, _ = learner.record_seen(record(job.round, included=("me",)), now=4.0)
-        learner = learner.version_ready(job.fragment, job.round, (torch.full((2,), 2.0),))
-    learner, actions = learner.flush(now=5.0)
+        learner, _ = learner.handle(PublishEnded(job.fragment, job.round, True))
+        learner, _ = learner.handle(RecordSeen(record(job.round, included=("me",)), now=4.0))
+        learner, _ = learner.handle(VersionReady(job.fragment, job.round, (torch.full((2,), 2.0),)))
+    learner, actions = learner.handle(Flushed(now=5.0))
     # Applied as late: θ_new + (θ − B), θ = B after the settled flush, so the learner ends
     # on the final round's θ; the steps were all accounted for before.
     assert [(a.outcome, a.version) for a in actions if isinstance(a, Apply)] == [
@@ -217,13 +228,13 @@ def test_a_final_snapshot_a_round_left_out_goes_out_once_more_for_the_next_round
     assert [j.round for j in finals] == [2, 3]
     for cycle, expected in ((1, [4, 5]), (2, [])):
         for job in finals:
-            learner, _ = learner.publish_done(job.fragment, job.round)
-            learner, _ = learner.record_seen(record(job.round, included=("other",)), now=4.0)
+            learner, _ = learner.handle(PublishEnded(job.fragment, job.round, True))
+            learner, _ = learner.handle(RecordSeen(record(job.round, included=("other",)), now=4.0))
             assert not learner.finished  # the left-out round's θ is not applied yet
             theta = (torch.full((2,), float(cycle + 1)),)
-            learner = learner.version_ready(job.fragment, job.round, theta)
-        learner, _ = learner.flush(now=5.0)
-        learner, finals = learner.finalize()
+            learner, _ = learner.handle(VersionReady(job.fragment, job.round, theta))
+        learner, _ = learner.handle(Flushed(now=5.0))
+        learner, finals = learner.handle(Finalized())
         assert [j.round for j in finals] == expected
         assert all(j.final and j.snapshot is model[j.fragment] for j in finals)
         assert all(j.base_version == cycle + 1 for j in finals)
@@ -250,12 +261,14 @@ def test_a_final_snapshot_left_out_by_flush_rounds_goes_out_until_it_meets_their
     }
     published = [2, 3]
     for round, seen in rounds.items():
-        learner, _ = learner.record_seen(seen, now=4.0)
-        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
-        learner, _ = learner.flush(now=5.0)
-        learner, again = learner.finalize()
+        learner, _ = learner.handle(RecordSeen(seen, now=4.0))
+        learner, _ = learner.handle(
+            VersionReady(round % 2, round, (torch.full((2,), float(round)),))
+        )
+        learner, _ = learner.handle(Flushed(now=5.0))
+        learner, again = learner.handle(Finalized())
         for job in again:
-            learner, _ = learner.publish_done(job.fragment, job.round)
+            learner, _ = learner.handle(PublishEnded(job.fragment, job.round, True))
         published += [j.round for j in again]
         assert all(j.final and j.snapshot is model[1] for j in again)
         assert learner.finished == (round == 9), round
@@ -272,74 +285,80 @@ def test_a_final_snapshot_a_round_rejected_goes_out_once_more_only() -> None:
         seen = record(
             round, rejected=("me",) if round % 2 else (), closing=("me",) * (1 - round % 2)
         )
-        learner, _ = learner.record_seen(seen, now=4.0)
-        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
-        learner, _ = learner.flush(now=5.0)
-        learner, again = learner.finalize()
+        learner, _ = learner.handle(RecordSeen(seen, now=4.0))
+        learner, _ = learner.handle(
+            VersionReady(round % 2, round, (torch.full((2,), float(round)),))
+        )
+        learner, _ = learner.handle(Flushed(now=5.0))
+        learner, again = learner.handle(Finalized())
         published += [j.round for j in again]
     assert published == [2, 3, 5]
     assert learner.finished
 
 
 def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final() -> None:
-    learner, _ = fresh().stepped(5, now=0.0)
-    learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
-    learner, actions = learner.flush(now=1.0)
+    learner, _ = fresh().handle(Stepped(5, now=0.0))
+    learner, _ = learner.handle(BeganClosing(((torch.ones(2),), (torch.ones(2),))))
+    learner, actions = learner.handle(Flushed(now=1.0))
     learner, jobs = take(learner, actions)
     for fragment, job in enumerate(jobs):
-        learner, _ = learner.publish_done(fragment, job.round)
+        learner, _ = learner.handle(PublishEnded(fragment, job.round, True))
     # Its flush rounds (0, 1), then a whole cycle of the others' rounds (2, 3) and one more.
     for round in range(5):
         seen = record(round, included=("me",) if round < 2 else ("a",))
-        learner, _ = learner.record_seen(seen, 2.0)
-        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
-        learner, _ = learner.flush(now=3.0)
+        learner, _ = learner.handle(RecordSeen(seen, 2.0))
+        learner, _ = learner.handle(
+            VersionReady(round % 2, round, (torch.full((2,), float(round)),))
+        )
+        learner, _ = learner.handle(Flushed(now=3.0))
         if round == 3:
             assert learner.settled
-            assert learner.finalize()[1] != []  # within a cycle: still closing with them
+            assert learner.handle(Finalized())[1] != []  # within a cycle: still closing with them
     assert learner.settled
-    assert learner.finalize() == (learner, [])
+    assert learner.handle(Finalized()) == (learner, [])
     assert learner.finished
 
 
 def test_learners_closing_together_publish_finals_however_long_their_flushes_take() -> None:
-    learner, _ = fresh().stepped(5, now=0.0)
-    learner = learner.began_closing(((torch.ones(2),), (torch.ones(2),)))
-    learner, actions = learner.flush(now=1.0)
+    learner, _ = fresh().handle(Stepped(5, now=0.0))
+    learner, _ = learner.handle(BeganClosing(((torch.ones(2),), (torch.ones(2),))))
+    learner, actions = learner.handle(Flushed(now=1.0))
     learner, jobs = take(learner, actions)
     assert all(job.closing and not job.final for job in jobs)
     for fragment, job in enumerate(jobs):
-        learner, _ = learner.publish_done(fragment, job.round)
+        learner, _ = learner.handle(PublishEnded(fragment, job.round, True))
     # Its flush rounds (0, 1), then three rounds of the others' flushes only: the others
     # closed too, each flush slow, and nobody trained on.
     for round in range(5):
         seen = record(round, included=("me",) * (round < 2), closing=("a", "b"))
-        learner, _ = learner.record_seen(seen, 2.0)
-        learner = learner.version_ready(round % 2, round, (torch.full((2,), float(round)),))
-        learner, _ = learner.flush(now=3.0)
+        learner, _ = learner.handle(RecordSeen(seen, 2.0))
+        learner, _ = learner.handle(
+            VersionReady(round % 2, round, (torch.full((2,), float(round)),))
+        )
+        learner, _ = learner.handle(Flushed(now=3.0))
     assert learner.settled
-    learner, finals = learner.finalize()
+    learner, finals = learner.handle(Finalized())
     assert [(j.fragment, j.final, j.closing) for j in finals] == [(0, True, True), (1, True, True)]
 
 
 def test_a_corrupt_update_falls_back_to_theta_and_an_unusable_theta_is_reported_once() -> None:
     learner = fresh()
-    learner, _ = learner.record_seen(record(0), now=0.0)
-    learner, _ = learner.record_seen(record(1), now=0.0)
+    learner, _ = learner.handle(RecordSeen(record(0), now=0.0))
+    learner, _ = learner.handle(RecordSeen(record(1), now=0.0))
     assert [d.base is not None for d in learner.downloads()] == [True, True]
-    learner, actions = learner.download_failed(0, 0, "update", "corrupt", "flipped byte")
+    learner, actions = learner.handle(DownloadFailed(0, 0, "update", "corrupt", "flipped byte"))
     assert actions == []
     assert [d.base is None for d in learner.downloads()] == [True, False]
-    learner, actions = learner.download_failed(0, 0, "theta", "corrupt", "flipped byte")
+    learner, actions = learner.handle(DownloadFailed(0, 0, "theta", "corrupt", "flipped byte"))
     assert [type(a) for a in actions] == [Unavailable]
-    learner, actions = learner.download_failed(0, 0, "theta", "corrupt", "flipped byte")
+    learner, actions = learner.handle(DownloadFailed(0, 0, "theta", "corrupt", "flipped byte"))
     assert actions == []
     # The other fragment is prepared all the same.
-    learner = learner.version_ready(1, 1, (torch.ones(2),))
-    learner, actions = learner.stepped(0, now=1.0)
+    learner, _ = learner.handle(VersionReady(1, 1, (torch.ones(2),)))
+    learner, actions = learner.handle(Stepped(0, now=1.0))
     assert [a.fragment for a in actions if isinstance(a, Apply)] == [1]
     # A newer record of the stuck fragment replaces it.
-    learner, _ = learner.record_seen(record(2), now=2.0)
+    learner, _ = learner.handle(RecordSeen(record(2), now=2.0))
     assert [(d.fragment, d.record.round) for d in learner.downloads()] == [(0, 2)]
 
 
@@ -349,19 +368,19 @@ def test_a_learner_that_missed_a_round_moves_its_schedule_into_the_others_rounds
     by ceil((2 + 0.5) / 1) = 3 steps (lag plus half the grace, in steps), so its fragments
     come due 3 steps earlier; an included snapshot moves nothing."""
     learner = fresh()
-    learner, _ = learner.stepped(1, now=3.0)
-    learner, actions = learner.stepped(1, now=4.0)
+    learner, _ = learner.handle(Stepped(1, now=3.0))
+    learner, actions = learner.handle(Stepped(1, now=4.0))
     learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
-    learner, _ = learner.record_seen(record(0, included=("other",), grace=2.5), now=4.5)
+    learner, _ = learner.handle(PublishEnded(0, 0, True))
+    learner, _ = learner.handle(RecordSeen(record(0, included=("other",), grace=2.5), now=4.5))
     assert learner.phase == 3
-    learner = learner.version_ready(0, 0, (torch.ones(2),))
+    learner, _ = learner.handle(VersionReady(0, 0, (torch.ones(2),)))
     due = []
     for t in range(5, 9):
-        learner, actions = learner.stepped(1, now=float(t))
+        learner, actions = learner.handle(Stepped(1, now=float(t)))
         due += [(learner.step, a.fragment) for a in actions if isinstance(a, Snapshot)]
     assert due == [(3, 0), (5, 1)]  # without the move: (4, 1), (6, 0)
-    learner, actions = learner.stepped(1, now=9.0)
+    learner, actions = learner.handle(Stepped(1, now=9.0))
     learner, _ = take(learner, actions)
 
 
@@ -373,18 +392,18 @@ def test_an_included_snapshot_moves_the_schedule_only_from_the_late_half_of_the_
     (seen at 4.1): a lag behind the quorum over half the grace moves the phase by
     ceil((lag + 0.5) / 1); less leaves it alone."""
     learner = fresh()
-    learner, _ = learner.stepped(1, now=3.0)
-    learner, actions = learner.stepped(1, now=4.0)
+    learner, _ = learner.handle(Stepped(1, now=3.0))
+    learner, actions = learner.handle(Stepped(1, now=4.0))
     learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
-    learner, _ = learner.record_seen(record(0, included=("me", "x"), grace=waited), now=4.1)
+    learner, _ = learner.handle(PublishEnded(0, 0, True))
+    learner, _ = learner.handle(RecordSeen(record(0, included=("me", "x"), grace=waited), now=4.1))
     assert learner.phase == phase
 
 
 def due_steps(learner: Learner, start: int, end: int) -> list[tuple[int, int]]:
     due = []
     for t in range(start, end):
-        learner, actions = learner.stepped(1, now=float(t))
+        learner, actions = learner.handle(Stepped(1, now=float(t)))
         due += [(learner.step, a.fragment) for a in actions if isinstance(a, Snapshot)]
         learner, _ = take(learner, actions)
     return due
@@ -402,9 +421,9 @@ def test_a_learner_a_round_waited_for_holds_its_schedule_back(last: float, held:
     (4 steps) or more is the other's pause, not a phase, and holds nothing."""
     learner = published_at_two()
     seen = record(0, included=("me", "other"), arrived={"me": 0.0, "other": last})
-    learner, _ = learner.record_seen(seen, now=3.5)
+    learner, _ = learner.handle(RecordSeen(seen, now=3.5))
     assert learner.hold_until == (3 + held if held else 0)
-    learner = learner.version_ready(0, 0, (torch.ones(2),))
+    learner, _ = learner.handle(VersionReady(0, 0, (torch.ones(2),)))
     # Without a hold fragment 1 comes due after step 4, then fragment 0 after step 6.
     assert due_steps(learner, 4, 10) == [(4 + held, 1), (6 + held, 0)]
 
@@ -414,7 +433,7 @@ def test_a_record_without_arrivals_or_without_this_learner_moves_nothing() -> No
         record(0, included=("me", "other")),
         record(0, included=("me", "other"), arrived={"other": 2.0}),
     ):
-        learner, _ = published_at_two().record_seen(seen, now=3.5)
+        learner, _ = published_at_two().handle(RecordSeen(seen, now=3.5))
         assert learner.hold_until == 0
 
 
@@ -427,10 +446,10 @@ def with_overlap(overlap: int | None) -> Learner:
 def out_at(learner: Learner, at: float) -> Learner:
     """Two steps, a second apart, the second at ``at``: fragment 0's snapshot after it
     goes out."""
-    learner, _ = learner.stepped(1, now=at - 1)
-    learner, actions = learner.stepped(1, now=at)
+    learner, _ = learner.handle(Stepped(1, now=at - 1))
+    learner, actions = learner.handle(Stepped(1, now=at))
     learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.handle(PublishEnded(0, 0, True))
     return learner
 
 
@@ -438,14 +457,14 @@ def paced(overlap: int | None) -> Learner:
     """A snapshot out at t=2 under ``RunConfig.overlap``; round 0 committed with this
     learner, seen at t=2.5 and its version prepared at once."""
     learner = out_at(with_overlap(overlap), 2.0)
-    learner, _ = learner.record_seen(record(0, included=("me",)), now=2.5)
-    return learner.version_ready(0, 0, (torch.ones(2),))
+    learner, _ = learner.handle(RecordSeen(record(0, included=("me",)), now=2.5))
+    return learner.handle(VersionReady(0, 0, (torch.ones(2),)))[0]
 
 
 def applied_at(learner: Learner) -> int:
     """The step at which fragment 0's prepared version is applied, one step a second."""
     for t in range(3, 8):
-        learner, actions = learner.stepped(1, now=float(t))
+        learner, actions = learner.handle(Stepped(1, now=float(t)))
         if any(isinstance(a, Apply) and a.fragment == 0 for a in actions):
             return learner.step
         learner, _ = take(learner, actions)
@@ -464,7 +483,7 @@ def test_with_overlap_a_version_is_applied_exactly_overlap_steps_after_its_snaps
     assert applied_at(learner) == step
     if overlap == 4:
         for t in range(3, 7):
-            learner, actions = learner.stepped(1, now=float(t))
+            learner, actions = learner.handle(Stepped(1, now=float(t)))
         kinds = [type(a) for a in actions if getattr(a, "fragment", None) == 0]
         assert kinds == [Apply, Snapshot]
 
@@ -475,13 +494,13 @@ def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the
     ready, closing, or no overlap at all: no wait."""
     learner = out_at(with_overlap(2), 2.0)
     assert learner.wait_until(2.1) is None  # the next step, 3, applies nothing
-    learner, _ = learner.stepped(1, now=3.0)
+    learner, _ = learner.handle(Stepped(1, now=3.0))
     assert learner.wait_until(3.9) == 4.0
     assert learner.wait_until(4.0) is None  # the round is late: go on, apply it when it comes
-    assert learner.began_closing([(torch.zeros(2),)] * 2).wait_until(3.9) is None
-    learner, _ = learner.record_seen(record(0, included=("me",)), now=3.2)
+    assert learner.handle(BeganClosing([(torch.zeros(2),)] * 2))[0].wait_until(3.9) is None
+    learner, _ = learner.handle(RecordSeen(record(0, included=("me",)), now=3.2))
     assert learner.wait_until(3.5) == 4.0  # the record is in, its version is not prepared
-    learner = learner.version_ready(0, 0, (torch.ones(2),))
+    learner, _ = learner.handle(VersionReady(0, 0, (torch.ones(2),)))
     assert learner.wait_until(3.5) is None
     assert published_at_two().wait_until(3.5) is None
 
@@ -493,14 +512,14 @@ def test_with_overlap_the_rounds_pace_the_learner_and_its_schedule_stays_put() -
     others' rounds wait for it."""
     learner = out_at(with_overlap(2), 4.0)
     late = record(0, included=("me", "x"), grace=0.7, arrived={"me": 0.0, "x": 2.4})
-    learner, _ = learner.record_seen(late, now=4.1)
+    learner, _ = learner.handle(RecordSeen(late, now=4.1))
     assert (learner.phase, learner.hold_until) == (0, 0)
-    unpaced, _ = out_at(with_overlap(None), 4.0).record_seen(late, now=4.1)
+    unpaced, _ = out_at(with_overlap(None), 4.0).handle(RecordSeen(late, now=4.1))
     assert unpaced.phase == 2
     missed = record(0, included=("other",), grace=2.5)
-    learner, _ = out_at(with_overlap(2), 4.0).record_seen(missed, now=4.5)
+    learner, _ = out_at(with_overlap(2), 4.0).handle(RecordSeen(missed, now=4.5))
     assert (learner.phase, learner.hold_until) == (0, 0)
-    unpaced, _ = out_at(with_overlap(None), 4.0).record_seen(missed, now=4.5)
+    unpaced, _ = out_at(with_overlap(None), 4.0).handle(RecordSeen(missed, now=4.5))
     assert unpaced.phase == 3
 
 
@@ -524,12 +543,12 @@ def test_a_learner_that_joins_mid_run_takes_the_rounds_in_order_from_the_next(
     learner = Learner.start(config, "me", versions, (zero,) * fragments, newest)
     rounds = []
     for step in range(1, 2 * sync_every + 1):
-        learner, actions = learner.stepped(1, now=float(step))
+        learner, actions = learner.handle(Stepped(1, now=float(step)))
         for action in actions:
             if isinstance(action, Snapshot):
                 rounds.append((action.round, step))
                 learner, _ = learner.took(action.fragment, zero)
-                learner, _ = learner.publish_done(action.fragment, action.round)
+                learner, _ = learner.handle(PublishEnded(action.fragment, action.round, True))
     expected = [newest + 1 + k for k in range(len(rounds))]
     assert [r for r, _ in rounds] == expected
     interval = sync_every // fragments
@@ -549,10 +568,10 @@ def test_a_joiner_takes_the_round_after_the_newest_record_seen_by_its_first_step
     config = RunConfig(fragments=2, sync_every=8, overlap=2)
     zero = (torch.zeros(2),)
     learner = Learner.start(config, "me", (4, 3), (zero, zero), 6)
-    learner, _ = learner.record_seen(record(7, included=("other",)), now=0.5)
+    learner, _ = learner.handle(RecordSeen(record(7, included=("other",)), now=0.5))
     if prepared:
-        learner = learner.version_ready(1, 7, zero)
-    learner, actions = learner.stepped(1, now=1.0)
+        learner, _ = learner.handle(VersionReady(1, 7, zero))
+    learner, actions = learner.handle(Stepped(1, now=1.0))
     snapshots = [a for a in actions if isinstance(a, Snapshot)]
     assert [(a.fragment, a.round) for a in snapshots] == [(0, 8)]
 
@@ -561,14 +580,14 @@ def test_a_round_is_due_from_a_snapshot_until_its_record_or_twice_the_grace() ->
     """The receive loop polls at the due pace while this is true (grace 1 s here)."""
     learner = fresh()
     assert not learner.awaiting(0.0)
-    learner, _ = learner.stepped(1, now=1.0)
-    learner, actions = learner.stepped(1, now=2.0)
+    learner, _ = learner.handle(Stepped(1, now=1.0))
+    learner, actions = learner.handle(Stepped(1, now=2.0))
     assert learner.awaiting(2.0)  # the snapshot is going out
     learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
+    learner, _ = learner.handle(PublishEnded(0, 0, True))
     assert learner.awaiting(3.9)
     assert not learner.awaiting(4.0)  # stuck somewhere slower: the idle pace
-    learner, _ = learner.record_seen(record(0, included=("me",)), now=3.0)
+    learner, _ = learner.handle(RecordSeen(record(0, included=("me",)), now=3.0))
     assert not learner.awaiting(3.0)
 
 
@@ -602,7 +621,7 @@ class LearnerMachine(RuleBasedStateMachine):
     def step(self, tokens: int, dt: float) -> None:
         self.now += dt
         self.steps += 1
-        self.learner, actions = self.learner.stepped(tokens, self.now)
+        self.learner, actions = self.learner.handle(Stepped(tokens, self.now))
         self._carry(actions)
         # A step applies a version of a round this learner was in overlap steps after its
         # snapshot at the earliest (the flush applies at once).
@@ -611,17 +630,14 @@ class LearnerMachine(RuleBasedStateMachine):
 
     @rule()
     def flush(self) -> None:
-        self.learner, actions = self.learner.flush(self.now)
+        self.learner, actions = self.learner.handle(Flushed(self.now))
         self._carry(actions)
 
     @precondition(lambda self: self.jobs)
     @rule(ok=st.booleans())
     def publish_returns(self, ok: bool) -> None:
         job = self.jobs.pop(0)
-        if ok:
-            self.learner, actions = self.learner.publish_done(job.fragment, job.round)
-        else:
-            self.learner, actions = self.learner.publish_failed(job.fragment, job.round)
+        self.learner, actions = self.learner.handle(PublishEnded(job.fragment, job.round, ok))
         self._carry(actions)
 
     @rule(
@@ -643,7 +659,7 @@ class LearnerMachine(RuleBasedStateMachine):
             paces={"x": pace},
         )
         self.rounds.append(made)
-        self.learner, actions = self.learner.record_seen(made, self.now)
+        self.learner, actions = self.learner.handle(RecordSeen(made, self.now))
         self._carry(actions)
 
     @rule(outcome=st.sampled_from(["ok", "gone", "corrupt"]))
@@ -651,22 +667,24 @@ class LearnerMachine(RuleBasedStateMachine):
         for d in self.learner.downloads():
             stage = "theta" if d.base is None else "update"
             if outcome == "ok":
-                self.learner = self.learner.version_ready(
-                    d.fragment, d.record.round, (torch.ones(2),)
-                )
+                self.learner = self.learner.handle(
+                    VersionReady(d.fragment, d.record.round, (torch.ones(2),))
+                )[0]
             else:
-                self.learner, _ = self.learner.download_failed(
-                    d.fragment,
-                    d.record.round,
-                    stage,
-                    outcome,
-                    "test",  # type: ignore[arg-type]
+                self.learner, _ = self.learner.handle(
+                    DownloadFailed(
+                        d.fragment,
+                        d.record.round,
+                        stage,
+                        outcome,
+                        "test",  # type: ignore[arg-type]
+                    )
                 )
 
     @rule()
     def close_without_flush(self) -> None:
         """Leaving by an exception: every local step is dropped, a publish may still return."""
-        self.learner, actions = self.learner.dropped_all("closed-without-flush", "closed")
+        self.learner, actions = self.learner.handle(DroppedAll("closed-without-flush", "closed"))
         self._carry(actions)
 
     @precondition(lambda self: not self.jobs)
@@ -774,9 +792,9 @@ def test_nothing_moves_when_a_period_is_shorter_than_the_grace() -> None:
     """Steps of 0.2 s, a period of 4 steps (0.8 s) and a grace of 1 s: every phase lands in
     time, so a late snapshot is not a matter of phase."""
     learner = fresh()
-    learner, _ = learner.stepped(1, now=3.8)
-    learner, actions = learner.stepped(1, now=4.0)
+    learner, _ = learner.handle(Stepped(1, now=3.8))
+    learner, actions = learner.handle(Stepped(1, now=4.0))
     learner, _ = take(learner, actions)
-    learner, _ = learner.publish_done(0, 0)
-    learner, _ = learner.record_seen(record(0, included=("other",), grace=0.9), now=4.5)
+    learner, _ = learner.handle(PublishEnded(0, 0, True))
+    learner, _ = learner.handle(RecordSeen(record(0, included=("other",), grace=0.9), now=4.5))
     assert learner.phase == 0

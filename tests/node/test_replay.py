@@ -14,8 +14,8 @@ from gradientmail._node.runtime import Runtime
 from gradientmail.clock import MonotonicClock
 from gradientmail.events import Event
 from gradientmail.mailbox import MemoryMailbox
-from gradientmail.protocol.group import Entry, RecordSeen, Stepped, VersionReady
 from gradientmail.protocol.learner import Learner
+from gradientmail.protocol.learner_inputs import Input, RecordSeen, Stepped, VersionReady
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
@@ -55,7 +55,7 @@ async def test_a_follower_replaying_the_log_ends_on_the_leaders_model() -> None:
         lambda: None,
     )
     trainer = Trainer(twin, seed=0)
-    batch: list[Entry] = []
+    batch: list[Input] = []
     for entry in log:
         # The follower trains its own batch between two steps, as a rank does.
         if isinstance(entry, Stepped):

@@ -9,6 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gradientmail.protocol.learner import Learner, Snapshot
+from gradientmail.protocol.learner_inputs import (
+    PublishEnded,
+    Stepped,
+)
 from gradientmail.protocol.pace import SAME_PACE, WINDOW, Pace, fleet_step_time
 from gradientmail.protocol.records import RunConfig
 
@@ -65,11 +69,11 @@ def fragments_due(learner: Learner, step_time: float, steps: int) -> list[int]:
     now = 0.0
     for _ in range(steps):
         now += step_time
-        learner, actions = learner.stepped(1, now)
+        learner, actions = learner.handle(Stepped(1, now))
         for action in actions:
             if isinstance(action, Snapshot):
                 learner, _ = learner.took(action.fragment, (torch.ones(1),))
-                learner, _ = learner.publish_done(action.fragment, action.round)
+                learner, _ = learner.handle(PublishEnded(action.fragment, action.round, True))
                 out.append(action.fragment)
     return out
 
