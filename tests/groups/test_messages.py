@@ -1,6 +1,8 @@
 """The control messages of a learner group (``protocol.group``), without a process group:
 summing contributions as an all-reduce would, and the verdict every rank reaches."""
 
+from typing import get_args
+
 import pytest
 import torch
 from hypothesis import given
@@ -187,6 +189,7 @@ def test_the_log_carries_every_input_of_the_leaders_learner() -> None:
         Finalized(),
         DroppedAll(reason="gave-up", detail="why"),
     ]
+    assert {type(entry) for entry in entries} == set(get_args(Input))  # every input
     assert decode_log(encode_log(entries)) == entries
     assert encode_log([]) == b""
     assert decode_log(b"") == []
