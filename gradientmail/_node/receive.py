@@ -1,7 +1,7 @@
 """The receive task of a learner: it brings the run's committed records and the versions
 they call for to the pure learner (``protocol.learner.Learner``), through its
 ``LearnerDriver``. No protocol decision is made here, and the ``Learner``
-value is never replaced here: every input goes through the driver's method for it.
+value is never replaced here: every input goes through the driver (``LearnerDriver.feed``).
 
 ``Receiver.run`` is one task of the node's task group, on the event-loop thread. Every
 ``poll_interval`` (``due_poll_interval`` while a round is due: ``Learner.awaiting``) it

@@ -19,9 +19,9 @@ local weights started from), the snapshot it published, and the version being pr
     for it.
 ``took(fragment, snapshot)``
     The reply to a ``Snapshot`` action, not an input (each rank of a sharded group answers
-    its own): the driver copied the fragment (``S``); answers the ``Publish`` to carry out for round
-    ``round_of(f, version(B) + 1)``: the next round of that fragment after the newest record
-    this learner has applied.
+    its own): the driver copied the fragment (``S``); answers the ``Publish`` to carry out
+    for round ``round_of(f, version(B) + 1)``: the next round of that fragment after the
+    newest record this learner has applied.
 ``PublishEnded(fragment, round, ok)``
     A failed publish forgets the snapshot; its steps go out with the fragment's next one.
 ``RecordSeen(record, now)``
