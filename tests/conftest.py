@@ -2,7 +2,10 @@
 
 S3 tests talk HTTP to a real moto server on 127.0.0.1: ``moto_server`` (one per session)
 yields its endpoint URL, ``s3_bucket`` a fresh bucket on it per test, and ``moto_servers``
-starts dedicated ones that a test may pause, stop and restart.
+starts dedicated ones that a test may pause, stop and restart. Tests marked ``ceph`` (``nox
+-s ceph``) talk to Ceph's RADOS Gateway instead: ``ceph_server`` starts a throwaway
+single-node cluster once per session (``ceph_cluster``), ``ceph_bucket`` is a fresh bucket
+on it.
 """
 
 import os
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from ceph_cluster import CephCluster, missing_tools
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -116,30 +120,68 @@ def moto_server(aws_credentials: None) -> Iterator[str]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def _moto_admin(moto_server: str) -> Iterator[Any]:
-    """A plain synchronous botocore client on ``moto_server`` for setting up fixtures."""
+def _admin_client(endpoint: str) -> Any:
+    """A plain synchronous botocore client on ``endpoint`` for setting up fixtures."""
     import botocore.session
 
-    client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=moto_server, region_name="us-east-1"
+    return botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1"
     )
+
+
+def _fresh_bucket(admin: Any) -> Iterator[str]:
+    """A fresh empty bucket through ``admin``, emptied and removed afterwards (moto and the
+    Ceph of ``ceph_server`` both keep objects in memory)."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    admin.create_bucket(Bucket=name)
+    yield name
+    for page in admin.get_paginator("list_objects_v2").paginate(Bucket=name):
+        objects = [{"Key": item["Key"]} for item in page.get("Contents", ())]
+        if objects:
+            admin.delete_objects(Bucket=name, Delete={"Objects": objects, "Quiet": True})
+    admin.delete_bucket(Bucket=name)
+
+
+@pytest.fixture(scope="session")
+def _moto_admin(moto_server: str) -> Iterator[Any]:
+    client = _admin_client(moto_server)
     yield client
     client.close()
 
 
 @pytest.fixture
 def s3_bucket(_moto_admin: Any) -> Iterator[str]:
-    """A fresh empty bucket on ``moto_server`` for one test, emptied and removed afterwards
-    (moto keeps objects in memory)."""
-    name = f"test-{uuid.uuid4().hex[:16]}"
-    _moto_admin.create_bucket(Bucket=name)
-    yield name
-    for page in _moto_admin.get_paginator("list_objects_v2").paginate(Bucket=name):
-        objects = [{"Key": item["Key"]} for item in page.get("Contents", ())]
-        if objects:
-            _moto_admin.delete_objects(Bucket=name, Delete={"Objects": objects, "Quiet": True})
-    _moto_admin.delete_bucket(Bucket=name)
+    """A fresh empty bucket on ``moto_server`` for one test, removed afterwards."""
+    yield from _fresh_bucket(_moto_admin)
+
+
+@pytest.fixture(scope="session")
+def ceph_server(aws_credentials: None) -> Iterator[str]:
+    """The endpoint URL ``http://127.0.0.1:PORT`` of the RADOS Gateway of a single-node
+    Ceph cluster shared by the session, whose S3 user has the keys of ``aws_credentials``;
+    every daemon is killed and its directory removed at the end of the session. Fails
+    (never skips) when Ceph is not installed: ``.ci/ceph`` installs it."""
+    if missing := missing_tools():
+        pytest.fail(f"Ceph is not installed ({', '.join(missing)} missing): run .ci/ceph")
+    cluster = CephCluster(os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
+    try:
+        cluster.start()
+        yield cluster.endpoint
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def _ceph_admin(ceph_server: str) -> Iterator[Any]:
+    client = _admin_client(ceph_server)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def ceph_bucket(_ceph_admin: Any) -> Iterator[str]:
+    """A fresh empty bucket on ``ceph_server`` for one test, removed afterwards."""
+    yield from _fresh_bucket(_ceph_admin)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The mailbox contract, one suite for every backend (memory, local, s3) on asyncio and trio."""
+"""The mailbox contract, one suite for every backend (memory, local, s3 on moto, and ceph:
+S3 on Ceph's RADOS Gateway, in ``nox -s ceph``) on asyncio and trio."""
 
 import os
 import pickle
@@ -39,27 +40,36 @@ MANY_KEYS = tuple(f"many/{index:05d}" for index in range(1010))
 S3_PREFIX = "run/"
 
 
-@pytest.fixture(scope="session")
-def _many_s3_bucket(_moto_admin: Any) -> str:
-    # A thousand PUTs through moto take seconds: seeded once, shared by both event loops,
+def _seeded_many(admin: Any) -> str:
+    # A thousand PUTs take seconds: seeded once per server, shared by both event loops,
     # and only ever read.
     name = "many-keys-read-only"
-    _moto_admin.create_bucket(Bucket=name)
+    admin.create_bucket(Bucket=name)
 
     def put(key: str) -> None:
-        _moto_admin.put_object(Bucket=name, Key=S3_PREFIX + key, Body=key.encode())
+        admin.put_object(Bucket=name, Key=S3_PREFIX + key, Body=key.encode())
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, MANY_KEYS))
     return name
 
 
+@pytest.fixture(scope="session")
+def _many_s3_bucket(_moto_admin: Any) -> str:
+    return _seeded_many(_moto_admin)
+
+
+@pytest.fixture(scope="session")
+def _many_ceph_bucket(_ceph_admin: Any) -> str:
+    return _seeded_many(_ceph_admin)
+
+
 @pytest.fixture
 async def many(backend: str, request: pytest.FixtureRequest) -> AsyncIterator[Mailbox]:
     """A mailbox holding exactly ``MANY_KEYS`` (each holding its name): do not modify it."""
-    if backend == "s3":
-        endpoint: str = request.getfixturevalue("moto_server")
-        bucket: str = request.getfixturevalue("_many_s3_bucket")
+    if backend in ("s3", "ceph"):
+        endpoint: str = request.getfixturevalue("s3_endpoint")
+        bucket: str = request.getfixturevalue(f"_many_{backend}_bucket")
         async with S3Mailbox(bucket, S3_PREFIX, endpoint_url=endpoint) as opened:
             yield opened
         return
