@@ -1,5 +1,5 @@
-"""Development sessions: ``lint``, ``types``, ``tests``, ``report`` (the default), ``soak``,
-``bench``, ``bench-text``, ``bench-large``.
+"""Development sessions: ``lint``, ``types``, ``tests``, ``report``, ``ceph`` (the default),
+``soak``, ``bench``, ``bench-text``, ``bench-large``.
 
 The sessions run in the environment nox itself runs in, which the README's command creates
 once (``.venv`` with the ``dev`` extra, whose torch pin is the CPU wheel): installing torch
@@ -10,7 +10,7 @@ import sys
 
 import nox
 
-nox.options.sessions = ["lint", "types", "tests", "report"]
+nox.options.sessions = ["lint", "types", "tests", "report", "ceph"]
 nox.options.default_venv_backend = "none"
 
 PYTHON = sys.executable
@@ -42,6 +42,29 @@ def report(session: nox.Session) -> None:
         "-m",
         "browser",
         "tests/cli",
+        *session.posargs,
+    )
+
+
+@nox.session
+def ceph(session: nox.Session) -> None:
+    """The S3 tests marked ``ceph`` (the mailbox contract suite and the conditional requests
+    of large objects, both event loops; ``tests`` leaves them out) against a throwaway
+    single-node Ceph cluster's RADOS Gateway that the tests start and remove
+    (``tests/ceph_cluster.py``), Debian's packages installed first by ``.ci/ceph`` when
+    missing."""
+    session.run("bash", ".ci/ceph", external=True)
+    session.run(
+        PYTHON,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:xdist",
+        "-m",
+        "ceph",
+        "tests/mailbox/test_mailbox_contract.py",
+        "tests/mailbox/test_mailbox_s3_parts.py",
         *session.posargs,
     )
 
