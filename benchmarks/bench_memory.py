@@ -14,7 +14,7 @@ own code, above the resident set it started from (``VmRSS``):
   per parameter, 1 + 4/block_size at int8) plus a few pieces of ``CHUNK_ELEMENTS``.
 - ``close``: a syncer holding θ and the momentum (fp32) downloads K snapshot blobs
   (``Store.get_blob``), checks them (``codec.open_fragment``), aggregates, steps and encodes
-  the update (``_node.commit._outcome``), encodes θ′ and the momentum (``_fp32_blobs``) and
+  the update (``protocol.outcome``), encodes θ′ and the momentum (``_fp32_blobs``) and
   uploads the three blobs: a checkpoint round (``RunConfig.checkpoint_every``), the
   costliest; the others write the update alone. Bound: (K + 1)·b (the snapshots, the
   update) + 4 (the mean) + 4 (θ′) + 4 (momentum′) + 8 (θ′ and momentum′ as fp32 blobs) =
@@ -56,7 +56,7 @@ import anyio
 import anyio.to_thread
 import torch
 
-from gradientmail._node.commit import _fp32_blobs, _outcome
+from gradientmail._node.commit import _fp32_blobs
 from gradientmail._node.publisher import Job, encode_delta
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.mailbox.local import key_path
@@ -64,6 +64,7 @@ from gradientmail.protocol import keys
 from gradientmail.protocol.aggregation import Candidate
 from gradientmail.protocol.codec import encode_fragment, open_fragment
 from gradientmail.protocol.learner_values import Publish
+from gradientmail.protocol.outcome import outcome
 from gradientmail.protocol.records import FragmentSpec, ParamSpec, RunConfig, Snapshot
 from gradientmail.reader import Rebuilt
 from gradientmail.store import Store
@@ -165,12 +166,12 @@ async def _close(size: int, scratch: Path) -> dict[str, Any]:
             assert blob is not None
             delta = await anyio.to_thread.run_sync(open_fragment, blob, spec)
             candidates.append(Candidate(snapshot=snapshot, delta=delta))
-        result, theta, momentum, update = await anyio.to_thread.run_sync(
-            _outcome, current, candidates, spec, CONFIG
+        done = await anyio.to_thread.run_sync(
+            outcome, current.version, current.theta, current.momentum, candidates, spec, CONFIG
         )
-        assert len(result.participants) == SNAPSHOTS, result.rejected
-        blobs = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec)
-        for data, encoding in ((blobs[0], "fp32"), (blobs[1], "fp32"), (update, "int8")):
+        assert len(done.result.participants) == SNAPSHOTS, done.result.rejected
+        blobs = await anyio.to_thread.run_sync(_fp32_blobs, done.theta, done.momentum, spec)
+        for data, encoding in ((blobs[0], "fp32"), (blobs[1], "fp32"), (done.update, "int8")):
             await store.put_blob(data, encoding)
     return {"start": start, "peak": _status("VmHWM"), "seconds": time.perf_counter() - began}
 

@@ -1,10 +1,8 @@
 """Committing a round the syncer holds, and collecting the garbage it leaves.
 
-``commit`` loads the fragment's θ and momentum, downloads and aggregates the round's
-snapshots (``aggregation.counted``: final snapshots only make a final round, which adds
-their mean with no outer step), applies the outer step, checks that θ′ and the momentum
-are finite (a round whose outer step would not be finite rejects its snapshots, reason
-``non-finite``, and leaves the fragment unchanged), writes the update blob (and at a
+``commit`` loads the fragment's θ and momentum, downloads the round's snapshots and takes
+its outcome (``protocol.outcome``: the aggregate of the counted snapshots, the outer step,
+refused when not finite), writes the update blob (and at a
 checkpoint, ``protocol.checkpoint``, the θ and outer-state blobs), and the record last
 (``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing);
 each participant with when this syncer first listed its snapshot (``Participant.arrived``).
@@ -24,7 +22,6 @@ from functools import partial
 
 import anyio.to_thread
 import msgspec
-import torch
 from torch import Tensor
 
 from gradientmail._concurrent import gather
@@ -32,10 +29,10 @@ from gradientmail._node.runtime import Runtime
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import garbage, keys
-from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, counted, refused
-from gradientmail.protocol.checkpoint import is_checkpoint, retained, step
+from gradientmail.protocol.aggregation import Aggregate, Candidate, counted
+from gradientmail.protocol.checkpoint import is_checkpoint
 from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
-from gradientmail.protocol.outer import committed_update
+from gradientmail.protocol.outcome import outcome
 from gradientmail.protocol.records import (
     FragmentSpec,
     Participant,
@@ -47,7 +44,6 @@ from gradientmail.protocol.records import (
 from gradientmail.protocol.rounds import Commit, RoundState
 from gradientmail.protocol.signing import Problem
 from gradientmail.protocol.sizes import delta_problem
-from gradientmail.protocol.sparse import update_sparsity
 from gradientmail.reader import Rebuilt, RunReader
 
 __all__ = ["FragmentState", "SyncerState", "collect_garbage", "commit", "load"]
@@ -94,8 +90,7 @@ class SyncerState:
     ) -> "SyncerState":
         fragments = list(self.fragments)
         fragments[record.fragment] = fragment
-        kept = retained(record.round, config).records
-        recent = {r: rec for r, rec in self.recent.items() if r in kept}
+        recent = garbage.still_retained(record.round, config, self.recent)
         recent[record.round] = record
         return replace(self, next_round=record.round + 1, fragments=tuple(fragments), recent=recent)
 
@@ -141,14 +136,21 @@ async def commit(
     candidates = await gather(
         [partial(_candidate, rt, s, problem, fragment, spec) for s, problem in snapshots]
     )
-    result, theta, momentum, update_bytes = await anyio.to_thread.run_sync(
-        _outcome, loaded, counted(candidates, step.missing), spec, config
+    done = await anyio.to_thread.run_sync(
+        outcome,
+        loaded.version,
+        loaded.theta,
+        loaded.momentum,
+        counted(candidates, step.missing),
+        spec,
+        config,
     )
+    result, theta, momentum = done.result, done.theta, done.momentum
     draft = _draft(rt, held, result, started)
     rt.emit(RoundClosed(rt.learner, draft))
     if step.missing or not step.published:
         rt.emit(RoundIncomplete(rt.learner, round, tuple(sorted(step.missing)), not step.published))
-    ours = await _written(rt, draft, update_bytes, theta, momentum, spec)
+    ours = await _written(rt, draft, done.update, theta, momentum, spec)
     landed, mine = await rt.store.put_record(ours)
     if not mine:
         return state, landed, False
@@ -240,57 +242,6 @@ async def _candidate(
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
 
 
-def _outcome(
-    current: Rebuilt, candidates: Sequence[Candidate], spec: FragmentSpec, config: RunConfig
-) -> tuple[Aggregate, list[Tensor], list[Tensor], bytes]:
-    """The round's aggregate, θ_{v+1}, the momentum and the update blob (worker thread).
-
-    A final round (``candidates`` all final) commits θ + Δ̄ (Δ̄ their mean: equal weights,
-    as they carry no tokens) with no outer step and the momentum unchanged. An outer step
-    that is not finite (finite deltas whose sum overflows) is refused: every accepted
-    snapshot is rejected as ``non-finite`` and the fragment stays as it was."""
-    final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
-    result = aggregate(
-        current.version,
-        candidates,
-        spec,
-        config,
-        theta=current.theta,
-        momentum=current.momentum,
-    )
-    theta, momentum, update = _numerics(current, result.mean, spec, config, final=final)
-    if result.mean is not None and not _finite(theta, momentum):
-        result = refused(result, "the outer step gives a non-finite θ or momentum")
-        theta, momentum, update = _numerics(current, None, spec, config, final=False)
-    return result, theta, momentum, update
-
-
-def _finite(*groups: Sequence[Tensor]) -> bool:
-    return all(bool(torch.isfinite(t).all()) for group in groups for t in group)
-
-
-def _numerics(
-    current: Rebuilt,
-    mean: Sequence[Tensor] | None,
-    spec: FragmentSpec,
-    config: RunConfig,
-    *,
-    final: bool,
-) -> tuple[list[Tensor], list[Tensor], bytes]:
-    """θ_{v+1}, the new momentum and the update blob of one round (worker thread): the raw
-    θ' of ``checkpoint.step`` (which a replay runs again), committed through its update."""
-    raw, momentum = step(current.theta, current.momentum, mean, config, final=final)
-    update, theta = committed_update(
-        current.theta,
-        raw,
-        spec,
-        config.update_encoding,
-        block_size=config.block_size,
-        sparsity=update_sparsity(config),
-    )
-    return theta, momentum, update
-
-
 def _fp32_blobs(
     theta: Sequence[Tensor], momentum: Sequence[Tensor], spec: FragmentSpec
 ) -> tuple[bytes, bytes]:
@@ -320,12 +271,11 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
                 records[r] = found
         snapshots = {r: await rt.store.snapshots(r) for r in sorted(wanted.snapshots)}
         doomed = garbage.collectable(round, rt.config, rt.manifest.theta0, records, snapshots)
-        kept = retained(round, rt.config).records
-        state = replace(state, recent={r: rec for r, rec in records.items() if r in kept})
+        state = replace(state, recent=garbage.still_retained(round, rt.config, records))
         names: list[str] = []
         for r in sorted(doomed.rounds):
             names.extend(await rt.store.list_keys(keys.round_prefix(r)))
-        await rt.store.delete([*names, *(keys.blob(sha) for sha in sorted(doomed.blobs))])
+        await rt.store.delete(doomed.deletions(names))
     except (MailboxUnavailable, RecordError) as exc:
         _log.warning("%s: garbage collection after round %d failed: %s", rt.learner, round, exc)
     return state

@@ -14,11 +14,15 @@
   manifest's (``RunMismatch`` naming the first difference; nothing is written). The newest
   committed version of every fragment is then read (``load_newest``).
 
+What to do next while there is no manifest is ``protocol.creation.decide_creation``'s
+decision; this module only lists, claims, uploads and sleeps as it says.
+
 Runs in the task entering the node, before any other task starts. Transient store failures
 are retried with backoff; cancellation stops it between requests and writes nothing more.
 """
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import anyio.to_thread
 from torch import Tensor
@@ -29,6 +33,16 @@ from gradientmail.clock import Clock
 from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
 from gradientmail.protocol.codec import Rows, encode_fragment
+from gradientmail.protocol.creation import (
+    Claim,
+    Count,
+    Create,
+    CreationAction,
+    CreationState,
+    CreationView,
+    TakeOver,
+    decide_creation,
+)
 from gradientmail.protocol.fragments import signature, window
 from gradientmail.protocol.identities import listed
 from gradientmail.protocol.records import (
@@ -38,7 +52,6 @@ from gradientmail.protocol.records import (
     Manifest,
     RunConfig,
 )
-from gradientmail.protocol.rounds import MAX_CLAIMS, counted
 from gradientmail.reader import Newest, RunReader, check_model
 from gradientmail.store import Store
 
@@ -84,50 +97,46 @@ async def open_run(
     ``whole``: how to read a fragment's parameters whole, when ``named``'s are shards.
     Raises ``RunMismatch`` when the model or the config contradict the run.
     """
-    watching: tuple[int, str] | None = None
-    progress = (-1, 0.0)
+    state = CreationState(learner, named is not None, options.creation_timeout)
     while True:
         manifest = await store.manifest()
-        if manifest is not None:
-            check_config(manifest.config, config)
-            _check_model(manifest, named)
-            await _check_member(store, learner)
-            return manifest
-        claims = counted(tuple(await store.create_claims()))
-        now = clock.now()
-        attempt: int | None = None
-        if not claims and named is not None:
-            if await store.claim_creation(0, learner):
-                attempt = 0
-        elif claims:
-            last, claimant = claims[-1]
-            if claimant == learner and named is not None:
-                attempt = last
-            else:
-                if watching != (last, claimant):
-                    watching = (last, claimant)
-                    progress = (-1, now)
-                    emit(AwaitingCreator(learner, tuple(c for _, c in claims)))
-                markers = len(await store.init_markers(last))
-                # A claim that names nobody (malformed, or unverified in a signed run) has no
-                # creator to wait for.
-                if markers != progress[0] and claimant:
-                    progress = (markers, now)
-                elif named is not None and (
-                    not claimant or now - progress[1] >= options.creation_timeout
-                ):
-                    attempt = await _take_over(store, learner, last)
-                    if attempt is not None:
-                        emit(TookOverCreation(learner, now - progress[1]))
-        if attempt is not None and named is not None:
+        if manifest is None:
+            view = CreationView(tuple(await store.create_claims()))
+            now = clock.now()
+            state, action = decide_creation(state, view, now)
+            if isinstance(action, Count):
+                if action.announce is not None:
+                    emit(AwaitingCreator(learner, action.announce))
+                view = replace(view, markers=len(await store.init_markers(action.k)))
+                state, action = decide_creation(state, view, now)
+            attempt = await _attempt(store, learner, action, emit)
+            if attempt is None or named is None:
+                await clock.sleep(options.poll_interval)
+                continue
             manifest = await _create(
                 store, learner, named, config or RunConfig(), attempt, emit, whole
             )
-            check_config(manifest.config, config)
-            _check_model(manifest, named)
-            await _check_member(store, learner)
-            return manifest
-        await clock.sleep(options.poll_interval)
+        check_config(manifest.config, config)
+        _check_model(manifest, named)
+        await _check_member(store, learner)
+        return manifest
+
+
+async def _attempt(store: Store, learner: str, action: CreationAction, emit: Emit) -> int | None:
+    """The attempt this node creates the run as after ``action``, once its claim is won;
+    None when there is nothing to create now (waiting, or another node won the claim)."""
+    match action:
+        case Claim(k):
+            return k if await store.claim_creation(k, learner) else None
+        case Create(attempt):
+            return attempt
+        case TakeOver(k, waited, claim):
+            if claim and not await store.claim_creation(k, learner):
+                return None
+            emit(TookOverCreation(learner, waited))
+            return k
+        case _:
+            return None
 
 
 async def _check_member(store: Store, learner: str) -> None:
@@ -135,16 +144,6 @@ async def _check_member(store: Store, learner: str) -> None:
     with learner identities)."""
     await store.refresh_identities()
     store.signing.check_member(learner)
-
-
-async def _take_over(store: Store, learner: str, last: int) -> int | None:
-    """The attempt this node creates the run as after claim ``last`` failed, or None when
-    another node took the next claim first. When every claim number is taken (only a
-    hostile writer takes them all) it creates without a claim: the manifest is create-once,
-    so racing creators still make one run."""
-    if last + 1 >= MAX_CLAIMS:
-        return last
-    return last + 1 if await store.claim_creation(last + 1, learner) else None
 
 
 async def _create(

@@ -20,7 +20,7 @@ from gradientmail.protocol.checkpoint import retained
 from gradientmail.protocol.records import BlobRef, RoundRecord, RunConfig, Snapshot
 from gradientmail.protocol.signing import Problem
 
-__all__ = ["Garbage", "Reads", "collectable", "reads"]
+__all__ = ["Garbage", "Reads", "collectable", "reads", "still_retained"]
 
 Snapshots = Mapping[int, Sequence[tuple[Snapshot, Problem | None]]]
 """Every snapshot listed in a round, with its problem under the run key (None: verified)."""
@@ -42,6 +42,11 @@ class Garbage:
 
     rounds: frozenset[int]
     blobs: frozenset[str]
+
+    def deletions(self, listed: Iterable[str]) -> list[str]:
+        """The keys to delete: ``listed`` (the keys under the ``rounds``' prefixes,
+        ``keys.round_prefix``) and the ``blobs``', in order."""
+        return [*listed, *(keys.blob(sha) for sha in sorted(self.blobs))]
 
 
 def reads(round: int, config: RunConfig) -> Reads | None:
@@ -79,6 +84,15 @@ def collectable(
             if problem is None and snapshot.round == r and snapshot.fragment == fragment:
                 doomed |= _names(snapshot.blobs)
     return Garbage(frozenset(gone_rounds), frozenset(doomed - keep))
+
+
+def still_retained(
+    round: int, config: RunConfig, records: Mapping[int, RoundRecord]
+) -> dict[int, RoundRecord]:
+    """The ``records`` (by round) that stay retained after committing ``round``
+    (``checkpoint.retained``): what a syncer keeps holding of those it read or adopted."""
+    kept = retained(round, config).records
+    return {r: record for r, record in records.items() if r in kept}
 
 
 def _named(record: RoundRecord) -> set[str]:

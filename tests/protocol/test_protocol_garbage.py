@@ -163,3 +163,25 @@ def test_nothing_goes_while_a_retained_record_cannot_be_read() -> None:
     assert wanted is not None
     doomed = garbage.collectable(1, config, [_ref(0)], {}, {0: [(snapshot, None)]})
     assert doomed.blobs == frozenset()
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs())
+def test_the_records_a_syncer_holds_round_after_round_are_the_retained_ones(
+    drawn: tuple[Run, int],
+) -> None:
+    """A syncer adds each record it adopts and keeps what ``still_retained`` keeps: after
+    every round it holds exactly the retained records (none it dropped is wanted again)."""
+    run, count = drawn
+    held: dict[int, RoundRecord] = {}
+    for round in range(count):
+        held = garbage.still_retained(round, run.config, held)
+        held[round] = run.records[round]
+        assert held.keys() == retained(round, run.config).records
+        assert all(held[r] is run.records[r] for r in held)
+
+
+def test_the_deletions_are_the_listed_keys_then_the_blobs_in_order() -> None:
+    doomed = garbage.Garbage(frozenset({3}), frozenset({POOL[2], POOL[1]}))
+    listed = [keys.round_prefix(3) + "claim/0000"]
+    assert doomed.deletions(listed) == [*listed, keys.blob(POOL[1]), keys.blob(POOL[2])]
