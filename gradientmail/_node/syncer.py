@@ -42,8 +42,8 @@ from gradientmail.events.kinds import (
     RoundSuperseded,
     TookOverRound,
 )
-from gradientmail.lease import LeaseWatch, Liveness
 from gradientmail.protocol.checkpoint import check_record
+from gradientmail.protocol.liveness import LeaseWatch, Liveness
 from gradientmail.protocol.records import RoundRecord
 from gradientmail.protocol.rounds import (
     Adopt,

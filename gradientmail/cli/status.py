@@ -20,7 +20,7 @@ listed the median spread and the learner last most often, the one the others wai
 Liveness needs time: one reading shows each lease's newest beat and how many beats are in
 the store, and ``live`` is null. ``--watch`` reads again every ``--interval`` seconds and
 judges a lease live while its newest beat changed within ``--lease-timeout`` seconds
-(``gradientmail.lease.Liveness``), as a syncer does.
+(``gradientmail.protocol.liveness.Liveness``), as a syncer does.
 """
 
 import contextlib
@@ -41,8 +41,8 @@ from gradientmail.cli._tables import column_of, in_flight_line, rounds_table, ta
 from gradientmail.cli.learners import paces
 from gradientmail.clock import MonotonicClock
 from gradientmail.errors import NoRun, UsageError
-from gradientmail.lease import Liveness
 from gradientmail.protocol import keys
+from gradientmail.protocol.liveness import Liveness
 from gradientmail.protocol.records import BlobRef, RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation, RunReader, open_mailbox

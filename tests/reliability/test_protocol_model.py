@@ -34,10 +34,10 @@ from hypothesis.stateful import (
 )
 
 from gradientmail.errors import RecordError
-from gradientmail.lease import LeaseWatch, Liveness
 from gradientmail.protocol import keys, records
 from gradientmail.protocol.checkpoint import is_checkpoint, retained
 from gradientmail.protocol.codec import digest
+from gradientmail.protocol.liveness import LeaseWatch, Liveness
 from gradientmail.protocol.merge import Ledger
 from gradientmail.protocol.records import (
     BlobRef,

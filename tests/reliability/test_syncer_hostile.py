@@ -44,7 +44,7 @@ async def test_claims_planted_at_the_last_number_stop_nothing() -> None:
 
 
 async def test_beats_planted_under_a_live_lease_neither_kill_it_nor_refuse_its_restart() -> None:
-    from gradientmail.lease import LeaseWatch, Liveness
+    from gradientmail.protocol.liveness import LeaseWatch, Liveness
 
     box = MemoryMailbox()
     store = Store(box)

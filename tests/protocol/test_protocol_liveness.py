@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradientmail.lease import Liveness
+from gradientmail.protocol.liveness import Liveness
 
 
 def test_a_new_lease_is_trusted_for_one_timeout() -> None:
