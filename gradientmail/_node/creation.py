@@ -32,7 +32,7 @@ from gradientmail._node.options import NodeOptions
 from gradientmail.clock import Clock
 from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
-from gradientmail.protocol.codec import Rows, encode_fragment
+from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.creation import (
     Claim,
     Count,
@@ -45,6 +45,7 @@ from gradientmail.protocol.creation import (
 )
 from gradientmail.protocol.fragments import signature, window
 from gradientmail.protocol.identities import listed
+from gradientmail.protocol.layout import Rows
 from gradientmail.protocol.records import (
     BlobRef,
     FragmentSpec,

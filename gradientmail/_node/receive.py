@@ -37,7 +37,7 @@ from gradientmail._node.sharded import ShardedRank
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import PollFailed
 from gradientmail.protocol.checkpoint import check_record
-from gradientmail.protocol.codec import Rows
+from gradientmail.protocol.layout import Rows
 from gradientmail.protocol.learner import Download, Failure, Stage
 from gradientmail.protocol.learner_inputs import DownloadFailed, RecordSeen, VersionReady
 from gradientmail.protocol.outer import added, apply_update

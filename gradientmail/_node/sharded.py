@@ -20,8 +20,8 @@ from torch import Tensor
 
 from gradientmail._node.model import by_fragment
 from gradientmail.errors import MailboxUnavailable
-from gradientmail.protocol.codec import Rows
 from gradientmail.protocol.group import Gathered, PartReport
+from gradientmail.protocol.layout import Rows
 from gradientmail.protocol.records import Manifest, ParamSpec
 
 __all__ = ["Layout", "ShardedRank", "squares"]
@@ -29,7 +29,7 @@ __all__ = ["Layout", "ShardedRank", "squares"]
 
 class ShardedRank:
     """Rank ``rank`` of ``world``: ``rows[f]`` are its rows of each parameter of fragment
-    ``f`` (``codec.Rows``)."""
+    ``f`` (``layout.Rows``)."""
 
     def __init__(self, rank: int, world: int, rows: Sequence[Rows]) -> None:
         self.rank = rank
@@ -141,7 +141,7 @@ class Layout:
         return by_fragment(manifest, self._local)
 
     def fragment_rows(self, manifest: Manifest) -> tuple[Rows, ...]:
-        """This rank's ``codec.Rows`` of each fragment (of a parameter split by rows between
+        """This rank's ``layout.Rows`` of each fragment (of a parameter split by rows between
         fragments, counted within the fragment's part)."""
         return by_fragment(manifest, self._rows)
 

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from gradientmail.protocol.config import Pattern
 from gradientmail.protocol.records import (
     DropReason,
-    Pattern,
     RejectReason,
     RoundRecord,
     RoundRecordDraft,

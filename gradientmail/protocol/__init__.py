@@ -5,6 +5,8 @@ reads a clock; the node moves bytes and time around them (``docs/protocol.md``).
 
 ``keys``
     Where every object of a run lives in its mailbox, and round numbering.
+``config``
+    The run-wide settings (``RunConfig``) and the names of the choices they make.
 ``records``
     The objects in the store (manifest, claims, snapshots, round records) as msgspec structs.
 ``codec``
@@ -20,30 +22,26 @@ reads a clock; the node moves bytes and time around them (``docs/protocol.md``).
 ``merge``
     The learner's merge of a new version, and its step accounting (``Ledger``).
 
-The record types are re-exported here; the functions live in their modules.
+The record and config types are re-exported here; the functions live in their modules.
 """
 
+from gradientmail.protocol.config import Encoding, MergeRule, Pattern, RunConfig, Weighting
 from gradientmail.protocol.records import (
     FORMAT_VERSION,
     BlobRef,
     CreateClaim,
-    Encoding,
     FragmentSpec,
     InitMarker,
     LeaseBeat,
     Manifest,
-    MergeRule,
     ParamSpec,
     Participant,
-    Pattern,
     Rejection,
     RejectReason,
     RoundClaim,
     RoundRecord,
     RoundRecordDraft,
-    RunConfig,
     Snapshot,
-    Weighting,
 )
 
 __all__ = [

@@ -64,8 +64,9 @@ import torch
 from torch import Tensor
 
 from gradientmail.protocol.codec import ENCODINGS, decode_fragment, encode_fragment
+from gradientmail.protocol.config import Encoding, Pattern, RunConfig
 from gradientmail.protocol.costs import Costs, costs
-from gradientmail.protocol.records import Encoding, FragmentSpec, ParamSpec, Pattern, RunConfig
+from gradientmail.protocol.records import FragmentSpec, ParamSpec
 from gradientmail.protocol.sparse import TOPK, delta_sparsity, update_sparsity
 
 __all__ = [

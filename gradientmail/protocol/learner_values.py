@@ -7,8 +7,9 @@ from typing import Literal, TypeAlias
 from torch import Tensor
 
 from gradientmail.protocol import keys
+from gradientmail.protocol.config import MergeRule
 from gradientmail.protocol.merge import Dropped, Outcome, Resolution
-from gradientmail.protocol.records import MergeRule, RoundRecord
+from gradientmail.protocol.records import RoundRecord
 
 __all__ = [
     "Action",

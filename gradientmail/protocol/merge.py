@@ -40,7 +40,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.records import DropReason, MergeRule, RejectReason, RoundRecord
+from gradientmail.protocol.config import MergeRule
+from gradientmail.protocol.records import DropReason, RejectReason, RoundRecord
 
 __all__ = [
     "Dropped",

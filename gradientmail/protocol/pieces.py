@@ -233,7 +233,7 @@ class Part(Protocol):
 class PartedBlob:
     """A delta in parts (``records.SnapshotPart``), read as one fragment of ``spec``: part
     ``k`` is ``parts[k]``, a checked blob of the rows ``rows[k][i]`` of each parameter
-    ``i``; the parts hold every row once, in order (``codec.check_parts``). ``piece`` reads
+    ``i``; the parts hold every row once, in order (``layout.check_parts``). ``piece`` reads
     across them, so the aggregation treats it as it treats one ``FragmentBlob``."""
 
     spec: FragmentSpec

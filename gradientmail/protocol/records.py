@@ -19,6 +19,7 @@ from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
 import msgspec
 
 from gradientmail.errors import RecordError
+from gradientmail.protocol.config import Encoding, RunConfig
 
 __all__ = [
     "DECODE_FAILURES",
@@ -35,10 +36,8 @@ __all__ = [
     "InitMarker",
     "LeaseBeat",
     "Manifest",
-    "MergeRule",
     "ParamSpec",
     "Participant",
-    "Pattern",
     "RejectReason",
     "Rejection",
     "RoundClaim",
@@ -48,7 +47,6 @@ __all__ = [
     "Sha256",
     "Snapshot",
     "SnapshotPart",
-    "Weighting",
     "decode",
     "decode_failure",
     "encode",
@@ -60,15 +58,6 @@ MAX_RECORD_BYTES: Final = 1 << 20
 MAX_MANIFEST_BYTES: Final = 16 << 20
 """The largest manifest a reader accepts (it lists every parameter of the model)."""
 
-Encoding = Literal["fp32", "bf16", "int8", "int4", "topk"]
-"""How a delta or an update travels: full fp32, bf16, blockwise-absmax int8 / int4, or
-chunked Top-k with low-bit values (``protocol.sparse``)."""
-Pattern = Literal["contiguous", "strided", "balanced", "even"]
-"""How parameters are split into fragments (see ``protocol.fragments``)."""
-Weighting = Literal["tokens", "steps", "equal"]
-"""What a snapshot's weight in its round is proportional to."""
-MergeRule = Literal["keep-progress", "alpha"]
-"""How a learner merges a new version with its local progress (see ``protocol.merge``)."""
 RejectReason = Literal[
     "corrupt",
     "shape",
@@ -101,164 +90,6 @@ class _Object(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=F
     signature: str | msgspec.UnsetType = msgspec.UNSET
     """In a signed run, the HMAC-SHA256 of the object (``protocol.signing``); absent (and
     not encoded) otherwise."""
-
-
-class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    """The run-wide settings, fixed at creation and stored in the manifest.
-
-    A node joining a run with a config passes it to check it (``RunMismatch`` names the first
-    field that differs); a node that passes none takes the manifest's.
-
-    fragments, sync_every, pattern
-        The model is split into ``fragments`` groups of parameters (``pattern``; the default,
-        ``even``, balances them by size and splits a large tensor by rows); each is
-        synchronized every ``sync_every`` local steps, staggered (``protocol.fragments``).
-    delta_encoding, update_encoding, block_size
-        How learners' deltas and the syncer's updates travel; ``block_size`` elements share one
-        scale under int8 / int4.
-    topk_density, topk_bits, topk_chunk
-        The ``topk`` encoding (``protocol.sparse``): a delta sends the ``topk_density``
-        largest of every ``topk_chunk`` elements at ``topk_bits`` bits (1, 2, 4 or 8) and
-        keeps the rest in the learner's error feedback (``protocol.feedback``); an update
-        sends every non-zero element at 8 bits.
-    outer_lr, outer_momentum
-        Nesterov momentum SGD on the averaged pseudo-gradient (DiLoCo's paper: 0.7 and 0.9;
-        the defaults, 1.0 and 0.6, are the best measured: docs/protocol.md, "Recommended
-        settings").
-    weighting, max_staleness, outlier_factor, max_tokens_per_step
-        How a round weighs snapshots and which it rejects: based more than ``max_staleness``
-        versions behind, a norm over ``outlier_factor`` times the median of the round's
-        norms brought to its steps (3+ snapshots; ``protocol.aggregation``), or more than
-        ``max_tokens_per_step`` tokens per claimed step.
-    robust
-        Bound each snapshot's weight and clip its delta against the round
-        (``protocol.bounds``); for fleets with untrusted key holders. Off by default: it
-        changes honest rounds too (clips about half of honest deltas) and its cost to an
-        honest run is not measured yet.
-    quorum_min, quorum_fraction, grace
-        A round closes once it has at least ``quorum_min`` snapshots and at least
-        ``quorum_fraction`` of the live learners, then waits up to ``grace`` seconds more for
-        the rest.
-    merge, alpha
-        ``keep-progress``: a learner keeps its progress since its snapshot on top of the new
-        version; ``alpha``: θ ← alpha·θ_local + (1 − alpha)·θ_global.
-    overlap
-        The schedule. None (the default, for fleets of unequal or pausing machines: the
-        adaptive schedule): each learner applies a round's version at its first step after
-        the version is ready, never waiting; a slower learner takes fewer local steps per
-        round (``protocol.pace``) so that a round's snapshots arrive together, and a round
-        waits only for the learners that took part in the round before, each for a bounded
-        time (``rounds.expectation``). A number of steps (the repeatable mode,
-        ``RunConfig.repeatable``): every learner takes ``sync_every`` steps per period and
-        applies the version of a round it published to exactly ``overlap`` local steps after
-        its snapshot (at most ``sync_every``; ``applied_after``), its ``step`` waiting for
-        the version when it is not ready by then (at most ``rounds.due_for``, twice the
-        grace, after the snapshot), and the rounds wait for every live learner: the same run
-        on the same batches gives the same model, and every learner runs at the pace of the
-        slowest (docs/protocol.md, "Rounds that pace the learners").
-    checkpoint_every
-        θ and the outer momentum of a fragment are stored (a checkpoint) with every
-        ``checkpoint_every``-th version of it; every other record carries only its update,
-        from which the versions after a checkpoint are replayed exactly
-        (``protocol.checkpoint``).
-    keep_rounds, keep_versions
-        Garbage collection: snapshots and claims of rounds older than ``keep_rounds`` rounds
-        are deleted unless replaying the newest version needs them, and a record's blobs once
-        neither the newest ``keep_versions`` versions of its fragment nor their replay from
-        the checkpoint below them name them (``protocol.checkpoint.retained``).
-    """
-
-    fragments: int = 4
-    sync_every: int = 50
-    pattern: Pattern = "even"
-    delta_encoding: Encoding = "fp32"
-    update_encoding: Encoding = "fp32"
-    block_size: int = 256
-    topk_density: float = 0.01
-    topk_bits: int = 2
-    topk_chunk: int = 4096
-    outer_lr: float = 1.0
-    outer_momentum: float = 0.6
-    weighting: Weighting = "tokens"
-    max_staleness: int = 1
-    outlier_factor: float = 5.0
-    max_tokens_per_step: int = 1 << 24
-    robust: bool = False
-    quorum_min: int = 1
-    quorum_fraction: float = 1.0
-    grace: float = 2.0
-    merge: MergeRule = "keep-progress"
-    alpha: float = 0.5
-    overlap: int | None = None
-    keep_rounds: int = 16
-    keep_versions: int = 2
-    checkpoint_every: int = 8
-
-    def __post_init__(self) -> None:
-        positive_ints = {
-            "fragments": self.fragments,
-            "sync_every": self.sync_every,
-            "block_size": self.block_size,
-            "quorum_min": self.quorum_min,
-            "keep_rounds": self.keep_rounds,
-            "keep_versions": self.keep_versions,
-            "checkpoint_every": self.checkpoint_every,
-            "max_tokens_per_step": self.max_tokens_per_step,
-        }
-        for name, value in positive_ints.items():
-            if value < 1:
-                raise ValueError(f"RunConfig.{name} must be a positive integer, got {value!r}")
-        if self.fragments > 9999:
-            raise ValueError(f"RunConfig.fragments must be at most 9999, got {self.fragments}")
-        if self.sync_every < self.fragments:
-            raise ValueError(
-                f"RunConfig.sync_every ({self.sync_every}) must be at least fragments "
-                f"({self.fragments}) so that every fragment has its own offset"
-            )
-        if not isinstance(self.robust, bool):
-            raise ValueError(f"RunConfig.robust must be True or False, got {self.robust!r}")
-        if self.max_staleness < 0:
-            raise ValueError(f"RunConfig.max_staleness must be >= 0, got {self.max_staleness}")
-        ranges = {
-            "outer_lr": (self.outer_lr, 0.0, math.inf),
-            "outer_momentum": (self.outer_momentum, 0.0, 1.0),
-            "outlier_factor": (self.outlier_factor, 1.0, math.inf),
-            "quorum_fraction": (self.quorum_fraction, 0.0, 1.0),
-            "grace": (self.grace, 0.0, math.inf),
-            "alpha": (self.alpha, 0.0, 1.0),
-        }
-        for field, (number, low, high) in ranges.items():
-            if not math.isfinite(number) or not low <= number <= high:
-                raise ValueError(
-                    f"RunConfig.{field} must be finite and in [{low}, {high}], got {number!r}"
-                )
-        if not 0 < self.topk_density <= 1 or self.topk_bits not in (1, 2, 4, 8):
-            raise ValueError(
-                f"RunConfig.topk_density must be in (0, 1] and topk_bits 1, 2, 4 or 8, got "
-                f"{self.topk_density!r} and {self.topk_bits!r}"
-            )
-        if not 1 <= self.topk_chunk <= 1 << 16:
-            raise ValueError(f"RunConfig.topk_chunk must be in [1, 65536], got {self.topk_chunk}")
-        if self.outer_lr <= 0:
-            raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
-        if self.overlap is not None and self.overlap < 1:
-            raise ValueError(
-                f"RunConfig.overlap must be None (never wait) or a positive number of steps, "
-                f"got {self.overlap}"
-            )
-
-    @classmethod
-    def repeatable(cls, overlap: int = 2, **fields: Any) -> "RunConfig":
-        """The repeatable mode: ``RunConfig(overlap=overlap, **fields)`` (see ``overlap``):
-        for fleets of equal machines and for research that must rerun a run exactly."""
-        return cls(overlap=overlap, **fields)
-
-    @property
-    def applied_after(self) -> int | None:
-        """The local steps from a snapshot to the step that applies its round's version:
-        ``overlap``, at most ``sync_every`` (the fragment's next snapshot applies it at the
-        latest); None without ``overlap``."""
-        return None if self.overlap is None else min(self.overlap, self.sync_every)
 
 
 class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
@@ -351,7 +182,7 @@ with room to spare; a syncer fetches every part, so the bound caps a forged snap
 class SnapshotPart(msgspec.Struct, frozen=True, kw_only=True):
     """One blob of a snapshot's delta uploaded in parts: the rows ``rows[i] = (start, end)``
     of parameter ``i`` of the fragment (rows of the first dimension; a 0-dimensional parameter
-    has one row), encoded as a fragment of those rows (``codec.part_spec``). A learner group
+    has one row), encoded as a fragment of those rows (``layout.part_spec``). A learner group
     whose ranks hold shards of the parameters (FSDP2) uploads one part per rank."""
 
     delta: BlobRef
@@ -366,7 +197,7 @@ class Snapshot(_Object, frozen=True, kw_only=True):
     reason ``tokens``, which names the learner.
 
     The delta is one blob (``delta``) or, from a learner group of sharded ranks, ``parts``
-    that together hold every row of every parameter once, in order (``codec.check_parts``);
+    that together hold every row of every parameter once, in order (``layout.check_parts``);
     exactly one of the two is set, so a whole snapshot encodes as it did before parts existed.
 
     ``closing`` True marks a snapshot taken after its learner began closing (its flush, and

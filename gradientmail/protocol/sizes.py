@@ -5,8 +5,8 @@ costs no download (the store then caps each read at the declared size).
 Pure: no I/O; runs on whatever thread calls it.
 """
 
-from gradientmail.protocol.codec import check_parts, part_spec
 from gradientmail.protocol.framing import MAX_HEADER_BYTES
+from gradientmail.protocol.layout import check_parts, part_spec
 from gradientmail.protocol.records import FragmentSpec, Snapshot
 
 __all__ = ["delta_problem", "max_blob_bytes"]
@@ -26,7 +26,7 @@ def max_blob_bytes(spec: FragmentSpec) -> int:
 
 def delta_problem(snapshot: Snapshot, spec: FragmentSpec) -> str | None:
     """None when every blob of ``snapshot``'s delta can be what it claims: its parts' rows
-    hold the rows of ``spec`` once, in order (``codec.check_parts``), and each blob's
+    hold the rows of ``spec`` once, in order (``layout.check_parts``), and each blob's
     declared size is within ``max_blob_bytes`` of its rows (of ``spec`` for a whole delta);
     else what is wrong, for the ``shape`` rejection. Decided from the snapshot alone, before
     any of its blobs is read."""

@@ -13,19 +13,21 @@ import gradientmail.protocol.pieces as pieces
 from gradientmail.errors import CodecError, RecordError
 from gradientmail.protocol.aggregation import Candidate, aggregate
 from gradientmail.protocol.codec import (
-    HEAD_BYTES,
-    blob_layout,
-    check_parts,
     decode_fragment,
-    decode_rows,
     encode_fragment,
     open_delta,
     open_fragment,
     open_parts,
-    part_spec,
-    row_spans,
     rows_of,
     tensors_of,
+)
+from gradientmail.protocol.layout import (
+    HEAD_BYTES,
+    blob_layout,
+    check_parts,
+    decode_rows,
+    part_spec,
+    row_spans,
 )
 from gradientmail.protocol.records import (
     MAX_PARTS,
