@@ -6,8 +6,9 @@ anyio memory object streams to sinks (``sinks``): structlog JSON lines, a consol
 callable. Observation never blocks or changes a run. See ``docs/events.md``.
 """
 
+from gradientmail.events._routes import Sink, SinkStatistics
 from gradientmail.events._tensorboard import TensorBoardSink, tensorboard
-from gradientmail.events.bus import BusStatistics, EventBus, Sink, SinkStatistics
+from gradientmail.events.bus import BusStatistics, EventBus
 from gradientmail.events.kinds import (
     KINDS,
     WAITING_WARNING,

@@ -10,8 +10,9 @@ Shape of the flow::
 ``emit`` takes a lock for a few hundred nanoseconds and appends; it never awaits, never
 blocks on a sink and never raises. The dispatcher moves each batch into every sink's stream
 with ``send_nowait``, so a slow sink fills only its own stream. A full stream drops the
-*newest* events for that sink and counts them; see ``EventBus`` for why, and for the
-``EventsDropped`` notice that tells the sink exactly how many it lost.
+*newest* events for that sink and counts them (each stream and its accounting is a route,
+``events._routes``); see ``EventBus`` for why, and for the ``EventsDropped`` notice that
+tells the sink exactly how many it lost.
 
 Waking the dispatcher from another thread must not block that thread (the training thread
 calls ``emit`` between optimizer steps). ``anyio.from_thread.run_sync`` waits for the loop, so
@@ -24,27 +25,28 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import math
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeAlias
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from gradientmail.events.kinds import Event, EventsDropped, kind_name
+from gradientmail.events._routes import (
+    Route,
+    Sink,
+    SinkStatistics,
+    Subscription,
+    check_buffer,
+    sink_name,
+)
+from gradientmail.events.kinds import Event, kind_name
 
-__all__ = ["BusStatistics", "EventBus", "Sink", "SinkStatistics", "sink_name"]
+__all__ = ["BusStatistics", "EventBus"]
 
 log = logging.getLogger("gradientmail.events")
-
-Sink: TypeAlias = Callable[[Event], None] | Callable[[Event], Awaitable[None]]
-"""A sync or async callable taking one event. It may also have ``aclose()`` (awaited) or
-``close()`` (called), which the bus calls once after the last event it delivers."""
 
 _FAIR_EVERY = 64
 """Events a delivery task or the dispatcher handles between two checkpoints, so that a
@@ -52,20 +54,6 @@ backlog of fast sync calls cannot starve the rest of the event loop."""
 
 _CLOSE_TIMEOUT = 5.0
 """Seconds allowed to each sink's ``close``/``aclose``, shielded from cancellation."""
-
-
-@dataclass(frozen=True, slots=True)
-class SinkStatistics:
-    """One sink or subscriber: events it was handed (``delivered``, including the
-    ``EventsDropped`` notices and the calls that raised), calls that raised (``failed``),
-    events it lost to a full buffer (``dropped``, whether or not the notice went out yet) and
-    events waiting in its stream (``buffered``)."""
-
-    name: str
-    delivered: int
-    failed: int
-    dropped: int
-    buffered: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,137 +66,6 @@ class BusStatistics:
     pending: int
     refused: int
     sinks: tuple[SinkStatistics, ...]
-
-
-def sink_name(sink: object) -> str:
-    """How logs and ``EventsDropped`` name ``sink``: its ``name`` attribute if it has one,
-    else its qualified name (a function's, or an object's class's), less any ``<locals>``
-    prefix."""
-    name = getattr(sink, "name", None)
-    if isinstance(name, str):
-        return name
-    qualname = getattr(sink, "__qualname__", None)
-    if not isinstance(qualname, str):
-        qualname = type(sink).__qualname__
-    return qualname.rsplit("<locals>.", 1)[-1]
-
-
-def _check_buffer(buffer: int, what: str) -> None:
-    if not (isinstance(buffer, int) and buffer >= 1) and buffer != math.inf:
-        raise ValueError(f"{what} must be a positive integer (events), got {buffer!r}")
-
-
-class _Route:
-    """One sink's or subscriber's stream and its drop accounting. Event-loop thread only."""
-
-    __slots__ = (
-        "delivered",
-        "dropped",
-        "failed",
-        "learner",
-        "lost",
-        "lost_learner",
-        "name",
-        "receive",
-        "send",
-        "sink",
-    )
-
-    def __init__(self, name: str, sink: Sink | None, buffer: int, learner: str) -> None:
-        self.name = name
-        self.sink = sink
-        self.send: MemoryObjectSendStream[Event]
-        self.receive: MemoryObjectReceiveStream[Event]
-        self.send, self.receive = anyio.create_memory_object_stream[Event](buffer)
-        self.learner = learner
-        self.lost = 0
-        self.lost_learner = ""
-        self.dropped = 0
-        self.delivered = 0
-        self.failed = 0
-
-    def offer(self, event: Event) -> None:
-        """Put ``event`` in the stream, or count it as lost when the stream is full.
-
-        After a loss, the ``EventsDropped`` notice goes in just before the next event that
-        fits, so the notice sits exactly where the gap is; that needs room for both, hence
-        the wait for two free slots.
-        """
-        if self.lost:
-            stats = self.send.statistics()
-            if stats.max_buffer_size - stats.current_buffer_used < 2:
-                self.lose(1, event.learner)
-                return
-            self.send.send_nowait(self.notice())
-        try:
-            self.send.send_nowait(event)
-        except anyio.WouldBlock:
-            self.lose(1, event.learner)
-
-    def lose(self, count: int, learner: str) -> None:
-        self.lost += count
-        self.dropped += count
-        self.lost_learner = learner
-
-    def notice(self) -> EventsDropped:
-        notice = EventsDropped(self.learner or self.lost_learner, self.name, self.lost)
-        self.lost = 0
-        return notice
-
-    def lose_at_tail(self, count: int, learner: str) -> None:
-        """Count ``count`` events lost after everything already in the stream; when the
-        stream has room, the notice goes in at once, so a sink that is already waiting learns
-        of the loss without waiting for the next event."""
-        self.lose(count, learner)
-        stats = self.send.statistics()
-        if stats.current_buffer_used < stats.max_buffer_size:
-            self.send.send_nowait(self.notice())
-
-    async def next(self) -> Event:
-        """The next event in order, or the pending ``EventsDropped`` notice once the stream
-        is empty; raises ``anyio.EndOfStream`` once the stream is closed and drained."""
-        try:
-            return self.receive.receive_nowait()
-        except anyio.WouldBlock:
-            pass
-        except anyio.EndOfStream:
-            if not self.lost:
-                raise
-            return self.notice()
-        if self.lost:
-            return self.notice()
-        # Waiting means the stream is empty, so every send reaches this receiver at once and
-        # nothing can be lost until it returns.
-        return await self.receive.receive()
-
-    def statistics(self) -> SinkStatistics:
-        return SinkStatistics(
-            self.name,
-            self.delivered,
-            self.failed,
-            self.dropped,
-            self.receive.statistics().current_buffer_used,
-        )
-
-
-class _Subscription:
-    """The async iterator a subscriber reads: the events of its own route, in order."""
-
-    __slots__ = ("_route",)
-
-    def __init__(self, route: _Route) -> None:
-        self._route = route
-
-    def __aiter__(self) -> "_Subscription":
-        return self
-
-    async def __anext__(self) -> Event:
-        try:
-            event = await self._route.next()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-        self._route.delivered += 1
-        return event
 
 
 class EventBus:
@@ -250,7 +107,7 @@ class EventBus:
         learner: str = "",
         drain_timeout: float = 30.0,
     ) -> None:
-        _check_buffer(buffer, "EventBus(buffer=...)")
+        check_buffer(buffer, "EventBus(buffer=...)")
         for sink in sinks:
             if not callable(sink):
                 raise TypeError(f"EventBus sinks must be callables taking one event, got {sink!r}")
@@ -273,7 +130,7 @@ class EventBus:
         self._sleeping = False
         self._wakeup: anyio.Event | None = None
 
-        self._routes: tuple[_Route, ...] = ()
+        self._routes: tuple[Route, ...] = ()
         self._subscribers = 0
         self._started = False
         self._done = False
@@ -364,7 +221,7 @@ class EventBus:
         self._finished = anyio.Event()
         self._bind_loop()
         sink_routes = tuple(
-            _Route(sink_name(sink), sink, self._buffer, self._learner) for sink in self._sinks
+            Route(sink_name(sink), sink, self._buffer, self._learner) for sink in self._sinks
         )
         self._routes = (*sink_routes, *self._routes)
         try:
@@ -425,7 +282,7 @@ class EventBus:
                     route.lose_at_tail(lost, lost_learner)
             await anyio.lowlevel.checkpoint()
 
-    async def _deliver(self, route: _Route) -> None:
+    async def _deliver(self, route: Route) -> None:
         sink = route.sink
         assert sink is not None
         calls = 0
@@ -478,26 +335,26 @@ class EventBus:
         subscriber has read everything. Enter it on the event-loop thread. Events emitted
         after entering are all seen (dropping aside); some emitted just before may be too.
         """
-        _check_buffer(buffer, "EventBus.subscribe(buffer=...)")
+        check_buffer(buffer, "EventBus.subscribe(buffer=...)")
         return self._subscription(buffer)
 
     @asynccontextmanager
     async def _subscription(self, buffer: int) -> AsyncIterator[AsyncIterator[Event]]:
         self._subscribers += 1
-        route = _Route(f"subscriber-{self._subscribers}", None, buffer, self._learner)
+        route = Route(f"subscriber-{self._subscribers}", None, buffer, self._learner)
         if self._done:
             route.send.close()
         else:
             self._routes = (*self._routes, route)
         try:
-            yield _Subscription(route)
+            yield Subscription(route)
         finally:
             self._routes = tuple(other for other in self._routes if other is not route)
             route.send.close()
             route.receive.close()
 
 
-async def _close_sink(route: _Route) -> None:
+async def _close_sink(route: Route) -> None:
     sink = route.sink
     aclose = getattr(sink, "aclose", None)
     close = getattr(sink, "close", None)

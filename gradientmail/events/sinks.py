@@ -20,7 +20,7 @@ import msgspec
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from gradientmail.events.bus import Sink, sink_name
+from gradientmail.events._routes import Sink, sink_name
 from gradientmail.events.kinds import (
     AwaitingCreator,
     Closed,
