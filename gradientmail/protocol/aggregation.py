@@ -453,7 +453,20 @@ def aggregate(
     else:
         weights = _weights(snapshots, config)
     mean, dots = _mean([delta for _, delta, _ in kept], weights, spec, cosines=True)
-    participants = tuple(
+    return Aggregate(
+        mean=mean,
+        participants=_participants(snapshots, weights, notes),
+        rejected=tuple(rejected),
+        cosine=_cosine([norm for _, _, norm in kept], dots, mean),
+    )
+
+
+def _participants(
+    snapshots: Sequence[Snapshot], weights: Sequence[float], notes: Sequence[str | None]
+) -> tuple[Participant, ...]:
+    """The accepted ``snapshots`` as the record's participants, with their weights and what
+    bounding did to each (``notes``, None: nothing)."""
+    return tuple(
         Participant(
             learner=s.learner,
             weight=weight,
@@ -466,10 +479,4 @@ def aggregate(
             bounded=msgspec.UNSET if note is None else note,
         )
         for s, weight, note in zip(snapshots, weights, notes, strict=True)
-    )
-    return Aggregate(
-        mean=mean,
-        participants=participants,
-        rejected=tuple(rejected),
-        cosine=_cosine([norm for _, _, norm in kept], dots, mean),
     )
