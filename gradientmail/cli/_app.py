@@ -131,7 +131,16 @@ def parser() -> argparse.ArgumentParser:
     )
     top.add_argument("--debug", action="store_true", help="show a traceback for every failure")
     commands = top.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    _demo_command(commands)
+    _status_command(commands)
+    _syncer_command(commands)
+    _export_command(commands)
+    _report_command(commands)
+    _identity_commands(commands)
+    return top
 
+
+def _demo_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     demo = commands.add_parser(
         "demo",
         help="train a small transformer with several learner processes on a local store",
@@ -157,6 +166,13 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--context", type=_positive_int, default=64, help="tokens per sequence (default 64)"
     )
+    _demo_run_options(demo)
+    _demo_training_options(demo)
+    demo.set_defaults(handler=_demo)
+
+
+def _demo_run_options(demo: argparse.ArgumentParser) -> None:
+    """The run's split, schedule and encoding a demo takes, and its inner learning rate."""
     defaults = RunConfig()
     demo.add_argument(
         "--fragments",
@@ -180,6 +196,10 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--lr", type=_positive_float, default=3e-3, help="inner AdamW learning rate (default 3e-3)"
     )
+
+
+def _demo_training_options(demo: argparse.ArgumentParser) -> None:
+    """What the demo trains on, with which model and loop, and how it shows progress."""
     demo.add_argument(
         "--data",
         type=Path,
@@ -210,8 +230,9 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--no-live", action="store_true", help="print plain progress lines instead of the live view"
     )
-    demo.set_defaults(handler=_demo)
 
+
+def _status_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     status = commands.add_parser(
         "status",
         help="show a run: manifest, fragments, recent rounds, leases, totals",
@@ -240,6 +261,8 @@ def parser() -> argparse.ArgumentParser:
     )
     status.set_defaults(handler=_status)
 
+
+def _syncer_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     syncer = commands.add_parser(
         "syncer",
         help="host a syncer-only node (closes rounds) until Ctrl-C or SIGTERM",
@@ -258,6 +281,8 @@ def parser() -> argparse.ArgumentParser:
     )
     syncer.set_defaults(handler=_syncer)
 
+
+def _export_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     export = commands.add_parser(
         "export",
         help="write the run's newest committed model to a safetensors file",
@@ -268,6 +293,8 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("--out", type=Path, required=True, help="the safetensors file to write")
     export.set_defaults(handler=_export)
 
+
+def _report_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     report = commands.add_parser(
         "report",
         help="write one self-contained HTML page of a run's figures",
@@ -291,8 +318,6 @@ def parser() -> argparse.ArgumentParser:
         help="directory of the learners' event logs (default: events/ in the run's directory)",
     )
     report.set_defaults(handler=_report)
-    _identity_commands(commands)
-    return top
 
 
 def _identity_commands(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

@@ -21,6 +21,7 @@ import msgspec
 
 from gradientmail.cli.report_page import page
 from gradientmail.errors import NoRun, UsageError
+from gradientmail.protocol.records import RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation, RunReader, open_mailbox
 
@@ -89,40 +90,7 @@ def content(
     manifest = observation.manifest
     points, bad_points = _progress(progress)
     published, bad_events = _events(events)
-    rounds: list[dict[str, Any]] = [
-        {
-            "round": record.round,
-            "fragment": record.fragment,
-            "closed_at": None
-            if isinstance(record.closed_at, msgspec.UnsetType)
-            else record.closed_at,
-            "participants": [
-                {
-                    "learner": p.learner,
-                    "weight": p.weight,
-                    "steps": p.steps,
-                    "tokens": p.tokens,
-                    "waited": None if isinstance(p.waited, msgspec.UnsetType) else p.waited,
-                }
-                for p in record.participants
-            ],
-            "rejected": len(record.rejected),
-        }
-        for record in (observation.records[r] for r in sorted(observation.records))
-    ]
-    names = sorted({p["learner"] for r in rounds for p in r["participants"]} | set(published))
-    learners = {
-        name: {
-            "published": sorted(published.get(name, [])),
-            "waited": [
-                (r["round"], p["waited"])
-                for r in rounds
-                for p in r["participants"]
-                if p["learner"] == name and p["waited"] is not None
-            ],
-        }
-        for name in names
-    }
+    rounds = [_round(observation.records[r]) for r in sorted(observation.records)]
     problems = list(observation.problems)
     if bad_points:
         problems.append(f"{bad_points} lines of the evaluations file skipped (no numeric loss)")
@@ -143,10 +111,50 @@ def content(
         ],
         "rounds": rounds,
         "progress": points,
-        "learners": learners,
+        "learners": _learners(rounds, published),
         "finished": not observation.leases,
         "verified": observation.verified,
         "problems": problems,
+    }
+
+
+def _round(record: RoundRecord) -> dict[str, Any]:
+    """One round of the report: when it closed, its participants, how many it rejected."""
+    return {
+        "round": record.round,
+        "fragment": record.fragment,
+        "closed_at": None if isinstance(record.closed_at, msgspec.UnsetType) else record.closed_at,
+        "participants": [
+            {
+                "learner": p.learner,
+                "weight": p.weight,
+                "steps": p.steps,
+                "tokens": p.tokens,
+                "waited": None if isinstance(p.waited, msgspec.UnsetType) else p.waited,
+            }
+            for p in record.participants
+        ],
+        "rejected": len(record.rejected),
+    }
+
+
+def _learners(
+    rounds: list[dict[str, Any]], published: dict[str, list[tuple[int, int]]]
+) -> dict[str, dict[str, Any]]:
+    """Each learner of the report (a participant or a publisher): the snapshots it published
+    and, per round it took part in, how long it waited."""
+    names = sorted({p["learner"] for r in rounds for p in r["participants"]} | set(published))
+    return {
+        name: {
+            "published": sorted(published.get(name, [])),
+            "waited": [
+                (r["round"], p["waited"])
+                for r in rounds
+                for p in r["participants"]
+                if p["learner"] == name and p["waited"] is not None
+            ],
+        }
+        for name in names
     }
 
 

@@ -43,7 +43,7 @@ from gradientmail.clock import MonotonicClock
 from gradientmail.errors import NoRun, UsageError
 from gradientmail.protocol import keys
 from gradientmail.protocol.liveness import Liveness
-from gradientmail.protocol.records import BlobRef, RoundRecord
+from gradientmail.protocol.records import BlobRef, Manifest, RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation, RunReader, open_mailbox
 
@@ -69,48 +69,8 @@ def document(
     """
     manifest = observation.manifest
     count = len(manifest.fragments)
-    newest: dict[int, RoundRecord] = {}
-    for round in sorted(observation.records):
-        record = observation.records[round]
-        newest[record.fragment] = record
-    fragments = []
-    for spec, theta0 in zip(manifest.fragments, manifest.theta0, strict=True):
-        latest = newest.get(spec.index)
-        fragments.append(
-            {
-                "index": spec.index,
-                "tensors": len(spec.params),
-                "parameters": spec.numel,
-                "version": 0 if latest is None else latest.version,
-                "round": None if latest is None else latest.round,
-                "theta": _theta(theta0, latest),
-            }
-        )
     ordered = [observation.records[r] for r in sorted(observation.records)]
-    rounds = [
-        {
-            "round": record.round,
-            "fragment": record.fragment,
-            "version": record.version,
-            "committed_by": record.committed_by,
-            "participants": [msgspec.to_builtins(p) for p in record.participants],
-            "rejected": [msgspec.to_builtins(r) for r in record.rejected],
-            "quorum_seconds": _finite(record.quorum_seconds),
-            "grace_seconds": _finite(record.grace_seconds),
-            "cosine": _finite(record.cosine),
-            "closed_at": None
-            if isinstance(record.closed_at, msgspec.UnsetType)
-            else record.closed_at,
-            **_last_in(record),
-        }
-        for record in (ordered[-last:] if last > 0 else [])
-    ]
-    participants = [p for record in ordered for p in record.participants]
-    rejected = [r for record in ordered for r in record.rejected]
-    tokens_by_fragment = [0] * count
-    for record in ordered:
-        if 0 <= record.fragment < count:
-            tokens_by_fragment[record.fragment] += sum(p.tokens for p in record.participants)
+    rounds = [_round(record) for record in (ordered[-last:] if last > 0 else [])]
     return {
         "url": observation.url,
         "manifest": {
@@ -122,7 +82,7 @@ def document(
             "parameters": sum(spec.numel for spec in manifest.fragments),
             "config": msgspec.to_builtins(manifest.config),
         },
-        "fragments": fragments,
+        "fragments": _fragments(manifest, ordered),
         "rounds": rounds,
         "pending": {
             "round": observation.pending,
@@ -140,21 +100,70 @@ def document(
             }
             for learner, (beat, beats, role) in sorted(observation.leases.items())
         ],
-        "totals": {
-            "rounds": len(observation.records),
-            "snapshots": len(participants),
-            "rejected": len(rejected),
-            "steps": sum(p.steps for p in participants) / count,
-            "tokens": sum(p.tokens for p in participants) / count,
-            "rejected_tokens": sum(r.tokens for r in rejected) / count,
-            "tokens_by_fragment": tokens_by_fragment,
-        },
+        "totals": _totals(ordered, count),
         "finished": not observation.leases,
         "desync": desync(observation, live),
         "arrivals": arrivals(rounds),
         "learners": paces(ordered),
         "verified": observation.verified,
         "problems": list(observation.problems),
+    }
+
+
+def _fragments(manifest: Manifest, ordered: list[RoundRecord]) -> list[dict[str, Any]]:
+    """Each fragment of the document: its size, and its newest version among the records
+    (``ordered`` by round) with the round that made it and its θ blob."""
+    newest = {record.fragment: record for record in ordered}
+    fragments = []
+    for spec, theta0 in zip(manifest.fragments, manifest.theta0, strict=True):
+        latest = newest.get(spec.index)
+        fragments.append(
+            {
+                "index": spec.index,
+                "tensors": len(spec.params),
+                "parameters": spec.numel,
+                "version": 0 if latest is None else latest.version,
+                "round": None if latest is None else latest.round,
+                "theta": _theta(theta0, latest),
+            }
+        )
+    return fragments
+
+
+def _round(record: RoundRecord) -> dict[str, Any]:
+    """One listed round of the document (non-finite figures as None)."""
+    return {
+        "round": record.round,
+        "fragment": record.fragment,
+        "version": record.version,
+        "committed_by": record.committed_by,
+        "participants": [msgspec.to_builtins(p) for p in record.participants],
+        "rejected": [msgspec.to_builtins(r) for r in record.rejected],
+        "quorum_seconds": _finite(record.quorum_seconds),
+        "grace_seconds": _finite(record.grace_seconds),
+        "cosine": _finite(record.cosine),
+        "closed_at": None if isinstance(record.closed_at, msgspec.UnsetType) else record.closed_at,
+        **_last_in(record),
+    }
+
+
+def _totals(ordered: list[RoundRecord], count: int) -> dict[str, Any]:
+    """What the committed rounds (``ordered``) counted, steps and tokens as means over the
+    ``count`` fragments (exact per fragment in ``tokens_by_fragment``)."""
+    participants = [p for record in ordered for p in record.participants]
+    rejected = [r for record in ordered for r in record.rejected]
+    tokens_by_fragment = [0] * count
+    for record in ordered:
+        if 0 <= record.fragment < count:
+            tokens_by_fragment[record.fragment] += sum(p.tokens for p in record.participants)
+    return {
+        "rounds": len(ordered),
+        "snapshots": len(participants),
+        "rejected": len(rejected),
+        "steps": sum(p.steps for p in participants) / count,
+        "tokens": sum(p.tokens for p in participants) / count,
+        "rejected_tokens": sum(r.tokens for r in rejected) / count,
+        "tokens_by_fragment": tokens_by_fragment,
     }
 
 
@@ -227,9 +236,40 @@ def console_for() -> Console:
 
 def render(doc: Mapping[str, Any]) -> RenderableType:
     """The status document as rich tables (pure: builds renderables, prints nothing)."""
+    rejections = [
+        Text(f"round {r['round']} rejected {x['learner']}: {x['reason']}")
+        for r in doc["rounds"]
+        for x in r["rejected"]
+    ]
+    parts: list[RenderableType] = [
+        _head(doc),
+        _fragments_table(doc),
+        rounds_table(doc),
+        *rejections,
+        in_flight_line(doc),
+        _leases_table(doc),
+        *_learners(doc["learners"]),
+        _summary(doc["totals"]),
+        *_notes(doc),
+    ]
+    if not doc["verified"]:
+        parts.insert(
+            0,
+            Text(
+                "UNVERIFIED: this run is signed and was read without its key "
+                "(GRADIENTMAIL_RUN_KEY); anyone could have written what is shown",
+                style="bold red",
+            ),
+        )
+    parts.extend(Text(f"problem: {p}", style="yellow") for p in doc["problems"])
+    return Group(*parts)
+
+
+def _head(doc: Mapping[str, Any]) -> Text:
+    """The run's URL, creator, size, signing and config."""
     manifest = doc["manifest"]
     config = " ".join(f"{k}={v}" for k, v in manifest["config"].items())
-    head = Text.assemble(
+    return Text.assemble(
         ("run ", "bold"),
         (doc["url"], "bold cyan"),
         f"  created by {manifest['created_by']}: {manifest['parameters']:,} parameters in "
@@ -239,6 +279,9 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         ("config ", "dim"),
         config,
     )
+
+
+def _fragments_table(doc: Mapping[str, Any]) -> RenderableType:
     fragments = table("fragments")
     for column in ("fragment", "tensors", "parameters", "version", "from round", "theta"):
         column_of(fragments, column, "left" if column == "theta" else "right")
@@ -251,14 +294,13 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             "Θ⁰" if f["round"] is None else str(f["round"]),
             "–" if f["theta"] is None else f["theta"][:12],
         )
-    totals = doc["totals"]
-    rounds = rounds_table(doc)
-    rejections = [
-        Text(f"round {r['round']} rejected {x['learner']}: {x['reason']}")
-        for r in doc["rounds"]
-        for x in r["rejected"]
-    ]
-    in_flight = in_flight_line(doc)
+    return fragments
+
+
+def _leases_table(doc: Mapping[str, Any]) -> RenderableType:
+    """The leases as a table, or a line saying there are none."""
+    if not doc["leases"]:
+        return Text("leases: none (no node of this run is running)")
     leases = table("leases")
     for column in ("learner", "newest beat", "beats", "live"):
         column_of(leases, column, "left" if column == "learner" else "right")
@@ -270,26 +312,24 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
             str(lease["beats"]),
             "?" if live is None else ("[green]yes[/]" if live else "[red]no[/]"),
         )
-    summary = Text(
+    return leases
+
+
+def _summary(totals: Mapping[str, Any]) -> Text:
+    return Text(
         f"{totals['rounds']} rounds committed: {totals['snapshots']} snapshots, "
         f"{totals['steps']:,.0f} steps and {totals['tokens']:,.0f} tokens per fragment; "
         f"{totals['rejected']} snapshots rejected ({totals['rejected_tokens']:,.0f} tokens "
         "per fragment)"
     )
-    no_leases = Text("leases: none (no node of this run is running)")
-    parts: list[RenderableType] = [
-        head,
-        fragments,
-        rounds,
-        *rejections,
-        in_flight,
-        leases if doc["leases"] else no_leases,
-        *_learners(doc["learners"]),
-        summary,
-    ]
+
+
+def _notes(doc: Mapping[str, Any]) -> list[RenderableType]:
+    """The arrivals line when rounds carry a spread, and the desynchronization warning."""
+    notes: list[RenderableType] = []
     came = doc["arrivals"]
     if came["rounds"]:
-        parts.append(
+        notes.append(
             Text(
                 f"arrivals: median first-to-last spread {came['median_spread_seconds']:.2f} s "
                 f"over {came['rounds']} rounds listed"
@@ -303,7 +343,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
         )
     flag = doc["desync"]
     if flag["flagged"]:
-        parts.append(
+        notes.append(
             Text(
                 f"desynchronized: {len(flag['short'])} of the newest {flag['rounds']} rounds "
                 f"closed empty or with fewer participants than the {flag['learners']} learners "
@@ -311,17 +351,7 @@ def render(doc: Mapping[str, Any]) -> RenderableType:
                 style="bold yellow",
             )
         )
-    if not doc["verified"]:
-        parts.insert(
-            0,
-            Text(
-                "UNVERIFIED: this run is signed and was read without its key "
-                "(GRADIENTMAIL_RUN_KEY); anyone could have written what is shown",
-                style="bold red",
-            ),
-        )
-    parts.extend(Text(f"problem: {p}", style="yellow") for p in doc["problems"])
-    return Group(*parts)
+    return notes
 
 
 def _learners(learners: list[dict[str, Any]]) -> list[RenderableType]:
@@ -374,35 +404,48 @@ async def status(
             else:
                 out.print(render(doc))
             return
-        clock = MonotonicClock()
-        liveness = Liveness(timeout=lease_timeout)
-        with (
-            contextlib.ExitStack() as stack,
-            anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
-        ):
-            view = None if as_json else stack.enter_context(Live(console=out, auto_refresh=False))
-            async with anyio.create_task_group() as group:
+        await _watch(reader, url, last, as_json, interval, Liveness(timeout=lease_timeout), out)
 
-                async def until_signal() -> None:
-                    # The loop's own SIGINT handling cancels the main task natively, which a
-                    # cancel scope exiting at that moment can absorb (seen: a watch that
-                    # ignored SIGINT under load); a signal receiver stops it on either loop.
-                    async for _ in signals:
-                        group.cancel_scope.cancel()
-                        return
 
-                group.start_soon(until_signal)
-                while True:
-                    observation = await reader.observe(url)
-                    now = clock.now()
-                    beats = {learner: lease[0] for learner, lease in observation.leases.items()}
-                    liveness = liveness.observed(beats, now)
-                    doc = document(observation, last=last, live=liveness.live(now))
-                    if view is None:
-                        print(json.dumps(doc), flush=True)
-                    else:
-                        view.update(render(doc), refresh=True)
-                    await anyio.sleep(interval)
+async def _watch(
+    reader: RunReader,
+    url: str,
+    last: int,
+    as_json: bool,
+    interval: float,
+    liveness: Liveness,
+    out: Console,
+) -> None:
+    """``status --watch``: observe every ``interval`` seconds, judging the leases with
+    ``liveness``, until SIGINT or SIGTERM (main thread only)."""
+    clock = MonotonicClock()
+    with (
+        contextlib.ExitStack() as stack,
+        anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+    ):
+        view = None if as_json else stack.enter_context(Live(console=out, auto_refresh=False))
+        async with anyio.create_task_group() as group:
+
+            async def until_signal() -> None:
+                # The loop's own SIGINT handling cancels the main task natively, which a
+                # cancel scope exiting at that moment can absorb (seen: a watch that
+                # ignored SIGINT under load); a signal receiver stops it on either loop.
+                async for _ in signals:
+                    group.cancel_scope.cancel()
+                    return
+
+            group.start_soon(until_signal)
+            while True:
+                observation = await reader.observe(url)
+                now = clock.now()
+                beats = {learner: lease[0] for learner, lease in observation.leases.items()}
+                liveness = liveness.observed(beats, now)
+                doc = document(observation, last=last, live=liveness.live(now))
+                if view is None:
+                    print(json.dumps(doc), flush=True)
+                else:
+                    view.update(render(doc), refresh=True)
+                await anyio.sleep(interval)
 
 
 def _theta(theta0: BlobRef, latest: RoundRecord | None) -> str | None:
