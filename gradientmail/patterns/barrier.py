@@ -2,7 +2,8 @@
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import anyio
@@ -130,38 +131,47 @@ class Barrier:
         _check_parties(parties)
         if timeout is not None:
             timeout = _check_seconds("timeout", timeout, zero_ok=True)
-        prefix = f"{BARRIERS}{name}/"
-        seen: frozenset[str] | None = None
-
-        async def attend() -> frozenset[str]:
-            nonlocal seen
-            await retrying(
-                partial(self._mailbox.put_if_absent, f"{prefix}{self._learner}", b""),
-                clock=self._clock,
-            )
-            while True:
-                seen = arrivals(
-                    prefix, await retrying(partial(self._mailbox.list, prefix), clock=self._clock)
-                )
-                if len(seen) >= parties:
-                    _log.debug(
-                        "barrier %r opened for %s with %d arrivals", name, self._learner, len(seen)
-                    )
-                    return seen
-                await self._clock.sleep(self._poll_interval)
-
+        seen = _Seen()
+        attend = partial(self._attend, name, parties, seen)
         if timeout is None:
             return await attend()
+        opened = await self._within(attend, timeout)
+        if opened is not None:
+            return opened
+        raise _timed_out(name, parties, timeout, seen.last)
 
+    async def _attend(self, name: str, parties: int, seen: "_Seen") -> frozenset[str]:
+        """Record this node's arrival at ``name``, then list the arrivals every poll interval
+        (the newest listing in ``seen``) until ``parties`` have arrived; return them."""
+        prefix = f"{BARRIERS}{name}/"
+        await retrying(
+            partial(self._mailbox.put_if_absent, f"{prefix}{self._learner}", b""),
+            clock=self._clock,
+        )
+        while True:
+            seen.last = arrivals(
+                prefix, await retrying(partial(self._mailbox.list, prefix), clock=self._clock)
+            )
+            if len(seen.last) >= parties:
+                _log.debug(
+                    "barrier %r opened for %s with %d arrivals", name, self._learner, len(seen.last)
+                )
+                return seen.last
+            await self._clock.sleep(self._poll_interval)
+
+    async def _within(
+        self, attend: Callable[[], Awaitable[frozenset[str]]], seconds: float
+    ) -> frozenset[str] | None:
+        """What ``attend()`` returns, or None once ``seconds`` pass on the clock first."""
         opened: frozenset[str] | None = None
         failure: Exception | None = None
 
-        async def alarm(scope: anyio.CancelScope, seconds: float) -> None:
+        async def alarm(scope: anyio.CancelScope) -> None:
             await self._clock.sleep(seconds)
             scope.cancel()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(alarm, tg.cancel_scope, timeout)
+            tg.start_soon(alarm, tg.cancel_scope)
             # Caught here and raised below so that a store error leaves ``wait`` as itself,
             # not wrapped in the task group's ExceptionGroup.
             try:
@@ -171,20 +181,31 @@ class Barrier:
             tg.cancel_scope.cancel()
         if failure is not None:
             raise failure
-        if opened is not None:
-            return opened
-        if seen is None:
-            raise TimeoutError(
-                f"barrier {name!r}: the store did not answer within {timeout} s "
-                f"(0 of {parties} nodes known to have arrived)"
-            )
-        raise TimeoutError(
-            f"barrier {name!r}: {len(seen)} of {parties} nodes arrived within {timeout} s "
-            f"({_names(seen)})"
-        )
+        return opened
 
     def __repr__(self) -> str:
         return f"Barrier(learner={self._learner!r}, poll_interval={self._poll_interval})"
+
+
+@dataclass(slots=True)
+class _Seen:
+    """The newest listing of a barrier's arrivals one ``wait`` took (None: none yet)."""
+
+    last: frozenset[str] | None = None
+
+
+def _timed_out(
+    name: str, parties: int, timeout: float, seen: frozenset[str] | None
+) -> TimeoutError:
+    if seen is None:
+        return TimeoutError(
+            f"barrier {name!r}: the store did not answer within {timeout} s "
+            f"(0 of {parties} nodes known to have arrived)"
+        )
+    return TimeoutError(
+        f"barrier {name!r}: {len(seen)} of {parties} nodes arrived within {timeout} s "
+        f"({_names(seen)})"
+    )
 
 
 def _names(learners: frozenset[str], limit: int = 8) -> str:

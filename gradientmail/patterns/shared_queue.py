@@ -332,6 +332,19 @@ async def shared_queue(
     producer = _Producer(
         queue, units, keys, mailbox, learner, load, clock if clock is not None else MonotonicClock()
     )
+    async with _prefetching(queue, producer, send, receive):
+        yield queue
+
+
+@asynccontextmanager
+async def _prefetching(
+    queue: SharedQueue[Item],
+    producer: _Producer[Work, Item],
+    send: MemoryObjectSendStream[Item],
+    receive: MemoryObjectReceiveStream[Item],
+) -> AsyncIterator[None]:
+    """Run ``producer`` into ``send`` in a task group for the block's duration, cancelled
+    when the block leaves; the block's own exception leaves as itself."""
     body_exit: BaseException | None = None
     with receive:
         async with anyio.create_task_group() as tg:
@@ -339,7 +352,7 @@ async def shared_queue(
             # The block's own exception is caught and re-raised after the task group so that
             # it leaves as itself, not wrapped in the task group's ExceptionGroup.
             try:
-                yield queue
+                yield
             except BaseException as exc:
                 body_exit = exc
             finally:
