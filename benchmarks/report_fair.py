@@ -70,9 +70,37 @@ def section(page: Page, result: dict[str, Any]) -> None:
     """``text-fair-{size}.json``: per H, every seed's figures and the medians, and the
     targets (median excess over data-parallel, wall ratio over every run)."""
     p, figures = result["parameters"], result["figures"]
+    page.add(_intro(result), "")
+    rows = []
+    for sync_every, pair in sorted(figures["pairs"].items(), key=lambda item: int(item[0])):
+        rows += _rows(figures, sync_every, pair)
+        _targets(page, p["size"], sync_every, pair)
+    header = ["H", "seed", "gradientmail bits/byte (excess over DP)"]
+    header += ["torchft bits/byte (excess over DP)", "gradientmail wall (s)", "torchft wall (s)"]
+    header += ["1-minute load, start→end, gm then torchft runs", "bytes per learner, gm / torchft"]
+    page.add(*table([*header, "torchft outer (tuned)"], rows))
+    tuned = [
+        f"H {sync_every}: "
+        + ", ".join(
+            f"{point['outer'][0]} / {point['outer'][1]} {num(point['bits_per_byte'], 4)}"
+            for point in tuning["points"]
+        )
+        for sync_every, tuning in sorted(figures["tuning"].items(), key=lambda i: int(i[0]))
+        if tuning
+    ]
+    page.add(
+        f"torchft's grid on seed {p['torchft']['tuning_seed']} (bits per byte): "
+        + "; ".join(tuned)
+        + ".",
+        "",
+    )
+
+
+def _intro(result: dict[str, Any]) -> str:
+    p = result["parameters"]
     size = p["size"]
     grid = ", ".join(f"{lr} / {momentum}" for lr, momentum in p["torchft"]["outer_grid"])
-    page.add(
+    return (
         f"**The fair comparison, size `{size}`** (`benchmarks/bench_text.py --size {size} "
         f"--mode fair --seeds {' '.join(map(str, p['seeds']))}`): torchft's `init_sync` off; "
         "both systems judged on the mean of the learners' models by one function; torchft's "
@@ -88,83 +116,58 @@ def section(page: Page, result: dict[str, Any]) -> None:
             if size == "full"
             else f" **Size `{size}`: a scaled-down run, so its figures check the harness, not "
             "the full-size comparison.**"
-        ),
-        "",
+        )
     )
+
+
+def _rows(figures: dict[str, Any], sync_every: str, pair: dict[str, Any]) -> list[list[str]]:
+    """Every seed's row of one H."""
+    tuning = figures["tuning"][sync_every]
+    runs = figures["runs"][sync_every]
     rows = []
-    for sync_every, pair in sorted(figures["pairs"].items(), key=lambda item: int(item[0])):
-        tuning = figures["tuning"][sync_every]
-        runs = figures["runs"][sync_every]
-        for seed, row in sorted(pair["rows"].items(), key=lambda item: int(item[0])):
-            by = runs[seed]
-            rows.append(
-                [
-                    sync_every,
-                    seed,
-                    *(_bits(row.get(system)) for system in ("gm", "torchft")),
-                    ", ".join(num(r["wall_seconds"], 0) for r in by.get("gm", [])),
-                    ", ".join(num(r["wall_seconds"], 0) for r in by.get("torchft", [])),
-                    "; ".join(
-                        f"{r['load']['start'][0]:.1f}→{r['load']['end'][0]:.1f}"
-                        for s in ("gm", "torchft")
-                        for r in by.get(s, [])
-                    ),
-                    " / ".join(
-                        byte_size(statistics.fmean(r["bytes_per_learner"] for r in by[system]))
-                        if by.get(system)
-                        else "–"
-                        for system in ("gm", "torchft")
-                    ),
-                    "/".join(str(x) for x in tuning["best"]) if tuning else "–",
-                ]
-            )
-        gm, ft = pair["gm_median_excess"], pair["torchft_median_excess"]
-        met = None if gm is None or ft is None else gm <= ft
-        page.target(
-            f"real text ({size}), fair harness, H={sync_every}: median excess over DP over "
-            f"{pair['seeds_complete']} seeds, gradientmail vs torchft",
-            "≤ torchft's",
-            f"{num(gm, 4)} vs {num(ft, 4)} bits/byte",
-            met,
-            "bench_text --mode fair",
-        )
-        wall = pair["wall_ratio"]
-        page.target(
-            f"real text ({size}), fair harness, H={sync_every}: wall time ÷ torchft's, "
-            "each pair in both orders",
-            "≤ 1.0",
-            num(wall, 3),
-            None if wall is None else wall <= 1.0,
-            "bench_text --mode fair",
-        )
-    page.add(
-        *table(
+    for seed, row in sorted(pair["rows"].items(), key=lambda item: int(item[0])):
+        by = runs[seed]
+        rows.append(
             [
-                "H",
-                "seed",
-                "gradientmail bits/byte (excess over DP)",
-                "torchft bits/byte (excess over DP)",
-                "gradientmail wall (s)",
-                "torchft wall (s)",
-                "1-minute load, start→end, gm then torchft runs",
-                "bytes per learner, gm / torchft",
-                "torchft outer (tuned)",
-            ],
-            rows,
+                sync_every,
+                seed,
+                *(_bits(row.get(system)) for system in ("gm", "torchft")),
+                ", ".join(num(r["wall_seconds"], 0) for r in by.get("gm", [])),
+                ", ".join(num(r["wall_seconds"], 0) for r in by.get("torchft", [])),
+                "; ".join(
+                    f"{r['load']['start'][0]:.1f}→{r['load']['end'][0]:.1f}"
+                    for s in ("gm", "torchft")
+                    for r in by.get(s, [])
+                ),
+                " / ".join(
+                    byte_size(statistics.fmean(r["bytes_per_learner"] for r in by[system]))
+                    if by.get(system)
+                    else "–"
+                    for system in ("gm", "torchft")
+                ),
+                "/".join(str(x) for x in tuning["best"]) if tuning else "–",
+            ]
         )
+    return rows
+
+
+def _targets(page: Page, size: str, sync_every: str, pair: dict[str, Any]) -> None:
+    gm, ft = pair["gm_median_excess"], pair["torchft_median_excess"]
+    met = None if gm is None or ft is None else gm <= ft
+    page.target(
+        f"real text ({size}), fair harness, H={sync_every}: median excess over DP over "
+        f"{pair['seeds_complete']} seeds, gradientmail vs torchft",
+        "≤ torchft's",
+        f"{num(gm, 4)} vs {num(ft, 4)} bits/byte",
+        met,
+        "bench_text --mode fair",
     )
-    tuned = [
-        f"H {sync_every}: "
-        + ", ".join(
-            f"{point['outer'][0]} / {point['outer'][1]} {num(point['bits_per_byte'], 4)}"
-            for point in tuning["points"]
-        )
-        for sync_every, tuning in sorted(figures["tuning"].items(), key=lambda i: int(i[0]))
-        if tuning
-    ]
-    page.add(
-        f"torchft's grid on seed {p['torchft']['tuning_seed']} (bits per byte): "
-        + "; ".join(tuned)
-        + ".",
-        "",
+    wall = pair["wall_ratio"]
+    page.target(
+        f"real text ({size}), fair harness, H={sync_every}: wall time ÷ torchft's, "
+        "each pair in both orders",
+        "≤ 1.0",
+        num(wall, 3),
+        None if wall is None else wall <= 1.0,
+        "bench_text --mode fair",
     )

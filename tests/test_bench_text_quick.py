@@ -83,9 +83,10 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import _page
     import bench_text
-    import report
+    import report_text_runs
+    import report_text_versus
 
-    page = report.Page(tmp_path / "docs")
+    page = _page.Page(tmp_path / "docs")
     versus = {
         "10": {
             "bits_per_byte_ratio": 1.0,
@@ -103,8 +104,8 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
         "figures": {"versus_torchft": versus, "arms": {}},
         "timing": timing,
     }
-    report._text_versus(page, result)
-    report._text_timing(page, timing)
+    report_text_versus.versus(page, result)
+    report_text_versus.timing(page, timing)
     wall = next(row for row in page.targets if "wall time" in row[0])
     assert wall[2].startswith(f"{pair['wall_ratio']:.3f} (each pair in both orders")
     assert "the matrix's own pair 2.00" in wall[2]
@@ -115,7 +116,7 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     assert measured["overlap"] == paced
     assert measured["git_commit"] == timing["git_commit"]
     assert (
-        f"| 10 | {report._pacing(paced)} | {measured['date'][:10]}, "
+        f"| 10 | {report_text_runs.pacing(paced)} | {measured['date'][:10]}, "
         f"`{measured['git_commit'][:7]}` | "
         f"{gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
     ) in text
@@ -133,9 +134,9 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
 
     # A timing file whose gradientmail runs were paced otherwise than the matrix's arm does
     # not judge that arm's pair.
-    other = report.Page(tmp_path / "docs")
+    other = _page.Page(tmp_path / "docs")
     otherwise = {"measured": {"overlap": 2 if paced is None else None}}
-    report._text_versus(
+    report_text_versus.versus(
         other,
         result | {"figures": {"versus_torchft": versus, "arms": {"gm-fp32-H10": otherwise}}},
     )
@@ -175,10 +176,10 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
     # The page's section for the size (the report shows the sizes a full run has, not quick).
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import _page
-    import report
+    import report_text
 
-    page = report.Page(docs)
-    report._text_size(page, second | {"timing": None})
+    page = _page.Page(docs)
+    report_text.size_section(page, second | {"timing": None})
     section = "\n".join(page.lines)
     wall = next(row for row in page.targets if "wall time" in row[0])
     assert "Measured in 2 invocations" in section
@@ -227,10 +228,11 @@ def test_rerun_rows_and_the_spread_of_excesses_that_share_a_sign() -> None:
     across = seeds.figures({"0#1": arms(2.96), "0#2": arms(3.02)})["over_seeds"]["gm-defaults"]
     assert across["excess_spread"] is None
 
-    import report
+    import report_text_seeds
 
-    assert sorted(["0#10", "1#1", "0#2"], key=report._row_order) == ["0#2", "0#10", "1#1"]
-    assert report._row_order("3") == (3, 0)
+    order = report_text_seeds.row_order
+    assert sorted(["0#10", "1#1", "0#2"], key=order) == ["0#2", "0#10", "1#1"]
+    assert order("3") == (3, 0)
 
 
 def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_the_mean_model(
@@ -313,8 +315,8 @@ def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import _page
     import bench_text
-    import report
     import report_fair
+    import report_text_versus
 
     versus = {
         "50": {
@@ -331,12 +333,12 @@ def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
         "figures": {"versus_torchft": versus, "arms": {}},
         "timing": None,
     }
-    earlier = report.Page(tmp_path / "docs")
-    report._text_versus(earlier, result)
+    earlier = _page.Page(tmp_path / "docs")
+    report_text_versus.versus(earlier, result)
     assert [row[3] for row in earlier.targets] == [report_fair.NOT_JUDGED] * 2
-    fair = report.Page(tmp_path / "docs")
+    fair = _page.Page(tmp_path / "docs")
     result["parameters"]["harness"] = bench_text.HARNESS
-    report._text_versus(fair, result)
+    report_text_versus.versus(fair, result)
     assert [row[3] for row in fair.targets] == [_page.verdict(True)] * 2
     assert "0.274 | 0.256" in "\n".join(report_fair.earlier("full"))
 
@@ -369,7 +371,7 @@ def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
     }
     document = _harness.header("text-fair-small", quick=False, parameters=parameters)
     document["figures"] = {"pairs": pairs, "tuning": {"20": tuning}, "runs": {"20": runs}}
-    page = report.Page(tmp_path / "docs")
+    page = _page.Page(tmp_path / "docs")
     report_fair.section(page, document)
     assert [row[3] for row in page.targets] == [_page.verdict(False), _page.verdict(True)]
     assert "| 20 | 0 | 3.1000 (0.2000) | 3.0000 (0.1000) | 10, 10 | 9, 11 |" in "\n".join(

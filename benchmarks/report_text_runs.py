@@ -1,0 +1,99 @@
+"""The real-text arms as the page shows them (``bench_text.py``'s results): their order and
+labels, the pacing of gradientmail's learners, and the invocations that measured them."""
+
+from typing import Any
+
+import bench_text
+from report_convergence import ARM_LABEL
+
+
+def text_order(arm: str) -> tuple[int, int, str, int]:
+    """The arms in the page's order: data-parallel, single, then gradientmail before torchft
+    by encoding and H, the kill arms last."""
+    if arm in ("dp", "single"):
+        return (0, 0 if arm == "dp" else 1, "", 0)
+    parts = arm.split("-")
+    system = {"gm": 1, "torchft": 2}[parts[0]]
+    return (
+        len(parts) - 2,
+        system,
+        {"fp32": "a", "int8": "b", "int4": "c"}.get(parts[1], parts[1]),
+        int(parts[2][1:]),
+    )
+
+
+def text_label(arm: str) -> str:
+    label = ARM_LABEL.get(arm, arm)
+    return label.replace("-kill", " (one learner killed)")
+
+
+def pacing(overlap: int | None) -> str:
+    return "unpaced" if overlap is None else f"overlap {overlap}"
+
+
+def invocations(result: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]]:
+    """The invocations that measured ``result``'s arms (``bench_text.py --keep``), oldest
+    first, each with its arms; a run without ``measured`` is the file's header's."""
+    header = bench_text.invocation(result)
+    found: list[tuple[dict[str, Any], list[str]]] = []
+    for arm in sorted(result["figures"]["arms"], key=text_order):
+        measured = result["figures"]["arms"][arm].get("measured", header)
+        for seen, names in found:
+            if seen == measured:
+                names.append(arm)
+                break
+        else:
+            found.append((measured, [arm]))
+    return sorted(found, key=lambda item: str(item[0]["date"]))
+
+
+def gm_pacing(result: dict[str, Any]) -> str:
+    """What the page says of the gradientmail arms' pacing: one sentence when every
+    invocation ran them alike, else a pointer to the invocations' list."""
+    overlaps = {
+        measured["overlap"]
+        for measured, names in invocations(result)
+        if any(name.startswith("gm-") for name in names)
+    }
+    if len(overlaps) > 1:
+        return (
+            "gradientmail's learners ran unpaced in some invocations and paced in others "
+            "(`RunConfig.overlap`: listed under the table). "
+        )
+    overlap = next(iter(overlaps), None)
+    if overlap is None:
+        return (
+            "gradientmail's learners are unpaced (`RunConfig.overlap` None): each applies "
+            "a round's version at the first step after it is ready. "
+        )
+    return (
+        f"gradientmail's learners apply each round's version {overlap} steps after "
+        "their snapshot, waiting for it there if need be (`RunConfig.overlap`). "
+    )
+
+
+def produced(result: dict[str, Any]) -> list[str]:
+    """How the size's arms were produced: one invocation, or each of the invocations whose
+    runs the file kept."""
+    p, figures = result["parameters"], result["figures"]
+    found = invocations(result)
+    if len(found) == 1:
+        return [
+            f"Produced by `benchmarks/bench_text.py --size {p['size']} --only "
+            f"{' '.join(p['arms'])}` in {figures['total_seconds'] / 60:.1f} minutes (`nox -s "
+            "bench-text` runs every arm at the full size).",
+            "",
+        ]
+    lines = [
+        f"Measured in {len(found)} invocations of `benchmarks/bench_text.py --size "
+        f"{p['size']} --keep --only ...` (each kept the runs of the others; gradientmail ÷ "
+        "torchft time ratios only for a pair measured in one invocation, the losses being "
+        "the same on any machine):",
+        "",
+    ]
+    for measured, names in found:
+        lines.append(
+            f"- {measured['date']}, commit `{str(measured['git_commit'])[:12]}`, gradientmail "
+            f"{pacing(measured['overlap'])}: {', '.join(names)}"
+        )
+    return [*lines, ""]
