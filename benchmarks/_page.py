@@ -43,15 +43,15 @@ def spread(entry: dict[str, Any], digits: int = 3, scale: float = 1.0) -> str:
 
 
 def provenance(result: dict[str, Any]) -> str:
+    """Where a section's figures come from: the file, its date, the machine, its load and
+    the versions (the page names no commit; the results file keeps it)."""
     machine = result["machine"]
     label = " **quick variant (smoke-test sizes, not the full run)**" if result["quick"] else ""
     load_after = result.get("load_average_1m_after")
-    dirty = "+dirty" if result["git_commit"].endswith("+dirty") else ""
     torch = result["versions"].get("torch")
     torch = f", torch {torch}" if torch else ""
     return (
-        f"_Source: `benchmarks/results/{result['benchmark']}.json`, {result['date']}, commit "
-        f"`{result['git_commit'][:12]}{dirty}`, "
+        f"_Source: `benchmarks/results/{result['benchmark']}.json`, {result['date']}, "
         f"{machine['cpus']} CPUs ({machine['processor']}), 1-minute load "
         f"{num(machine['load_average_1m'], 1)} at the start and {num(load_after, 1)} at the "
         f"end, Python {result['versions']['python']}{torch}.{label}_"

@@ -104,9 +104,8 @@ def _run(results: Path, run: dict[str, Any]) -> list[str]:
     and which results were measured apart from it."""
     seconds = run["figures"]["seconds"]
     lines = [
-        f"The {'quick' if run['quick'] else 'full'} run (finished {run['date']}, commit "
-        f"`{run['git_commit'][:12]}`) took {run['figures']['total_seconds'] / 60:.1f} "
-        "minutes on this machine ("
+        f"The {'quick' if run['quick'] else 'full'} run (finished {run['date']}) took "
+        f"{run['figures']['total_seconds'] / 60:.1f} minutes on this machine ("
         + ", ".join(f"{name} {value:.0f} s" for name, value in seconds.items())
         + "), shared with other work: each section gives the 1-minute load average at "
         "its start and end."
@@ -116,10 +115,7 @@ def _run(results: Path, run: dict[str, Any]) -> list[str]:
     for _, name in SECTIONS:
         other = load(results, name)
         if other is not None and other["git_commit"] != run["git_commit"]:
-            lines.append(
-                f"- `{name}.json` was measured apart from that run: {other['date']}, "
-                f"commit `{other['git_commit'][:12]}`."
-            )
+            lines.append(f"- `{name}.json` was measured apart from that run: {other['date']}.")
     return [*lines, ""]
 
 

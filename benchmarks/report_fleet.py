@@ -127,10 +127,7 @@ def _invocations(result: dict[str, Any]) -> list[str]:
             by.setdefault((mark["date"], mark["git_commit"]), set()).add(key)
     if len(by) < 2:
         return []
-    lines = [
-        f"- {date}, commit `{commit[:12]}`: {', '.join(sorted(keys))}"
-        for (date, commit), keys in sorted(by.items())
-    ]
+    lines = [f"- {date}: {', '.join(sorted(keys))}" for (date, _), keys in sorted(by.items())]
     return ["Measured in parts:", "", *lines, ""]
 
 

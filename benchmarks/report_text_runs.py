@@ -93,7 +93,6 @@ def produced(result: dict[str, Any]) -> list[str]:
     ]
     for measured, names in found:
         lines.append(
-            f"- {measured['date']}, commit `{str(measured['git_commit'])[:12]}`, gradientmail "
-            f"{pacing(measured['overlap'])}: {', '.join(names)}"
+            f"- {measured['date']}, gradientmail {pacing(measured['overlap'])}: {', '.join(names)}"
         )
     return [*lines, ""]

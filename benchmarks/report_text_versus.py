@@ -112,7 +112,7 @@ def timing(page: Page, measured_timing: dict[str, Any]) -> None:
             [
                 sync_every,
                 pacing(timing_overlap(measured_timing, pair)),
-                f"{measured['date'][:10]}, `{measured['git_commit'][:7]}`",
+                measured["date"][:10],
                 walls["gm"],
                 walls["torchft"],
                 num(pair.get("wall_ratio"), 3),

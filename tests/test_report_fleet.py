@@ -82,3 +82,17 @@ def test_a_missing_results_file_says_so(tmp_path: Path) -> None:
     page = _page.Page(tmp_path)
     report_fleet.fleets(page, None)
     assert any("Not run" in line for line in page.lines)
+
+
+def test_the_section_names_the_dates_of_its_runs_not_their_commits(tmp_path: Path) -> None:
+    measured = result() | {"git_commit": "decade" * 6 + "beef"}
+    later = {"date": "2026-01-02T00:00:00+00:00", "git_commit": "c0ffee" * 6 + "beef"}
+    measured["figures"]["runs"]["straggler/torchft"][0]["measured"] = later
+    page = _page.Page(tmp_path)
+    report_fleet.fleets(page, measured)
+    text = "\n".join(page.lines)
+    assert "_Source: `benchmarks/results/fleet.json`, 2026-01-01T00:00:00+00:00, 2 CPUs" in text
+    assert "- 2026-01-01T00:00:00+00:00: straggler/gm, straggler/gm-repeatable" in text
+    assert "- 2026-01-02T00:00:00+00:00: straggler/torchft" in text
+    assert "decade" not in text
+    assert "c0ffee" not in text
