@@ -1,6 +1,6 @@
 """The round records one store has taken, each checked against the one before it.
 
-``Store`` finds a round's record (the first good one of its keys, ``Store._walk_record``);
+``Store`` finds a round's record (the first good one of its keys, ``Records.walk``);
 ``History`` remembers it with the sha256 of its bytes, checks its link to the record taken
 for the round before (``protocol.chain``) before handing it out, and sets the link of every
 record the store commits. A link that breaks raises ``StoreTampered`` naming the key that no
