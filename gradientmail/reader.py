@@ -18,7 +18,6 @@ cancellation stops the reads in flight and leaves the reader usable.
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import anyio
 import anyio.to_thread
@@ -27,29 +26,16 @@ import torch
 from torch import Tensor, nn
 
 from gradientmail import mailbox as mailboxes
-from gradientmail._concurrent import gather
+from gradientmail._rebuild import Rebuilder, Rebuilt
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import CorruptBlob, NoRun, RecordError, RunMismatch, UsageError
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import checkpoint, keys
-from gradientmail.protocol.codec import (
-    HEAD_BYTES,
-    Rows,
-    blob_layout,
-    decode_fragment,
-    decode_rows,
-    open_delta,
-    row_spans,
-    rows_of,
-    tensors_of,
-)
+from gradientmail.protocol.codec import Rows
 from gradientmail.protocol.fragments import mismatch, signature
-from gradientmail.protocol.outer import added
-from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord, Snapshot
+from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord
 from gradientmail.protocol.signing import RunKey
-from gradientmail.protocol.sizes import delta_problem, max_blob_bytes
-from gradientmail.protocol.sparse import TOPK
 from gradientmail.store import Store
 
 __all__ = [
@@ -69,11 +55,6 @@ _RELIST = 5
 """How many listings in a row that show no newer record ``newest`` takes while a θ blob is
 gone, before it raises ``CorruptBlob``."""
 _CONCURRENT_READS = 16
-_CONCURRENT_REBUILDS = 2
-"""Fragments ``newest`` rebuilds at once: a joiner of a 1 GiB model (four fragments, each
-a checkpoint and five int8 updates) took 9.5 s from a directory rebuilding one at a time and
-4.4 s two at a time, on two cores (``benchmarks/bench_rejoin.py``); each one in flight holds
-a fragment's transient copies (θ, the next θ, a blob), so more would cost memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +101,6 @@ class Newest:
 
 
 @dataclass(frozen=True, slots=True)
-class Rebuilt:
-    """Version ``version`` of a fragment: its θ (fp32, CPU, in spec order) and, when rebuilt
-    with its momentum, the outer momentum after it (``outer`` True; ``momentum`` None at a
-    version no outer step has reached yet)."""
-
-    version: int
-    theta: tuple[Tensor, ...]
-    momentum: tuple[Tensor, ...] | None = None
-    outer: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class Source:
     """Where fragment ``fragment``'s tensors came from: ``version`` committed by ``round``
     (None for Θ⁰), ``tensors`` tensors of ``parameters`` elements."""
@@ -173,6 +142,7 @@ class RunReader:
         self.store = store
         self._manifest: Manifest | None = None
         self._records: dict[int, RoundRecord] = {}
+        self._rebuilder = Rebuilder(store, self._need)
 
     @classmethod
     def of(
@@ -283,22 +253,10 @@ class RunReader:
         self, manifest: Manifest, versions: Sequence[int], rows: Sequence[Rows] | None = None
     ) -> list[Rebuilt] | None:
         """``rebuild`` of every fragment at ``versions`` (with ``rows``, one ``codec.Rows``
-        per fragment: ``rebuild_rows``), ``_CONCURRENT_REBUILDS`` at a time (one's reads
+        per fragment: ``rebuild_rows``), two at a time (``_rebuild``; one's reads
         overlap another's decoding, and replays run on two cores); None when a blob is
         gone. A failure is raised as itself (``gather``), the others cancelled."""
-        limiter = anyio.CapacityLimiter(_CONCURRENT_REBUILDS)
-
-        async def one(fragment: int) -> Rebuilt | None:
-            async with limiter:
-                if rows is not None:
-                    return await self.rebuild_rows(
-                        fragment, versions[fragment], rows[fragment], manifest=manifest
-                    )
-                return await self.rebuild(fragment, versions[fragment], manifest=manifest)
-
-        rebuilt = await gather([partial(one, fragment) for fragment in range(len(versions))])
-        found = [r for r in rebuilt if r is not None]
-        return found if len(found) == len(versions) else None
+        return await self._rebuilder.rebuild_all(manifest, versions, rows)
 
     async def rebuild(
         self,
@@ -322,28 +280,9 @@ class RunReader:
         and ``CorruptBlob`` / ``CodecError`` for damaged blobs.
         """
         manifest = manifest if manifest is not None else await self.manifest()
-        config, spec = manifest.config, manifest.fragments[fragment]
-        begin = start
-        if begin is None or not (
-            checkpoint.base(version, config) <= begin.version <= version
-            and (begin.outer or not momentum)
-        ):
-            begin = await self._checkpoint(manifest, fragment, version, momentum)
-        if begin is None:
-            return None
-        theta, moment = begin.theta, begin.momentum
-        for later in range(begin.version + 1, version + 1):
-            record = await self._need(keys.round_of(fragment, later, config.fragments), manifest)
-            update = await self.store.get_blob(record.update, most=max_blob_bytes(spec))
-            if update is None:
-                return None
-            mean = await self._mean(record, spec) if momentum else None
-            theta_list, moment_list = await anyio.to_thread.run_sync(
-                partial(checkpoint.replayed, theta, moment, update, spec, config, mean=mean)
-            )
-            theta = tuple(theta_list)
-            moment = None if moment_list is None else tuple(moment_list)
-        return Rebuilt(version, theta, moment if momentum else None, outer=momentum)
+        return await self._rebuilder.rebuild(
+            manifest, fragment, version, momentum=momentum, start=start
+        )
 
     async def rows(self, ref: BlobRef, spec: FragmentSpec, rows: Rows) -> list[Tensor] | None:
         """``rows`` of each parameter of the blob ``ref`` of ``spec`` (the tensors of
@@ -351,19 +290,7 @@ class RunReader:
         bytes of those rows) and decoded in a worker thread; a ``topk`` blob, whose rows
         have no fixed place, is read whole. None when the blob is gone. Raises
         ``CorruptBlob`` and ``CodecError`` for bytes that fail their checks."""
-        if ref.encoding == TOPK:
-            data = await self.store.get_blob(ref)
-            if data is None:
-                return None
-            return await anyio.to_thread.run_sync(rows_of, data, spec, rows)
-        head = await self.store.blob_ranges(ref, [(0, min(ref.size, HEAD_BYTES))])
-        if head is None:
-            return None
-        layout = blob_layout(head[0], ref.size, spec)
-        fetched = await self.store.blob_ranges(ref, row_spans(layout, rows))
-        if fetched is None:
-            return None
-        return await anyio.to_thread.run_sync(decode_rows, layout, rows, fetched)
+        return await self._rebuilder.rows(ref, spec, rows)
 
     async def rebuild_rows(
         self, fragment: int, version: int, rows: Rows, *, manifest: Manifest | None = None
@@ -372,80 +299,7 @@ class RunReader:
         each blob read by ranges: ``rows``): the same bits as those rows of ``rebuild``'s
         θ. None when a blob it needs is gone; raises as ``rebuild`` does."""
         manifest = manifest if manifest is not None else await self.manifest()
-        config, spec = manifest.config, manifest.fragments[fragment]
-        at = await self._checkpoint_at(manifest, fragment, version)
-        ref = manifest.theta0[fragment] if at[1] is None else at[1].theta
-        assert ref is not None
-        theta = await self.rows(ref, spec, rows)
-        if theta is None:
-            return None
-        for later in range(at[0] + 1, version + 1):
-            record = await self._need(keys.round_of(fragment, later, config.fragments), manifest)
-            update = await self.rows(record.update, spec, rows)
-            if update is None:
-                return None
-            theta = added(theta, update)
-        return Rebuilt(version, tuple(theta), None, outer=False)
-
-    async def _checkpoint_at(
-        self, manifest: Manifest, fragment: int, version: int
-    ) -> tuple[int, RoundRecord | None]:
-        """The version of the newest checkpoint at or below ``version`` and its record
-        (None: Θ⁰): the newest record down to the one ``checkpoint.base`` guarantees that
-        carries one (runs created before the rule carry one on every record), else Θ⁰."""
-        config = manifest.config
-        at, record = checkpoint.base(version, config), None
-        for candidate in range(version, at, -1):
-            found = await self._need(keys.round_of(fragment, candidate, config.fragments), manifest)
-            if found.checkpoint:
-                return candidate, found
-        if at > 0:
-            record = await self._need(keys.round_of(fragment, at, config.fragments), manifest)
-        return at, record
-
-    async def _checkpoint(
-        self, manifest: Manifest, fragment: int, version: int, momentum: bool
-    ) -> Rebuilt | None:
-        """The newest checkpoint at or below ``version``: the newest record down to the one
-        ``checkpoint.base`` guarantees that carries one (runs created before the rule carry
-        one on every record), else Θ⁰; None when a blob is gone."""
-        spec = manifest.fragments[fragment]
-        at, record = await self._checkpoint_at(manifest, fragment, version)
-        refs = [manifest.theta0[fragment]] if record is None else [record.theta, record.outer]
-        if not momentum:
-            refs = refs[:1]
-        tensors = []
-        for ref in refs:
-            assert ref is not None
-            data = await self.store.get_blob(ref, most=max_blob_bytes(spec))
-            if data is None:
-                return None
-            tensors.append(tuple(await anyio.to_thread.run_sync(decode_fragment, data, spec)))
-        moment = tensors[1] if len(tensors) > 1 else None
-        return Rebuilt(at, tensors[0], moment, outer=momentum)
-
-    async def _mean(
-        self, record: RoundRecord, spec: FragmentSpec
-    ) -> tuple[list[Tensor] | None, bool]:
-        """``checkpoint.mean_of`` ``record``'s round, from its participants' deltas."""
-        wanted = {p.learner for p in record.participants}
-        found = []
-        for snapshot, problem in await self.store.snapshots(record.round):
-            if snapshot.learner not in wanted or problem is not None:
-                continue
-            if (oversized := delta_problem(snapshot, spec)) is not None:
-                raise CorruptBlob(
-                    f"the delta of {snapshot.learner!r} in round {record.round}: {oversized}"
-                )
-            datas = await self.store.delta_blobs(snapshot)
-            if datas is None:
-                raise RecordError(
-                    f"the delta of {snapshot.learner!r} in round {record.round}, which the "
-                    "record counts, is gone: its momentum cannot be replayed"
-                )
-            delta = await anyio.to_thread.run_sync(_decoded_delta, datas, snapshot, spec)
-            found.append((snapshot, delta))
-        return checkpoint.mean_of(record, found, spec)
+        return await self._rebuilder.rebuild_rows(manifest, fragment, version, rows)
 
     async def _record(self, round: int, manifest: Manifest) -> RoundRecord | None:
         """The record of ``round`` (cached: records never change), checked against the run
@@ -577,7 +431,3 @@ async def open_mailbox(url: str, *, must_exist: bool) -> AsyncIterator[Mailbox]:
         raise UsageError(f"{url}: no such directory, so no run there")
     async with box:
         yield box
-
-
-def _decoded_delta(datas: Sequence[bytes], snapshot: Snapshot, spec: FragmentSpec) -> list[Tensor]:
-    return tensors_of(open_delta(datas, snapshot, spec))
