@@ -66,7 +66,8 @@ class Store:
     read without its key raises ``RunMismatch``. ``learner_key``: this node's own key in a
     run with learner identities (``protocol.identities``).
 
-    Each operation is its part's method of the same name (the contract is stated there).
+    Each operation is the method of the same name of one of its parts (bound in
+    ``__init__``), whose docstring states its contract.
     """
 
     def __init__(
