@@ -55,7 +55,7 @@ pytestmark = pytest.mark.anyio
 
 SECRET = "chaos tests share this run key with the replayed run"
 HONEST = ("a", "b", "c")
-TARGET = 8
+TARGET = 5
 """Every learner trains until it holds a version committed by this round or a later one."""
 CHAOS = msgspec.structs.replace(CONFIG, keep_rounds=10_000, keep_versions=10_000)
 """Nothing is collected, so the check can replay every record."""
