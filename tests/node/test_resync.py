@@ -27,7 +27,7 @@ TICK = 0.04
 SLOW_FROM, SLOW_STEPS = 40, 14
 N = 4
 """Rounds after the end of the slow stretch within which every round has both learners."""
-CHECKED = 8
+CHECKED = 4
 """Rounds checked after those ``N``."""
 
 
