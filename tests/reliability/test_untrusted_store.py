@@ -286,4 +286,4 @@ async def test_junk_records_cost_one_listing_a_poll_over_s3(
 ) -> None:
     url = f"s3://{s3_bucket}/run?endpoint_url={moto_server}&region=us-east-1"
     async with open_mailbox(url) as box:
-        await _junk_records_are_judged_once(box, 300)
+        await _junk_records_are_judged_once(box, 50)
