@@ -17,8 +17,8 @@ from gradientmail.mailbox import LocalMailbox
 
 WORKER = Path(__file__).with_name("node_worker.py")
 LEARNERS = (("p1", "trio"), ("p2", "asyncio"), ("p3", "trio"))
-UNTIL_ROUND = 20
-# Start-up, the barrier (itself bounded in the worker) and 20 rounds, on a loaded machine.
+UNTIL_ROUND = 6
+# Start-up, the barrier (itself bounded in the worker) and the rounds, on a loaded machine.
 DEADLINE = 270.0
 
 
