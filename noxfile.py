@@ -20,8 +20,7 @@ SOURCES = ["gradientmail", "tests", "benchmarks", "docs/examples", "noxfile.py"]
 @nox.session
 def tests(session: nox.Session) -> None:
     """The test suite (both event loops, every mailbox backend), on two xdist workers, one
-    per core of CI's machine: ``.ci/run`` took 905 s so, 1219 s with the suite in one process.
-    ``nox -s tests -- -n 0`` runs it in one process."""
+    per core of CI's machine (``nox -s tests -- -n 0`` runs it in one process)."""
     session.run(PYTHON, "-m", "pytest", "-q", "-n", "2", *session.posargs)
 
 

@@ -61,7 +61,7 @@ class _WholeBody(httpx.AsyncByteStream):  # type: ignore[misc]  # aiobotocore is
     httpcore sends each piece as one socket write under the write timeout, so pieces of
     ``_SEND_CHUNK`` bound the rate a body needs to get through (a whole 16 MiB part would
     need 3 MiB/s under aiobotocore's 5 s default), while staying few enough to cost
-    nothing (the stock session's piece per line of random bytes made a 64 MiB PUT crawl).
+    nothing (the stock session's piece per line of random bytes makes a 64 MiB PUT crawl).
 
     httpx's ``ByteStream`` iterates as an async generator; when a request is cancelled
     while its body is being written, httpcore drops that generator mid-iteration and trio

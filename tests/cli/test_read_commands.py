@@ -280,8 +280,8 @@ def _signed_copy(written_run: WrittenRun, target: Path) -> str:
 def test_status_and_export_of_a_signed_run_verify_under_the_key(
     written_run: WrittenRun, tmp_path: Path
 ) -> None:
-    """Issue 13: status and export decoded raw bytes and trusted forged objects. Now they
-    read through the one read path: with the key, the keyless record is skipped (and
+    """Status and export read through the one read path, which checks what it reads:
+    with the key, the keyless record is skipped (and
     shown as a problem); without it, status says the run is unverified and export refuses."""
     signed = tmp_path / "signed"
     forged = _signed_copy(written_run, signed)
@@ -461,7 +461,7 @@ def _observation(written_run: WrittenRun, participants: dict[int, int]) -> Obser
 
 
 def test_status_flags_a_desynchronized_run(written_run: WrittenRun) -> None:
-    """Issue 17: rounds alternating one learner at a time (or empty) are flagged."""
+    """Rounds alternating one learner at a time (or empty) are flagged."""
     steady = document(_observation(written_run, {}), last=5)
     assert steady["desync"]["flagged"] is False
     drifted = document(_observation(written_run, {1: 1, 2: 0, 3: 1, 4: 1}), last=5)

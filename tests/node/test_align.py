@@ -1,4 +1,4 @@
-"""Learners that step at different paces publish together (issue 17): a round that waited
+"""Learners that step at different paces publish together: a round that waited
 for its last participant tells the earlier ones how long (``Participant.arrived``), and they
 move their schedule back (``Learner._held_back``). The rule is the unpaced learner's
 (``overlap=None``); a paced one is held back by its wait at the overlap step instead.

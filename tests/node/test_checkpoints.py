@@ -184,7 +184,7 @@ async def test_a_learner_joining_between_checkpoints_holds_the_replayed_theta(
 
 
 async def test_records_that_all_carry_theta_are_read_from_the_newest() -> None:
-    """A run whose records all carry θ and the momentum (as before the rule), its older
+    """A run whose records all carry θ and the momentum (a run created before the rule), its older
     blobs collected, then one more record with only its update (a zero one, accepting
     nobody), all read under a ``checkpoint_every`` of 16: the version is rebuilt from the
     newest record that carries a checkpoint, not from Θ⁰ through collected updates."""

@@ -1,4 +1,4 @@
-"""Damage stays local (issue 14, case 8): a corrupt update falls back to the round's θ; a
+"""Damage stays local: a corrupt update falls back to the round's θ; a
 fragment whose versions cannot be used at all does not hold up the others, and is reported
 once per record, not at every poll.
 
@@ -114,9 +114,9 @@ async def test_a_fragment_that_cannot_be_prepared_holds_up_no_other_and_is_repor
 
 
 async def test_a_junk_record_is_skipped_not_reported_at_every_poll() -> None:
-    """A record object that does not decode sits at the next round's key. Since the store
-    skips junk at a create-once key for its successor (issue 14, squatting), it is no failure
-    at all: the learner polls on (50 a second here) and trains, reporting nothing."""
+    """A record object that does not decode sits at the next round's key. The store
+    skips junk at a create-once key for its successor, so it is no failure at all: the
+    learner polls on (50 a second here) and trains, reporting nothing."""
     box = MemoryMailbox()
     model = tiny_model(1)
     trainer = Trainer(model, 1)

@@ -251,7 +251,7 @@ def test_a_follower_announces_once_and_times_out_from_the_first_snapshot() -> No
 
 
 def test_an_empty_round_stays_open_while_a_live_learner_has_not_moved_past_it() -> None:
-    """Issue 17's desync: one learner published two rounds ahead; the other, live, has not
+    """One learner published two rounds ahead; the other, live, has not
     published anywhere yet. Closing the round empty would send the second learner's next
     snapshot ahead too, and the rounds would alternate one learner each for good."""
     state = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)

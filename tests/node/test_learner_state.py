@@ -563,7 +563,7 @@ def test_a_joiner_takes_the_round_after_the_newest_record_seen_by_its_first_step
 ) -> None:
     """A record that commits between joining (after round 6) and the first step moves the
     joiner's first round on with it: round 8, at the first step, whether round 7's version
-    is applied by then or still downloading (a phase fixed at joining made round 7's
+    is applied by then or still downloading (a phase fixed at joining would make round 7's
     fragment due: a snapshot for round 9, a whole period early, or none)."""
     config = RunConfig(fragments=2, sync_every=8, overlap=2)
     zero = (torch.zeros(2),)

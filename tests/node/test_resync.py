@@ -1,13 +1,13 @@
-"""Runs resynchronize (issue 17): a learner that fell behind rejoins the others' rounds.
+"""Runs resynchronize: a learner that fell behind rejoins the others' rounds.
 
 Two learners step at the same pace (``TICK`` of simulated compute a step); for a stretch of
 ``SLOW_STEPS`` steps one of them takes ``2 × TICK`` a step, which leaves its schedule
 ``SLOW_STEPS`` steps (``SLOW_STEPS × TICK`` = 0.56 s) behind the other's: more than the
 run's grace (0.4 s), and less than a period (``sync_every × TICK`` = 1.28 s) minus the
-grace, so its snapshots are neither in time nor early enough for the others' rounds. On
-main it stays so for good: rounds alternate a, a, b, b, a, a, … (each learner's snapshots
-open rounds the other reaches a grace too late). Then they are equal again: within ``N``
-rounds of the end of the stretch, every round has both.
+grace, so its snapshots are neither in time nor early enough for the others' rounds. Without
+resynchronization it stays so for good: rounds alternate a, a, b, b, a, a, … (each learner's
+snapshots open rounds the other reaches a grace too late). Then they are equal again: within
+``N`` rounds of the end of the stretch, every round has both.
 """
 
 import anyio

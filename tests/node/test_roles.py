@@ -247,7 +247,7 @@ async def test_a_round_closed_without_a_live_learner_is_reported() -> None:
 
 
 async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() -> None:
-    """Issue 17's resynchronization: "b" steps 30 times slower than "a" for a stretch (rounds
+    """Resynchronization: "b" steps 30 times slower than "a" for a stretch (rounds
     close without it after grace), then at the same speed again; from four rounds after the
     stretch on, every round has both, for ten rounds."""
     box = MemoryMailbox()

@@ -1,4 +1,4 @@
-"""The chaos writer (issue 14): while three learners and a syncer-only node train on one
+"""The chaos writer: while three learners and a syncer-only node train on one
 ``MemoryMailbox``, a hostile task writes hundreds of objects into every key space of the
 layout. Each family of attack runs on its own, in an unsigned and a signed run, on both
 event loops.

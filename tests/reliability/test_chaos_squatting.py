@@ -1,4 +1,4 @@
-"""Squatting (issue 14): a junk object at a create-once key (a round's record, the manifest,
+"""Squatting: a junk object at a create-once key (a round's record, the manifest,
 a claim) stalls nothing. Every honest store skips it for the same successor key, so
 create-once still settles races among honest nodes; and in a signed run whatever was
 signed for another run (same key, another run id) is junk too. Store-level, no timing."""
@@ -148,7 +148,7 @@ async def test_a_well_formed_manifest_of_another_kind_of_run_is_refused_not_skip
 
 
 async def test_a_signed_runs_objects_do_not_verify_in_another_run_with_the_same_key() -> None:
-    """Issue 14 #7: run A's signed record (and its blobs) copied into run B, which shares
+    """Run A's signed record (and its blobs) copied into run B, which shares
     A's key, under the very key it had in A: B refuses it and commits its own."""
     run_a, run_b = MemoryMailbox(), MemoryMailbox()
     (a, *_) = await _run(run_a, KEY)
@@ -180,7 +180,8 @@ async def test_a_signed_runs_objects_do_not_verify_in_another_run_with_the_same_
 
 
 async def test_a_claim_far_ahead_is_foreign_and_claims_stay_in_the_layout() -> None:
-    """Issue 14 #2: a claim planted at the last number made the next claim's key overflow."""
+    """A claim planted at the last number is foreign: the next claim's key stays in the
+    layout, and claiming past the last number raises ``RecordError``."""
     box = MemoryMailbox()
     a, reader, _ = await _run(box)
     await box.put_if_absent(
@@ -210,8 +211,9 @@ def test_successor_keys_sort_after_their_first_and_before_the_next_round() -> No
 
 
 async def test_an_object_the_mailbox_refuses_unread_is_junk(tmp_path: Path) -> None:
-    """Issue 14 #4: a 256 MiB object or a symlink to /dev/zero at a record key was read
-    whole. The store asks for at most the record limit and skips what the mailbox refuses."""
+    """An object over the record limit (a 256 MiB one, a symlink to /dev/zero) at a record
+    key is not read whole: the store asks for at most the record limit and skips what the
+    mailbox refuses."""
     async with LocalMailbox(tmp_path / "run") as box:
         a, reader, _ = await _run(box)
         await box.put_if_absent(keys.record(0), b"x" * (records.MAX_RECORD_BYTES + 1))

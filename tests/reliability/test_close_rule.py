@@ -1,13 +1,13 @@
-"""Issue 17 case 1: leaving the block must not make the model worse than it was.
+"""Leaving the block does not make the model worse than what the learners held.
 
 A 3-layer MLP (16 inputs, 64 hidden) learns a linear regression with AdamW 3e-3, batch 32,
 on a ``MemoryMailbox`` with the default outer optimizer, 120 steps per learner. The loss of
 the model a learner held at its last step is compared with the loss of the committed model
-after the close. On 9165efc (before the final round) one learner that is its own syncer
-(``fragments=1, sync_every=10``) went 0.70 -> 1.02 and three learners (``fragments=2``)
-0.75 -> 1.74 (mean of their losses -> after): the last whole round's Nesterov step
-overshoots. The final round (docs/protocol.md, "The last round of a run") commits the
-average of the models the closing learners held, with no outer step.
+after the close. With the full outer step in every round and no final round, one learner
+that is its own syncer (``fragments=1, sync_every=10``) goes 0.70 -> 1.02 and three
+learners (``fragments=2``) 0.75 -> 1.74 (mean of their losses -> after): the last whole
+round's Nesterov step overshoots. The final round (docs/protocol.md, "The last round of a
+run") commits the average of the models the closing learners held, with no outer step.
 """
 
 import itertools
@@ -145,9 +145,10 @@ async def test_two_learners_closing_a_few_steps_apart_end_on_the_same_model() ->
     """ "a" leaves after 40 steps; "b" takes its last 2 steps only once a published a final
     snapshot, so b's flush snapshots land in the rounds of a's final snapshots and leave
     them out. a publishes them once more, for the next round of each fragment, where b's
-    final snapshots are: both end on the one final θ (before this rule, a ended on the round
-    that left it out, b on its own final round). Quorum 0.5: a's flush rounds close without
-    b, which is held until a's final snapshot; under quorum 1.0 they would wait for b.
+    final snapshots are: both end on the one final θ (were a's final snapshots not sent
+    again, a would end on the round that left them out, b on its own final round). Quorum
+    0.5: a's flush rounds close without b, which is held until a's final snapshot; under
+    quorum 1.0 they would wait for b.
 
     One wait is b's to end: when a's last step came after a's snapshot of that fragment, a's
     flush goes to the fragment's next round, and the round between (the other fragment's,

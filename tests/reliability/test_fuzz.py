@@ -180,7 +180,7 @@ def test_records_decode_hostile_values(kind: type[Any], data: st.DataObject) -> 
 
 
 def test_records_decode_json_nested_beyond_the_recursion_limit() -> None:
-    """Issue 14 #1: ~2 KB of brackets made msgspec raise RecursionError out of the decoder.
+    """JSON nested past the recursion limit raises ``RecordError``, not ``RecursionError``.
     Whether 1,000 levels reach the limit depends on the stack in use (hypothesis raises the
     limit), so 100,000 levels (200 KB) are fed too, which reach it under any limit."""
     for depth in (1000, 100_000):

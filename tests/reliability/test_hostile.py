@@ -283,9 +283,9 @@ BROKEN_RECORDS = {
 async def test_a_broken_record_is_skipped_and_the_round_commits_at_its_successor(
     what: str,
 ) -> None:
-    """Issue 14: a broken object planted at the key of the next round's record (create-once,
-    so it cannot be replaced) used to stop the run for good. Now the node skips it (once:
-    it is remembered), commits the round at the key's successor and goes on."""
+    """A broken object planted at the key of the next round's record (create-once, so it
+    cannot be replaced) does not stop the run: the node skips it (once: it is remembered),
+    commits the round at the key's successor and goes on."""
     data = BROKEN_RECORDS[what]
     box = MemoryMailbox()
     sink = Recorder()

@@ -1,6 +1,6 @@
-"""The syncer against objects someone else put into the bucket (issue 14, syncer side).
+"""The syncer against objects someone else put into the bucket.
 
-Each test reproduces one attack that stopped or steered a run before: a claim numbered at the
+Each test plays one attack that would stop or steer an unguarded syncer: a claim numbered at the
 top of its range, beats planted under a live node's lease, unverified snapshots in a signed
 run, content-addressed blobs that equal deltas share, and a learner that diverges.
 """
