@@ -1,56 +1,15 @@
 """A round's aggregation: which snapshots count, with what weight, and their weighted mean.
 
-Given the fragment's current version ``v`` and the round's candidates (each a snapshot with
-its decoded delta, or the reason its blob could not be used), ``aggregate`` rejects, in this
-order of checks, each with a reason:
+``aggregate`` rejects, in this order, each with a reason: ``corrupt``, ``shape``,
+``non-finite``, ``stale``, ``tokens``, ``outlier`` (when each applies: docs/protocol.md,
+"Rejections"). Norms are recomputed here; ``Snapshot.norm`` is the writer's claim and is
+not trusted. The accepted snapshots get weights per ``RunConfig.weighting`` (capped and
+clipped by ``bounds`` with ``RunConfig.robust``); the mean ``Σ w_i·Δ_i`` is accumulated in
+fp32 in learner order, so every closer computes the same bits.
 
-``corrupt``
-    The caller could not download, verify or decode the delta (``Candidate.problem``), or the
-    snapshot names another round than the one being closed.
-``shape``
-    The delta does not have the fragment's shapes (also the caller's ``problem`` for a blob of
-    another fragment or model), or the snapshot names another fragment.
-``non-finite``
-    The delta holds NaN or ±Inf.
-``stale``
-    The snapshot's base version is older than ``v − max_staleness`` (or newer than ``v``).
-``tokens``
-    It claims fewer than one step, negative tokens, or more than ``max_tokens_per_step``
-    tokens per step.
-``outlier``
-    Its delta's L2 norm exceeds ``MAX_DELTA_RATIO × (‖θ‖ + √n)`` (θ the fragment's current
-    version, n its number of elements; only when the caller passes θ): a delta that large is
-    a learner that diverged, whatever the number of snapshots, so one or two of them cannot
-    take the model. Or, with three or more snapshots left after the checks above, its
-    delta's L2 norm (recomputed here; ``Snapshot.norm`` is the writer's claim and
-    is not trusted) exceeds ``outlier_factor`` times the median of the snapshots' norms
-    brought to its steps (``s = min(max(steps, 1), sync_every)``): a round mixes full
-    snapshots with short ones (the partial deltas of learners closing, the first of a
-    learner that joined), and a raw norm would reject the honest full one for the steps it
-    covers. Another's norm over ``t`` steps is brought to ``s`` as an honest delta grows at
-    the most: times ``s / t`` for more steps (steps that go one way add up), times
-    ``√(s / t)`` for fewer (noisy steps add up as √n: a one-step snapshot of a restarted
-    learner, its optimizer fresh, among full ones of 100 steps was rejected when they were
-    brought to it as ``1 / 100``). With equal steps it is the raw median test; a claim of
-    more than ``sync_every`` steps buys no larger allowance, and claiming fewer buys a
-    smaller one.
-
-The accepted snapshots, in learner order, get weights ``w_i ∝ tokens_i`` (or ``steps_i``, or
-equal, per ``RunConfig.weighting``) normalized to sum to 1 (equal if all are zero); the mean is
-``Σ w_i·Δ_i`` accumulated in fp32 in learner order, so every closer computes the same bits.
-With ``RunConfig.robust``, each count is first capped against the round's
-(``bounds.capped_counts``) and each normalized weight is multiplied by its delta's clip scale
-(``bounds.clip_scales``: a norm over the round's robust bound is clipped to it); a capped or
-clipped snapshot stays a participant with all its tokens, its ``Participant.bounded`` saying
-what was done.
-``cosine`` is the mean over accepted deltas of ``cos(Δ_i, mean)`` (0 for a zero vector),
-None for fewer than two.
-
-A delta is either tensors or a checked blob decoded piece by piece (``pieces.BlobView``:
-one ``FragmentBlob``, or the ``PartedBlob`` of a snapshot uploaded in parts): every pass over
-the deltas (the checks and norms, then the mean with the cosines) takes
-``pieces.CHUNK_ELEMENTS`` elements of each at a time, so the working memory beyond the blobs
-and the mean is a few pieces per snapshot, never a decoded copy of a delta.
+A delta is tensors or a checked blob decoded piece by piece (``pieces.BlobView``): every
+pass takes ``pieces.CHUNK_ELEMENTS`` elements of each delta at a time, never a decoded copy
+of a whole delta.
 
 Pure: no I/O; runs on whatever thread calls it (the syncer runs it in a worker thread).
 """

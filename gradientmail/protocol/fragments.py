@@ -1,53 +1,19 @@
 """How a model is split into fragments, how two splits are compared, and when each is due.
 
-Splitting (``signature``) is deterministic: the same named parameters, fragment count and
-pattern give the same ``FragmentSpec``s on every machine. Within a fragment, parameters keep
-the model's order. Two patterns:
+``signature`` is deterministic: the same named parameters, fragment count and pattern give
+the same ``FragmentSpec``s on every machine, parameters in the model's order within a
+fragment. The patterns: ``even`` (the default: one stream of rows cut into ``F`` runs, a
+tensor split by rows between neighbouring fragments), ``contiguous``, ``strided`` (Streaming
+DiLoCo's layers ``f, f+F, …``) and ``balanced`` (whole tensors placed by size); their rules
+are in docs/protocol.md, "Fragments and the schedule". ``mismatch`` names the first
+difference between a run's split and ours.
 
-``contiguous``
-    Consecutive parameters in module order, cut into ``F`` groups balanced by element count:
-    the k-th cut (k = 1 … F−1) falls after the shortest prefix whose element count is closest
-    to ``k/F`` of the model's, while leaving every group at least one parameter.
-``strided``
-    Parameters are grouped into blocks, and block ``i`` goes to fragment ``i mod F``, so each
-    fragment holds every F-th block (Streaming DiLoCo's better pattern: a transformer's layers
-    ``f, f+F, f+2F, …``). A parameter's block is its name up to and including the first
-    all-digit component (``layers.3.attn.q.weight`` → ``layers.3``), or, for a name without
-    one, its module (the name without its last component: ``embed.weight`` → ``embed``).
-    Blocks are numbered in order of first appearance. A model with fewer blocks than
-    fragments deals out single parameters instead.
-``balanced``
-    Whole parameters, placed by size so that the fragments' element counts are as even as
-    whole tensors allow: largest first (ties in model order), each into the fragment that
-    holds the fewest elements so far (ties: fewer parameters, then lower index); fragments are
-    then numbered by the model position of their first parameter. The largest fragment is
-    within 4/3 of the best possible split (the longest-processing-time bound). A parameter
-    larger than the balance point (``1/F`` of the model) gets a fragment to itself, since at
-    every placement some fragment holds less than ``1/F``; no split of whole tensors can be
-    smaller than that parameter, so ``preview`` shows it and fewer fragments (or a model
-    without that one huge tensor, e.g. a tied embedding) is the remedy. Unlike the two
-    patterns above, a fragment's parameters need not be neighbours in the model.
-``even`` (the default)
-    The parameters in module order as one stream of rows (a parameter's rows are those of
-    its first dimension; a 0-dimensional parameter is one row), cut into ``F`` runs: the k-th
-    cut falls at the row boundary whose element count before it is closest to ``k/F`` of the
-    model's (ties: the earlier), leaving every fragment at least one row. A parameter cut
-    through is split by rows between neighbouring fragments (its ``ParamSpec.start`` the
-    first row each holds), so fragments differ by less than one row's elements from the
-    balance point on each side, whatever the largest tensor.
-
-The schedule: fragments are staggered by ``H // F`` local steps (``H = sync_every``), so that
-on a steady learner one fragment is in flight at a time, and in round order: fragment ``f``
-is due after every local step ``s > 0`` with ``s ≡ offset(f) (mod H)``, where
-``offset(f) = (f + 1)·H // F mod H``. Fragment 0 goes first (after step ``H // F``), fragment
-``F − 1`` last (after step ``H``), then the cycle repeats. Round ``r`` updates fragment
-``r mod F``, so a learner's first snapshots land in rounds 0, 1, 2, … in that order; with
-fragment 0 last instead, round 0 would be the last of its period to get a snapshot and every
-syncer (rounds close in order) would wait on it, or close the rounds before it empty.
+The schedule: fragment ``f`` is due after every local step ``s > 0`` with
+``s ≡ offset(f) (mod H)``, ``offset(f) = (f + 1)·H // F mod H`` (``H = sync_every``), so
+fragments come due one at a time, about ``H / F`` steps apart, in round order.
 
 ``preview`` shows a split before a run exists: each fragment's tensors, elements and blob
-size in every encoding, the bytes one learner moves per ``sync_every`` steps, and what a run
-costs (``protocol.costs``: bytes and puts per round, storage at the config's retention).
+size in every encoding, and what a run moves and keeps (``protocol.costs``).
 
 Pure: no I/O.
 """
@@ -323,7 +289,7 @@ def joined_phase(seen_round: int, config: RunConfig) -> int:
     in; due at once, it is ahead of them by at most that interval, and the wait at its
     overlap step (``RunConfig.overlap``; unpaced, its schedule holds) brings it back in
     step, while the others' rounds do not wait for it. Due an interval after joining, it
-    was behind them by as much, and they waited for it instead."""
+    would be behind them by as much, and they would wait for it instead."""
     if seen_round < 0:
         return 0
     return (offset((seen_round + 1) % config.fragments, config) - 1) % config.sync_every

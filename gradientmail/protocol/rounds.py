@@ -1,49 +1,19 @@
 """The syncer's round as a pure state machine: what to do next about one round.
 
-A syncer runs rounds in order. For round ``r`` it holds a ``RoundState`` (its timers are
-values in it) and feeds it one ``Observation`` after another (what one look at the store
-showed: the record, the claims, who published, the leases). ``observed(state, view, now,
-config)`` answers ``(state', step)``; the node's shell (``_node/syncer.py``) only lists,
-reads, writes and sleeps as ``step`` says:
+For round ``r`` a syncer holds a ``RoundState`` (its timers are values in it) and feeds it
+one ``Observation`` per look at the store (the record, the claims, who published, the
+leases). ``observed(state, view, now, config)`` answers ``(state', step)``; the node's shell
+(``_node/syncer.py``) only lists, reads, writes and sleeps as ``step`` says: ``Adopt`` a
+record, ``Claim`` or ``TakeOver`` a claim, ``Follow``, ``Wait`` (``due=True``: at the due
+pace, for ``due_for`` seconds after the first snapshot), ``Again`` (``fresh=True``: on a
+lease listing taken now) or ``Commit``.
 
-- a record exists: ``Adopt`` it and go on with ``r + 1`` (``superseded`` when this node held
-  the round);
-- no claim: ``Claim(0)``; once the claim is won (``RoundState.claimed``) the node closes;
-- the last claim is this node's (a restart, or a retry after a failure): close it;
-- claims exist: ``Follow``, and ``TakeOver`` (the next claim) when the last claimant's lease
-  is gone (``lease_gone``) or no record lands within ``claim_timeout`` seconds of the later
-  of the round's first snapshot and the moment this node began following that claimant
-  (``no_record``). A round nobody published to is not expected to close, so it does not time
-  its claimant out.
-- closing: ``Wait`` for the quorum (at least ``quorum_min`` snapshots and at least
-  ``quorum_fraction`` of the live learners), then up to ``grace`` seconds more or until every
-  live learner has published; ``Commit`` then, but only on a listing of the leases taken
-  after the round's snapshots were listed (``Again(fresh=True)`` asks for one), so that a
-  learner that joined since the last listing is waited for like the others. A round that
-  has a snapshot waits at the due pace (``Wait(due=True)``, for ``due_for`` seconds after
-  its first): the others are near, and every poll the closer sleeps past the last one is
-  lag for every learner. The closer notes when it first listed each snapshot
-  (``RoundState.arrivals``); the record carries it (``Participant.arrived``), and learners
-  that arrived early use it to move their schedule (``protocol.learner``).
-
-A round closes once every live learner without a snapshot in it has one in one of the
-next ``fragments - 1`` rounds and that has held for ``grace`` seconds: they have moved past
-it, and waiting for them would wait for good (a closing learner whose steps of this
-fragment all went into an earlier round never publishes here, and its flush waits on this
-round). An empty round (nobody published to it) closes so too. A live learner that has not
-moved on keeps the round open, so one early learner cannot close its peers' rounds empty and
-leave the run one learner per round.
-
-Live learners are the nodes holding a live lease whose role is ``learner``
-(``quorum_learners``); a syncer-only node never counts toward a quorum.
-
-In an adaptive run (``RunConfig.overlap`` None) a round counts only the live learners that
-took part in the round before it (``expectation``: participants and rejected): a learner
-that paused, hung or just joined is not waited for until its snapshots come again, and one
-that took part is waited for at most ``Expectation.patience`` after the round's first
-snapshot (the grace plus the slowest step time the round before stated, at most
-``MAX_PATIENCE_GRACES`` graces). Closing learners stay expected while their final
-snapshots may still come. A paced run (the repeatable mode) waits for every live learner, as above.
+A round commits after its quorum and grace, on a lease listing taken after its snapshots
+were listed, or, quorum or not, once every live learner missing from it has moved past it
+for ``grace`` seconds. Live learners are the nodes with a live ``learner`` lease
+(``quorum_learners``); in an adaptive run (``RunConfig.overlap`` None) a round counts only
+those that took part in the round before (``expectation``), each for at most
+``Expectation.patience``. The rules and their reasons: docs/protocol.md, "Closing a round".
 
 Pure: no I/O, no clock; the caller passes ``now``.
 """

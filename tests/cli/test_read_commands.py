@@ -350,8 +350,8 @@ def _lines(doc: dict[str, object], width: int) -> list[str]:
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_status_fits_80_columns_one_line_per_round(written_run: WrittenRun, width: int) -> None:
-    """At 80 columns status broke its headers ("parti/cipan/ts"), split ids ("host-" /
-    "0") and took six lines per round: every header, id and round now keeps to one line."""
+    """At 80 columns as at 120, every header, id and round keeps to one line: no header
+    broken ("parti/cipan/ts"), no id split ("host-" / "0"), one line per round."""
     observation = _observation(written_run, {})
     records = {
         r: msgspec.structs.replace(record, closed_at=1_780_000_000.0 + 60 * r)
