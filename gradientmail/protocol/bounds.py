@@ -1,26 +1,20 @@
 """Bounds on one learner's influence on a round: capped weights and clipped deltas.
 
-A learner holding the run key can claim any tokens up to ``max_tokens_per_step`` and send
-any delta under the outlier test. Two rules of the round, after its rejections, bound what
-one such learner does to the mean whatever the number of snapshots, two included, against
-references taken from the round itself (never from θ, so nothing compounds over rounds):
+Applied after a round's rejections, against references taken from the round itself (never
+from θ, so nothing compounds over rounds):
 
-- ``capped_counts``: a snapshot's count (tokens, or steps) is at most ``TOKENS_RATIO``
-  times the round's lower median of tokens per step, over its steps brought to
-  ``[1, sync_every]``; the steps it counts are at most ``sync_every``.
-- ``clip_scales``: a delta's norm is clipped to ``CLIP_FACTOR`` times the lower median of
-  the round's norms brought to its steps (``allowance``, as the outlier test brings them);
-  the clipped delta is ``scale × Δ``.
+- ``capped_counts``: a snapshot's tokens are at most ``TOKENS_RATIO`` times the round's
+  lower median of tokens per step, over its steps brought to ``[1, sync_every]``; the steps
+  it counts are at most ``sync_every``;
+- ``clip_scales``: a delta's norm is clipped to ``CLIP_FACTOR`` times the lower median of the
+  round's norms brought to its steps (``allowance``);
+- ``lone_scale``: a round's single delta is clipped to ``HISTORY_FACTOR`` times the norm of
+  the fragment's outer momentum, when there is one.
 
-- ``lone_scale``: a round with a single delta has no other to compare it with; its norm is
-  clipped to ``HISTORY_FACTOR`` times the norm of the fragment's outer momentum (the
-  committed mean deltas of its past rounds, decayed), when there is one.
-
-The lower median of two is the smaller, so with two learners neither weighs more per step
-nor moves the mean further than the other does, and with ``K`` of them one liar's share of
-the mean is at most ``TOKENS_RATIO / (K − 1 + TOKENS_RATIO)`` of a delta no larger than
-``CLIP_FACTOR`` honest ones. A snapshot that is capped or clipped stays a participant with
-all its tokens; each returns a note saying what it did, for the record.
+With ``K`` learners, two included, one liar's share of the mean is at most
+``TOKENS_RATIO / (K − 1 + TOKENS_RATIO)`` of a delta no larger than ``CLIP_FACTOR`` honest
+ones (docs/protocol.md, "Aggregation"). A capped or clipped snapshot stays a participant with
+all its tokens; each function returns a note saying what it did, for the record.
 
 Pure and deterministic: plain float arithmetic on the snapshots' claims and recomputed
 norms, in the order given.

@@ -2,35 +2,24 @@
 values: what each rank contributes, how the group's sum reads back, and whether the group
 is still in step.
 
-A learner group is a ``torch.distributed`` process group whose ranks form one learner.
-Every control exchange is one all-reduce (sum) of a fixed-shape int64 vector: each rank adds
-one message, and the leader (rank 0) adds its decision. A ``step`` is one exchange: the
-leader has already run the learner's step with the tokens every rank passes (the learner's,
-the same on every rank: the sum checks it) and sends what it decided. Because every
-exchange has the same shape, whatever a rank sends (its step, its close, or the abort of a
-rank leaving by an exception) matches whatever exchange the other ranks are waiting in, so
-an abort reaches them wherever they are, and the sum says who was where.
+Every control exchange is one all-reduce (sum) of a fixed-shape int64 vector of
+``width(fragments)`` ints: one count per message kind (``KINDS``), the sum of the aborting
+ranks, the tokens, the ranks with part reports to send, then the leader's decision (present,
+ok, newest round + 1, aligned round + 1, the leader's tokens, the bytes of its log, whether
+its close goes on, the bits of its step's clock reading as a float64, one version per
+fragment), then per fragment the sum of every rank's prepared round and of their squares.
+Every exchange has the same shape, so whatever a rank sends (its step, its close, the abort
+of a rank leaving by an exception) matches whatever exchange the others wait in, and the sum
+says who was where.
 
-Layout (``width(fragments)`` ints): one count per message kind (``KINDS``), the sum of the
-aborting ranks, the tokens, the ranks with part reports to send, then the leader's
-decision: present, ok, newest round + 1, aligned round + 1, the leader's tokens, the bytes
-of its log, whether its close goes on, the bits of its step's clock reading (a float64),
-one version per fragment; then, per fragment, the sum of every rank's prepared round and
-the sum of their squares.
-
-A sharded group (FSDP2) runs one pure learner per rank over its own rows and keeps them in
-step by the leader's *log*: every input (``protocol.learner_inputs.Input``) the leader's
-learner took since the last exchange, in order, without tensors (a rank's input carries its
-own rows). The log lives only in the exchanges between the group's ranks, one version of
-gradientmail on every rank; nothing stores it. The decision says
-how many bytes of log follow the exchange (``encode_log``/``decode_log``); each rank feeds
-its own learner the same entries. The step itself is not in the log: its tokens and clock
-reading travel in the decision (``Decision.stepped``), so a tick whose leader took no other
-input needs no broadcast after its one all-reduce. Each rank also adds the round of the
-version of each fragment it has prepared (−1: none) and its square: every rank holds the
-round ``w`` the leader's learner wants exactly when the sums are ``W·w`` and ``W·w²``
-(``all_ready``; Σ(r − w)² = Σr² − 2wΣr + Ww² is 0 only then), and only then does the leader
-feed (and log) ``VersionReady``.
+A sharded group (FSDP2) keeps one pure learner per rank in step by the leader's log
+(``encode_log``/``decode_log``): every input (``protocol.learner_inputs.Input``) the
+leader's learner took since the last exchange, in order, without tensors. The log lives only
+in the exchanges between the group's ranks (one version of gradientmail on every rank);
+nothing stores it. The step's tokens and clock reading travel in the decision
+(``Decision.stepped``). Every rank holds the round ``w`` the leader wants exactly when the
+sums are ``W·w`` and ``W·w²`` (``all_ready``: Σ(r − w)² is 0 only then), and only then does
+the leader feed (and log) ``VersionReady``.
 """
 
 import math

@@ -1,27 +1,17 @@
 """Learner identities: each learner signs its snapshots and lease beats with its own Ed25519 key.
 
 A run has identities when its manifest lists learners' public keys (``Manifest.learners``,
-learner id to 64 hex digits); such a run is also signed (``protocol.signing``): the run key
-signs the manifest, claims, markers and records, and it is the admission authority.
+learner id to 64 hex digits); such a run is also signed (``protocol.signing``), and the run
+key, which signs everything else, is the admission authority. An ``Admission`` (a learner id
+and a public key) or a ``Revocation`` (a public key) counts only when it verifies under the
+run key; each goes to a fresh key under ``identities/``, so junk there blocks neither. A
+learner may have several admitted keys; a revoked key stays revoked for the rest of the run.
 
-Admitting and revoking
-    More keys are admitted by an ``Admission`` (a learner id and a public key) and a key is
-    revoked by a ``Revocation`` (a public key), each stored at its own key under
-    ``identities/`` and signed with the run key; only those that verify count. A learner
-    may have several admitted keys (a new one after a leak); a revoked key stays revoked
-    for the rest of the run. Neither is create-once on a single key: each goes to a fresh
-    key, so junk planted under ``identities/`` blocks no admission and no revocation.
-
-What a learner signs
-    A snapshot's or a beat's ``signature`` is ``ed25519:`` and the hex of an Ed25519
-    signature over a label of its own and the bytes the run key would cover
-    (``signing.canonical``: run id, object key, canonical JSON without the signature).
-
-What a reader decides (``Identities.check``)
-    For the learner the object's key names: ``"unsigned"`` when it carries no signature,
-    ``"not-admitted"`` when that learner has no admitted key that is not revoked,
-    ``"revoked"`` when it verifies only under a revoked key of that learner,
-    ``"bad-signature"`` otherwise (another learner's key, a run-key MAC, damage).
+A snapshot's or a beat's ``signature`` is ``ed25519:`` and the hex of an Ed25519 signature
+over a label of its own and ``signing.canonical``'s bytes. ``Identities.check`` answers, for
+the learner the object's key names: None (good), ``"unsigned"``, ``"not-admitted"`` (no
+admitted key that is not revoked), ``"revoked"`` (it verifies only under a revoked key) or
+``"bad-signature"`` (another learner's key, a run-key MAC, damage).
 
 Pure: no I/O, no clock.
 """

@@ -1,34 +1,13 @@
 """The layout of a run in its mailbox: the one module that knows where every object lives.
 
-All keys are relative to the mailbox (whose own prefix or directory scopes the run). Each
-kind of object has one writer, and every write is create-once:
-
-==============================================  ===========================  ================
-key                                             what                         written by
-==============================================  ===========================  ================
-``manifest``                                    the run's identity           the creator
-``create/{attempt:04d}``                        creation claims              would-be creators
-``init/{attempt:04d}/{fragment:04d}``           Θ⁰ progress markers          that attempt
-``leases/{learner}/{beat:012d}.{role}``         lease beats                  that node
-``rounds/{round:010d}/snapshots/{learner}``     a learner's snapshot         that learner
-``rounds/{round:010d}/claims/{k:04d}``          the k-th claim to close      syncers
-``records/{round:010d}``                        the committed round record   the claimant
-``blobs/{sha256}``                              content-addressed payloads   anyone, first
-==============================================  ===========================  ================
-
-Squatting: the manifest, a round's record and a learner's snapshot each have numbered
-successor keys (``manifest.{n:04d}``, ``records/{round:010d}.{n:04d}``,
-``…/snapshots/{learner}~{n:04d}``, n from 1 to ``SLOTS - 1``). When the
-object at one does not decode or (signed run) verify, every honest node moves on to the next,
-so one junk object cannot block a create-once key for good (``Store``). Claims
-(``create/``, ``rounds/…/claims/``) are numbered already: only the run of numbers from 0
-counts, so a claim planted far ahead is foreign.
-
-Round ``r`` of a run with ``F`` fragments produces version ``r // F + 1`` of fragment
-``r % F``; version 0 of every fragment is Θ⁰. A round and its (fragment, version) determine
-each other. Zero-padded numbers make byte order equal numeric order in listings. A lease
-beat's ``role`` (``Role``) says whether its node trains, so that one listing of ``leases/``
-tells a syncer both who is alive and who a round should wait for.
+Keys are relative to the mailbox (whose prefix or directory scopes the run); every write is
+create-once and each kind of key has one kind of writer (the table: docs/protocol.md, "The
+run in the store"). The manifest, a round's record and a learner's snapshot have numbered
+successor keys (``n`` from 1 to ``SLOTS - 1``), to which every honest node moves on past
+junk; claims count from 0 without a gap. Round ``r`` of a run with ``F`` fragments produces
+version ``r // F + 1`` of fragment ``r % F``; version 0 of every fragment is Θ⁰. Numbers are
+zero-padded, so byte order is numeric order in listings; builders raise ``ValueError`` for
+what a key cannot hold. A lease beat's ``role`` (``Role``) says whether its node trains.
 
 Pure: string functions only.
 """

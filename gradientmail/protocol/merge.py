@@ -1,33 +1,17 @@
 """The learner's side of a round: how a new version merges with local progress, and the
 accounting of every local step until a round carries it or it is dropped.
 
-The merge (``merged``), when version ``v+1`` of a fragment arrives (``θ`` below) and the
-learner holds ``local``, having published ``snapshot`` (its fragment at publishing time) on
-top of ``base`` (the version it had applied, ``θ_v``), under the ``keep-progress`` rule:
-
-``included``
-    ``local ← θ + (local − snapshot)``: the round carried the snapshot's progress; the
-    progress made since (the lag) is kept on top.
-``late``
-    The round did not carry the snapshot (not published in time, lost, or absent):
-    ``local ← θ + (local − base)``; all the progress since the base is kept and goes out with
-    the fragment's next snapshot.
-``rejected``
-    The round judged the snapshot bad: ``local ← θ``; everything since the base is dropped.
-
-Under the ``alpha`` rule, ``local ← α·local + (1 − α)·θ`` whatever the outcome (the
-accounting still follows the outcome).
+``merged`` applies version ``v+1`` of a fragment to the learner's ``local`` one by the
+round's outcome for its snapshot: ``included`` keeps the progress since the snapshot,
+``late`` all since its base, ``rejected`` none (``keep-progress``); ``alpha`` mixes
+``α·local + (1 − α)·θ`` whatever the outcome. The table: docs/protocol.md, "The learner's
+merge".
 
 The accounting (``Ledger``, one ``FragmentLedger`` per fragment) is an immutable value with
-pure transitions, folded by the learner in this order of events: local steps (every step
-counts for every fragment), publishes and failed publishes, and every committed record of
-the run in round order. For every fragment, at all times::
-
-    committed + dropped + since_base == total        (steps, and tokens)
-
-where ``committed`` is what rounds included, ``dropped`` what was rejected or given up at
-close, and ``since_base`` what is still local (the in-flight snapshot's steps are part of
-it). So every local step ends in exactly one round's participants or one drop report.
+pure transitions: it folds local steps, publishes (and failed ones) and every committed
+record of the run in round order. For every fragment, at all times,
+``committed + dropped + since_base == total`` (steps, and tokens), so every local step ends
+in exactly one round's participants or one drop report.
 
 Pure: no I/O. Which thread or task folds a ledger is the node's business; the value itself
 is immutable and safe to share.

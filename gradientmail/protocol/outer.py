@@ -1,32 +1,16 @@
 """The outer step of a round and the update every learner applies.
 
-The outer optimizer is Nesterov momentum SGD on the pseudo-gradient ``g = −Δ̄`` (Δ̄ the
-round's weighted mean delta), written with the very torch operations of
-``torch.optim.SGD(lr, momentum, nesterov=True)`` (no dampening, no weight decay), so it
-matches it bit for bit in fp32:
-
-    m₁ = g                          (first step: ``momentum`` None)
-    mₜ = μ·mₜ₋₁ + g                 (later steps)
-    θ' = θ − η·(g + μ·mₜ)
-
-With ``μ = 0`` this is plain SGD, θ' = θ − η·g (torch refuses ``nesterov`` with zero
-momentum; the values are the same).
-
-θ' is not committed as is: the update learners download is ``U = θ' − θ`` in the run's
-update encoding, and the committed version is ``θ_{v+1} = θ + decode(encode(U))``. A learner
-holding ``θ_v`` that applies the update with ``apply_update`` computes the same bits, so no
-drift accumulates between learners and the store, whatever the encoding.
-
-A final round (made only of closing learners' final snapshots, docs/protocol.md) commits
-``θ + Δ̄`` with the momentum unchanged: ``final_step``.
-
-A round that accepts no snapshot commits ``θ_{v+1} = θ_v`` with the outer state unchanged:
-``committed_update(θ, θ, …)`` gives its (all-zero) update blob and θ.
+The outer optimizer is Nesterov momentum SGD on ``g = −Δ̄``, written with the very torch
+operations of ``torch.optim.SGD(lr, momentum, nesterov=True)`` so that it matches it bit for
+bit in fp32 (with ``μ = 0``, plain SGD; the formulas: docs/protocol.md, "The outer step").
+The committed version is ``θ_{v+1} = θ + decode(encode(U))``, ``U = θ' − θ`` in the run's
+update encoding, so a learner holding ``θ_v`` that applies the update with ``apply_update``
+computes the same bits. ``final_step`` commits ``θ + Δ̄`` with the momentum unchanged (a final
+round); a round that accepts no snapshot commits θ as it is (``committed_update(θ, θ, …)``).
 
 Pure: no I/O; runs on whatever thread calls it (the syncer uses a worker thread). Inputs are
 never modified. Memory: the tensors returned (and the update blob) plus a few pieces of
-``pieces.CHUNK_ELEMENTS`` elements: every step runs piece by piece, never holding a whole
-temporary (the pseudo-gradient, the step, the update before encoding, the decoded update).
+``pieces.CHUNK_ELEMENTS`` elements, never a whole temporary.
 """
 
 import math

@@ -1,30 +1,20 @@
 """Signed runs: an HMAC-SHA256 on every manifest, claim, marker, snapshot and round record.
 
-A run is signed when it was created with a ``RunKey``. The key is a secret each node holds
-(``gradientmail.node(..., run_key=...)`` or the ``GRADIENTMAIL_RUN_KEY`` environment
-variable); it is never part of the ``RunConfig``, never written to the store and never shown
-by ``repr``. The manifest records only that the run is signed, as ``key_id``: an HMAC of a
-fixed label under the key, which tells keys apart and reveals nothing of them.
+A run is signed when it was created with a ``RunKey``, a secret each node holds: never part
+of the ``RunConfig``, never written to the store, never shown by ``repr``. The manifest
+records only ``key_id``, an HMAC of a fixed label under the key, which tells keys apart and
+reveals nothing of them.
 
-What is signed
-    The MAC covers a domain label, the run's id (``Manifest.run_id``, random, fixed when the
-    run is created), the object's key in the run (so an object cannot be replayed under
-    another key: a claim on round 5 is not a claim on round 6, a creation claim is not a
-    round claim) and the canonical JSON of the object without its ``signature``: keys
-    sorted, no whitespace, every field present in the stored bytes, including fields this
-    version of gradientmail does not know. Binding the run id means nothing signed for one
-    run verifies in another run that shares the key, under any prefix. What precedes the
-    run id (creation claims and Θ⁰ markers) and the manifest itself (whose body holds the
-    id) are signed with an empty run id; so are every object of a run created before run ids
-    existed (its manifest has none), which keeps such runs readable. Blobs are not signed
-    themselves: they are named by their sha256, and the signed objects carry those hashes,
-    so a blob is covered by the object that references it.
+The MAC covers a domain label, the run's id (empty for the manifest, creation claims, Θ⁰
+markers and runs without one), the object's key in the run and the canonical JSON of the
+object without its ``signature``, unknown fields included (``canonical``). Blobs are covered
+by the sha256 the signed objects carry. Why each is bound: docs/reliability.md, "Signed
+runs".
 
-What a reader does
-    ``RunKey.check(key, data)`` returns None for a good signature, ``"unsigned"`` when the
-    object carries none and ``"bad-signature"`` when it does not verify (the reasons a
-    round or a node reports); it raises ``RecordError`` only for bytes that are not a JSON
-    object of bounded size. ``check_manifest`` settles whether a node may join a run.
+``RunKey.check(key, data)`` returns None for a good signature, ``"unsigned"`` or
+``"bad-signature"`` (the reasons a round or a node reports); it raises ``RecordError`` only
+for bytes that are not a JSON object of bounded size. ``check_manifest`` settles whether a
+node may join a run.
 
 Pure: no I/O, no clock; the comparison of MACs is constant-time.
 """

@@ -2,32 +2,17 @@
 pseudo-gradient compression), and ``SparseBlob``, a checked ``topk`` blob decoded a piece at
 a time.
 
-Each parameter is flattened and cut into chunks of ``chunk`` elements (the last one may be
-shorter; a chunk never straddles two parameters). Of each chunk of ``n`` elements the encoder
-*selects* the ``⌈density·n⌉`` largest in magnitude (``density`` None: every non-zero
-element, which is how an update keeps the union of the learners' selections). A chunk's
-scale is ``s = a / (L − 1)``, ``a`` the absolute maximum of its selection and ``L = 2^bits``;
-a selected ``x`` gets the code ``c = clamp(round((x/s + L − 1) / 2), 0, L − 1)`` and decodes
-to ``x̂ = (2c − (L − 1))·s``: ``L`` levels, odd multiples of ``s``, none of them zero. An
-element is *sent* only when ``x̂`` has its sign and is within a factor two of it
-(``x/2 ≤ x̂ ≤ 2x``); a smaller one stays out, so its error is itself, below ``s/2``. By
-Sterbenz's lemma ``x − x̂`` is then exact in fp32, so what is not sent, ``r = x − x̂`` (``x``
-where nothing is sent), adds back to the input bit for bit: ``x̂ + r = x``
-(``protocol.feedback`` keeps ``r``). A chunk holding NaN or ±Inf gets the scale NaN and sends
-its selection as NaN, so a non-finite delta stays non-finite and a round rejects it.
+Of each chunk of ``chunk`` elements (never straddling two parameters) the encoder selects the
+``⌈density·n⌉`` largest magnitudes (``density`` None: every non-zero element, as an update
+does) and sends those whose decoded value ``x̂`` has their sign and is within a factor two
+of them. What is not sent, ``r = x − x̂``, is exact in fp32 (Sterbenz), so ``x̂ + r = x`` bit
+for bit (``protocol.feedback`` keeps ``r``). A chunk holding NaN or ±Inf sends its selection
+as NaN. The formulas and the blob's four tensors: docs/protocol.md, "The ``topk`` encoding
+and error feedback".
 
-The blob is a safetensors file of four flat tensors: ``counts`` (``I32``, the elements sent
-of each chunk, chunks of every parameter in ``spec.params`` order), ``scales`` (``F32``, one
-per chunk; 0 for a chunk that sends nothing), ``indices`` (``U16``, each sent element's
-offset within its chunk, strictly increasing within a chunk) and ``codes`` (``U8``, the
-codes packed ``8 / bits`` to a byte, low bits first, over the whole blob, the tail padded
-with zero bits). Its metadata is the fragment blob's (``codec``), with ``block_size`` the
-chunk and ``bits``. Opening one checks, before decoding or allocating anything of the
-declared size: the tensors' dtypes and sizes against the spec (at most one index per element
-of the fragment), every count within its chunk and their sum the indices' number, every
-index inside its chunk and strictly increasing (no duplicate), every scale finite and
-non-negative or NaN, zero where nothing is sent, and the padding bits zero, so one content
-has one blob. Anything else raises ``CodecError``.
+Opening a blob checks every count, index, scale and padding bit against the spec before
+decoding or allocating anything of the declared size, so one content has one blob; anything
+else raises ``CodecError``.
 
 Pure: no I/O; the caller's thread. Memory: the blob and a few pieces of
 ``pieces.CHUNK_ELEMENTS`` elements (encoding keeps only the selection of each piece).
