@@ -1,44 +1,20 @@
 """Blobs and the tensor codec: content addresses and the bytes a fragment's tensors travel as.
 
 A blob is addressed by the sha256 of its bytes (``digest``); whoever reads one checks the
-bytes against the address it followed (``verify``).
+bytes against the address it followed (``verify``: ``CorruptBlob`` on a mismatch).
 
-A fragment's tensors travel as one safetensors file (never pickle, never ``torch.load``)
-holding at most two flat tensors: ``values``, every parameter's stored elements concatenated
-in ``FragmentSpec.params`` order, and, for the quantized encodings, ``scales``, every
-parameter's block scales concatenated in the same order. The spec already names and shapes
-every parameter, so the blob does not: a header with one entry per parameter would cost more
-than the values of a small fragment (measured: 1,424 of a 7,848-byte int4 blob of 12,416
-parameters). The file's ``__metadata__`` holds one key, ``gradientmail``, whose value is
-canonical JSON naming the blob's ``format`` (``FRAGMENT_FORMAT``), ``encoding``,
-``block_size``, ``fragment`` and ``params`` (``spec_digest``: 16 hex digits of the sha256 of
-the fragment's parameter names, shapes and dtypes), so a blob is never decoded into another
-fragment's parameters of the same total size. One key keeps the bytes deterministic, so two
-nodes that encode the same tensors write the same blob. Encodings:
+A fragment's tensors travel as one safetensors file (never pickle, never ``torch.load``) of
+at most two flat tensors, ``values`` and, for int8 and int4, ``scales``, each concatenated in
+``FragmentSpec.params`` order. One metadata key, ``gradientmail``, names the format,
+encoding, block size, fragment and parameters' digest (``spec_digest``), so a blob never
+decodes into another fragment's parameters and equal tensors encode to equal bytes.
+Encodings: ``fp32`` (exact), ``bf16`` (within half a bf16 step), ``int8`` and ``int4``
+(blockwise absmax per parameter, within ``s / 2``); a block holding NaN or ±Inf decodes as
+all NaN. The layout and the bounds: docs/protocol.md, "Blobs and the tensor codec".
 
-``fp32``
-    ``values`` is ``F32``. Exact.
-``bf16``
-    ``values`` is ``BF16`` (round to nearest even). The error of an element is at most half
-    a bf16 step at that element: ``|x − x̂| ≤ 2⁻⁹·2^⌈log₂|x|⌉``.
-``int8``, ``int4``
-    Blockwise absmax, per parameter: each parameter is flattened and cut into blocks of
-    ``block_size`` elements (the last one may be shorter; a block never straddles two
-    parameters, so a small bias is not quantized with a large weight's scale). A block's scale
-    is ``s = absmax / Q`` with ``Q = 127`` (int8) or ``Q = 7`` (int4); an element is stored as
-    ``q = round(x / s)`` in ``[−Q, Q]`` and decodes to ``q·s``, so its error is at most half a
-    step, ``s / 2`` (up to fp32 rounding). int8 stores ``q`` as ``I8``; int4 stores ``q + 8``
-    two to a byte (low nibble first, over the whole fragment; an odd tail is padded with the
-    nibble 8, i.e. zero) as ``U8``. ``scales`` is ``F32``. A block holding NaN or ±Inf gets
-    the scale NaN and decodes as all NaN, so a non-finite delta stays non-finite and a round
-    still rejects it.
-
-Decoding returns fresh fp32 CPU tensors of the spec's shapes, the caller's to keep or mutate.
-It checks everything against the spec first: the file's framing, the metadata (the
-fragment and its parameters' digest included), the set of tensors, their dtypes and sizes,
-and the range of every quantized value; anything else raises ``CodecError``, whose
-``reason`` says whether the blob is ``shape`` (well formed, for another model or fragment)
-or ``corrupt``.
+Decoding returns fresh fp32 CPU tensors of the spec's shapes, the caller's to keep or
+mutate, after checking everything against the spec; anything else raises ``CodecError``,
+whose ``reason`` is ``shape`` (well formed, for another model or fragment) or ``corrupt``.
 
 Pure: no I/O. Encoding and decoding run on whatever thread calls them; both are vectorized
 torch operations, one pass over each parameter.
