@@ -1,67 +1,25 @@
 """A directory as a mailbox: the embedded default for one machine or a shared POSIX filesystem.
 
-On-disk layout
---------------
-Under the mailbox's ``directory``::
+Objects are files under ``directory/objects/``; ``tmp/`` holds objects being written and is
+never part of the key space. ``key_path`` and ``key_of`` map every valid key (``check_key``)
+one-to-one to a path below ``objects/`` and back: segments become directories and the object
+a file named after its last segment with ``%`` appended (``%`` escaped as ``%25``; segments
+over 240 bytes cut into ``…%+`` directories; a bare ``.`` or ``..`` piece written ``%.``,
+``%..``).
 
-    objects/   the key space: one file per object
-    tmp/       objects being written; never part of the key space
+``put_if_absent`` writes a fresh file in ``tmp/`` and ``os.link``s it into place: creation is
+atomic across threads and processes, and no reader sees a partial object. ``list`` reads
+directory entries only and returns keys in UTF-8 byte order. With ``durable=True`` a created
+object survives a power loss. Every operation runs in a worker thread; cancellation waits
+for its operation (for an object over 16 MiB, its current chunk) to finish, so a cancelled
+``put_if_absent`` has created its object or not. The filesystem must support hard links and
+be case-sensitive (``__aenter__`` checks the latter).
 
-A key's ``/``-separated segments become nested directory names, and the object itself is a
-file named after its last segment with ``%`` appended. Inside every name ``%`` is escaped as
-``%25``, so an escaped segment never ends in a bare ``%``: a file and a directory can never
-share a name, and ``a`` and ``a/b`` are both storable (``objects/a%`` and ``objects/a/b%``).
-A segment longer than 240 UTF-8 bytes (most filesystems cap a name at 255) is cut into
-pieces, each but the last a directory whose name ends in ``%+``; a last piece that is ``.``
-or ``..`` (of a segment that is not the key's last) is written ``%.`` or ``%..``, names no
-escaped piece can have (its every ``%`` is followed by ``25``). Keys are thereby any valid
-key (``check_key``), map one-to-one to paths below ``objects/`` and decode back exactly;
-``key_path`` and ``key_of`` are that mapping.
-
-Guarantees
-----------
-``put_if_absent`` writes the bytes to a fresh file in ``tmp/`` and hard-links it into
-place with ``os.link``, which fails with ``EEXIST`` when the object already exists: creation
-is atomic across threads and processes (the loser gets False) and a reader never sees a
-partial object. ``list`` reads directory entries only (never a file): their names, told
-apart by the marks above, and an entry's type only where a directory's link count cannot
-prove that no object-named entry is a directory. It starts in the directory of the prefix's
-whole segments, prunes subtrees that cannot match the prefix or lie wholly at or before
-``after``, never follows a symbolic link to a directory, skips entries the layout never
-makes (a directory named like an object, a file named like a directory, a name that is not
-UTF-8), and returns keys in UTF-8 byte order. ``delete`` unlinks and then removes the
-directories it emptied; a concurrent ``put_if_absent`` whose directory vanished under it
-recreates it and tries again.
-
-With ``durable=True`` the object's bytes, its directory entry and every directory created
-for it are fsynced before ``put_if_absent`` returns (and directory entries after
-``delete``), so a created object survives a power loss; without it, a crash of the machine
-(not of the process) may lose recent objects.
-
-Every operation runs in one worker thread (``anyio.to_thread.run_sync``), never on the event
-loop. Cancellation waits for that thread to finish its operation, so a cancelled
-``put_if_absent`` has either created its object or not, and the caller reads it back. An
-object over 16 MiB is written in 16 MiB chunks, one worker-thread call each, straight from
-the caller's bytes (no copy); cancellation between chunks removes the partial temporary
-file. ``get`` reads such an object in 16 MiB chunks too, one worker-thread call each,
-straight into the ``bytes`` it returns (``_bytes.Filling``: no second whole-object buffer);
-cancellation between chunks closes the file and drops what was read. A smaller object is
-opened, checked and read in one worker-thread call.
-
-The filesystem must support hard links and be case-sensitive (``__aenter__`` checks the
-latter): Linux ext4, xfs, btrfs, zfs and NFSv3+ qualify; macOS's default case-insensitive
-APFS does not. Temporary files left behind by a killed process are removed by the next
-``__aenter__`` once they are an hour old.
-
-Failure modes
--------------
-An ``OSError`` that the device or the file server may not repeat (``EIO``, a stale NFS
-handle ``ESTALE``, ``ETIMEDOUT``, ``EAGAIN``, a network error under a network filesystem:
-``_TRANSIENT_ERRNOS``) becomes ``MailboxUnavailable``, which callers retry. One only the
-operator can fix (a full disk ``ENOSPC``, ``EDQUOT``, a read-only filesystem ``EROFS``,
-``EACCES``/``EPERM``) becomes ``LocalAccessError``, an ``OSError`` with the same ``errno``
-whose message names the directory and says what to do. Both chain the original; any other
-``OSError`` (a caller's bug) propagates unchanged.
+An ``OSError`` the device may not repeat (``EIO``, ``ESTALE``, ``ETIMEDOUT``, a network
+error) becomes ``MailboxUnavailable``; one only the operator can fix (``ENOSPC``,
+``EDQUOT``, ``EROFS``, ``EACCES``/``EPERM``) ``LocalAccessError``, an ``OSError`` with the
+same ``errno`` naming the directory; both chain the original, and any other ``OSError`` (a
+caller's bug) propagates unchanged. The rest: docs/mailbox.md, "LocalMailbox".
 """
 
 import builtins

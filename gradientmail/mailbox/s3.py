@@ -1,56 +1,24 @@
 """S3-compatible object storage as a mailbox: AWS S3, Cloudflare R2, MinIO, Hugging Face
 Storage Buckets, moto.
 
-Transport
----------
-Natively async over aiobotocore with its httpx backend, on asyncio and trio alike (aiohttp
-runs on asyncio only, and measured no faster here, so there is one code path). aiobotocore's
-httpx session sends an in-memory body as an iterator over its *lines*, with an event-loop
-checkpoint per line: a 64 MiB random PUT took about 50 s instead of 1 s. The session of
-``_s3_client`` hands httpx the bytes in 1 MiB pieces instead (each one socket write under
-the write timeout, which is ``read_timeout``: a slow link gets through, a dead one does
-not), through an iterator that a cancelled request can drop safely (httpx's own is an
-async generator, which trio reports when it is collected unfinished).
+Natively async over aiobotocore with its httpx backend, on asyncio and trio alike. A request
+body goes out in 1 MiB pieces (the session of ``_s3_client``), each one socket write under a
+write timeout of ``read_timeout``, through an iterator a cancelled request can drop safely. The
+store must give strong read-after-write and list-after-write, an atomic ``If-None-Match: *``
+on PUT and ``ListObjectsV2`` in UTF-8 byte order (``list`` cuts at ``after`` itself). An
+object over ``multipart_threshold`` bytes is written by a multipart upload (a HEAD first, the
+completion conditional, aborted by whatever ends it early: ``_s3_parts``) and read by
+parallel ranged GETs, each conditional on the first response's ETag.
 
-Consistency assumed of the store
---------------------------------
-Strong read-after-write and list-after-write, an atomic ``If-None-Match: *`` on PUT and
-``ListObjectsV2`` in UTF-8 byte order. ``StartAfter`` is sent but not relied on (Hugging
-Face's gateway accepts and ignores it): ``list`` also cuts at ``after`` itself. See
-``docs/mailbox.md`` for the stores known to qualify and those that do not.
-
-Large objects
--------------
-An object over ``multipart_threshold`` bytes is written by a multipart upload whose parts
-(``part_size`` bytes, ``part_concurrency`` in flight) go in parallel, after a HEAD that
-skips the upload when the object already exists; the completion carries ``If-None-Match: *``,
-so create-once holds as long as the store honours it there (AWS S3 and moto do). Whatever
-ends the upload early, cancellation included, aborts it (``_s3_parts``). It is read by
-parallel ranged GETs, each conditional on the ETag of the first response, so a replaced
-object is never spliced. Smaller objects (records, claims, the manifest: all far below the
-threshold) keep one conditional PUT and one GET.
-
-Failure modes
--------------
-A refused connection, a connect or read timeout and a connection dropped mid-request or
-mid-response become ``MailboxUnavailable`` once botocore's standard retry mode has made its
-attempts (three by default, with short jittered backoff), so an unreachable store is reported
-within seconds. A 412 ``PreconditionFailed`` is the create-once contract: ``put_if_absent``
-returns False. A 409 ``ConditionalRequestConflict`` (another conditional write on the same
-key was in flight, outcome unknown) is retried three times, then raised as
-``MailboxUnavailable``. A missing bucket, denied access, credentials the store rejects and
-a bucket in another region (and a 501 ``NotImplemented``: a store that lacks a request the
-mailbox needs) raise ``S3AccessError``: a ``ClientError`` (same ``response`` and
-``operation_name``) whose message names the bucket and endpoint and says what to do, with the
-original chained; nothing transient, so nothing retries it. Throttling (503 ``SlowDown``, 429
-``TooManyRequests`` and botocore's other throttling codes), any other 5xx (500
-``InternalError``, 503 ``ServiceUnavailable``, ...) and a response whose checksum does not
-match become ``MailboxUnavailable`` once botocore's retries are spent (botocore does not retry
-a 429, so that one at once); the original is chained. Every other ``ClientError`` (a 4xx that
-says the request itself is wrong: a bug, not an outage) propagates unchanged. A payload above
-5 TiB raises ``ValueError`` before anything is sent. A bulk delete reports per-key failures in
-a 200 response; the first is mapped as above (a per-key ``SlowDown`` or ``InternalError`` is
-``MailboxUnavailable``) or else raised as a ``ClientError``.
+``put_if_absent`` returns False on a 412 ``PreconditionFailed``. Connection failures,
+timeouts, throttling, other 5xx answers and a checksum mismatch become ``MailboxUnavailable``
+once botocore's retries are spent (a 429 at once), a 409 ``ConditionalRequestConflict``
+after three tries. A missing bucket, denied access, rejected credentials, a bucket in
+another region and a 501 raise ``S3AccessError``, a ``ClientError`` with the same
+``response`` naming the bucket and endpoint, never retried. Every other ``ClientError``
+propagates unchanged; a payload above 5 TiB raises ``ValueError`` before anything is sent; a
+bulk delete's first per-key failure is mapped the same way. Details and measurements:
+docs/mailbox.md, "S3Mailbox".
 """
 
 import contextlib
