@@ -1,37 +1,23 @@
 """The blocking facade: a node for synchronous training loops.
 
 ``with gradientmail.sync.node(model, url, learner=...) as node:`` then ``node.step(tokens=n)``
-after each optimizer step; or, in a plain script whose loop is not to be re-indented,
-``node = gradientmail.sync.open(model, url, learner=...)`` … ``node.close()``. The node is
-the same ``gradientmail.node`` (the same tasks, the same guarantees): it runs in one event
-loop in one background thread, started through ``anyio.from_thread.start_blocking_portal``
-(asyncio or trio), and every call of the facade crosses into that loop through the portal.
-No other thread is started.
+after each optimizer step; or ``node = gradientmail.sync.open(...)`` … ``node.close()`` in a
+script whose loop is not to be re-indented. It is the same ``gradientmail.node``, run in one
+event loop in one background thread (``anyio.from_thread.start_blocking_portal``, asyncio or
+trio); every call crosses into that loop through the portal. No other thread is started.
 
-How it closes, by how the block is left:
+Leaving the block normally closes with flush (``NodeFailed`` raises if a task of the node
+failed); by an ``Exception``, without flush, the exception propagating unchanged; by any
+other ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, ``Terminated``), the node is
+cancelled (its lease deleted, shielded and bounded) and the exception propagates. A second
+interrupt while closing stops the wait, not the lease's release. A node from ``open`` stays
+open until ``close()`` (with flush) or the interpreter's exit (with flush, or without after
+an uncaught ``Exception``; a second signal while it flushes closes it without flush); no
+thread outlives its close.
 
-- normally: with flush, as ``gradientmail.node`` does (``Closed``, or ``GaveUp`` after
-  ``close_timeout``); ``NodeFailed`` raises from the ``with`` statement when a task of the
-  node failed.
-- by an ``Exception`` from the block: without flush (``StepsDropped``), then the exception
-  propagates unchanged.
-- by ``KeyboardInterrupt``, ``SystemExit`` (``Terminated`` included) or any other
-  ``BaseException``: the node is cancelled, which closes it without flush and deletes its
-  lease (shielded and bounded, as on any cancellation), then the exception propagates. A
-  second interrupt while closing stops the wait, not the lease's release.
-
-``handle_signals=True`` makes SIGTERM raise ``Terminated`` (a ``SystemExit`` with code 143)
-and SIGINT ``KeyboardInterrupt`` in the main thread for the block's duration, so that what
-Slurm and Kubernetes send closes the node as Ctrl-C does, and an uncaught ``Terminated``
-ends the process quietly with 128 + the signal's number. See ``docs/integrations.md``.
-
-A node from ``open`` stays open until ``close()`` (with flush, as leaving the block
-normally) or, failing that, the interpreter's exit: before Python waits for its threads, it
-is closed with flush, or without flush when an uncaught ``Exception`` ended the script. A
-signal with ``handle_signals=True`` ends the script as ``Terminated``/``KeyboardInterrupt``,
-and the node is closed at exit with flush (bounded by ``close_timeout``); a second signal
-while it flushes closes it without flush. Either way the node lives in the portal's task
-group and no thread outlives its close.
+``handle_signals=True`` makes SIGTERM raise ``Terminated`` (a ``SystemExit``, code 143) and
+SIGINT ``KeyboardInterrupt`` in the main thread for the block's duration, so that what Slurm
+and Kubernetes send closes the node as Ctrl-C does (docs/integrations.md).
 
 ``load`` and ``Barrier`` are ``gradientmail.load`` and ``gradientmail.Barrier`` for
 synchronous code (``gradientmail._blocking``).

@@ -4,35 +4,23 @@ records, the downloads, the publishes, the close) and carries out the actions it
 No protocol decision is made here.
 
 ``LearnerDriver`` is used on the event-loop thread: ``step``, ``flush_once`` and
-``begin_close`` (which add the clock's reading or the live model to their input) by the
-user's task (``Node.step`` and the closing flush), the receive task
-(``_node.receive.Receiver``) ``feed``s the records and the downloaded versions, and the
-publisher (``_node.publisher``, a task of the node's task group) how each publish ended.
-The one exception is ``step_quietly``, from the training thread: a step that answers no
-action (most steps: nothing to apply, no fragment due) is counted there, without a round
-trip through the event loop, which at a step of tens of milliseconds cost the training
-thread more than the step's own bookkeeping (two thread switches per step on shared
-cores). Every input is one atomic transition of the ``Learner`` value
-(``Learner.handle``) under ``_lock`` (held only while the pure input computes the next
-value), so an input of the event loop's tasks and a quiet step never lose or reorder each
-other. The ``Learner`` value changes only in this class, every input goes through
-``feed`` (which, once ``record`` was called, also logs it for a sharded group's ranks),
-and ``feed`` carries out each action it answered right there, on the event-loop thread:
+``begin_close`` by the user's task, ``feed`` by the receive task (records, downloaded
+versions) and by the publisher (``_node.publisher``: how each publish ended). The one
+exception is ``step_quietly``, from the training thread: a step that answers no action is
+counted there (why: docs/architecture.md, "Where things run"). Every input is one atomic
+transition of the ``Learner`` value (``Learner.handle``) under ``_lock``, held only while
+the pure input computes, so no input loses or reorders another. The ``Learner`` value
+changes only in this class; every input goes through ``feed`` (logged for a sharded group's
+ranks once ``record`` was called), which carries out the actions it answered on the
+event-loop thread: ``Apply`` (``merge.merge_into`` on the live parameters,
+``FragmentAligned``), ``Snapshot`` (a CPU copy, pinned with a CUDA event on a GPU, handed
+back through ``Learner.took``), ``Publish`` (to the publisher), and events for
+``Recorded``, ``Resolved``, ``Dropped`` and ``Unavailable``. The receive task asks
+``state.downloads()`` itself.
 
-- ``Apply``: ``protocol.merge.merge_into`` on the live parameters (``FragmentAligned``);
-- ``Snapshot``: a CPU copy of the fragment (pinned, with a CUDA event, on a GPU), handed
-  back to the learner (``Learner.took``), whose ``Publish`` goes to the publisher;
-- ``Publish`` (a final snapshot): to the publisher;
-- ``Recorded``/``Resolved``/``Dropped``/``Unavailable``: events (``RoundRecorded``,
-  ``SnapshotRejected``, ``StepsDropped``, one ``PollFailed``).
-
-``Download`` is not answered: the receive task asks ``state.downloads()`` for them.
-
-On a rank of a sharded learner group (``sharded``: FSDP2, ``_node.sharded``) the
-parameters are the rank's rows and every rank drives its own learner: the leader's is fed
-as above (and logs its inputs), a follower's only by ``replay`` of the leader's log, each
-input with the rank's own tensors. The leader's publisher writes the snapshot once every
-rank's part is in and feeds the publish's end, which the followers replay.
+On a rank of a sharded group (``_node.sharded``) every rank drives its own learner over its
+rows, a follower's only by ``replay`` of the leader's log; the leader's publisher writes the
+snapshot once every rank's part is in (docs/node.md, "Sharded learners").
 """
 
 import threading

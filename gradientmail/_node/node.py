@@ -3,35 +3,25 @@
 The user's facade and the supervisor of the node's tasks; the learner's decisions are the
 pure ``protocol.learner.Learner``'s, carried out by ``_node.learner.LearnerDriver``.
 
-Lifecycle: entering opens the mailbox (when given a URL), starts the event bus, creates or
-joins the run (``_node.creation``), then starts the node's tasks in one task group: the
-lease (``_node.lease``), the receive loop (``_node.receive``) and the publisher
-(``_node.learner``), learners only, and the syncer (``_node.syncer``, unless
-``options.syncer`` is False). The block's body runs in that task group's scope: when a
-task fails, the body is cancelled at its next checkpoint and the block raises
-``NodeFailed`` (the task's exception chained), unless the body raised an exception of its
-own, which propagates as itself. ``Node.step`` is the one place the training meets the
-node. With ``group=`` the ranks of a process group are one learner (``_node.group``):
-rank 0 is the node above; with replicated parameters the others follow its decisions and
-run no task, with sharded ones (FSDP2) each runs its own receive and publish tasks over its
-rows (``_node.sharded``) and replays the leader's learner inputs.
+Entering opens the mailbox (when given a URL), starts the event bus, creates or joins the
+run (``_node.creation``), then starts the node's tasks in one task group: the lease, for a
+learner the receive loop and the publisher, and the syncer unless ``options.syncer`` is
+False. The block's body runs in that task group's scope: when a task fails, the body is
+cancelled at its next checkpoint and the block raises ``NodeFailed`` (the task's exception
+chained), unless the body raised an exception of its own, which propagates as itself. With
+``group=`` the ranks of a process group are one learner (``_node.group``).
 
-Leaving the block normally closes with flush (``Closing``): every fragment with steps since
-its last included snapshot is published, and the node waits until those rounds are
-committed and applied; then a node that stepped publishes its final snapshots (the model it
-held when closing began, ``Finalized``) and waits for their round (``Closed``), or
-gives up once nothing has landed for
-``close_timeout`` seconds (``GaveUp``, ``StepsDropped``). Its syncer keeps closing rounds
-meanwhile, so the last node alive closes its own flush rounds. Leaving by an exception or a
-cancellation publishes nothing more (``Closing(flushing=False)``, ``StepsDropped`` for what
-was not published) and re-raises. Either way the tasks are cancelled, the lease is deleted
-(shielded, bounded), the event bus drains into the sinks and closes, and a mailbox opened
-from a URL is closed: no task, thread or connection outlives the block.
+Leaving normally closes with flush (``Closing``, then ``Closed``; ``GaveUp`` and
+``StepsDropped`` once nothing has landed for ``close_timeout``); leaving by an exception or
+a cancellation publishes nothing more (``StepsDropped``) and re-raises. Either way the tasks
+are cancelled, the lease is deleted (shielded, bounded), the event bus drains and closes,
+and a mailbox opened from a URL is closed: no task, thread or connection outlives the block
+(docs/node.md, "Lifecycle").
 
-Threading: everything that touches the node's state runs on the event-loop thread that
-entered the block. ``Node.step`` must be awaited there (or called through
-``StepHandle.step`` from a thread ``run_in_thread`` started). Encoding, decoding, hashing
-and aggregation run in ``anyio.to_thread`` worker threads; no other thread is started.
+Everything that touches the node's state runs on the event-loop thread that entered the
+block: ``Node.step`` is awaited there (or called through ``StepHandle.step`` from a thread
+``run_in_thread`` started). Encoding, decoding, hashing and aggregation run in
+``anyio.to_thread`` worker threads; no other thread is started.
 """
 
 from collections.abc import AsyncIterator, Callable, Sequence

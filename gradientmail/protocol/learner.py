@@ -4,72 +4,35 @@ move the bytes and the time around it).
 
 ``Learner`` is an immutable value; ``handle(input)`` takes one input (``Input``, the tagged
 union of ``protocol.learner_inputs``) and returns the next value and the actions the driver
-carries out, in order. Per fragment it keeps the base ``B`` (θ of the version its
-local weights started from), the snapshot it published, and the version being prepared:
+carries out, in order. Per fragment it keeps the base ``B`` (θ of the version its local
+weights started from), the snapshot it published, and the version being prepared.
 
 ``Stepped(tokens, now)``
-    One local optimizer step. Answers ``Apply`` for every prepared version (the driver
-    merges it into the live weights with ``merge.merge_into``: included ``θ_new + (θ − S)``,
-    late or absent ``θ_new + (θ − B)``, rejected ``θ_new``), ``Dropped`` when a rejection
-    reset steps taken since, then ``Snapshot`` for the fragment due after this step
-    (``fragments.due`` on the step shifted by the learner's phase, see below) unless a
-    snapshot of it is unresolved or a version of it is pending. With ``RunConfig.overlap``
-    the version of the round a snapshot went to is applied at the step ``overlap`` steps
-    after it, no earlier; ``wait_until`` tells the driver how long the next step must wait
-    for it.
-``took(fragment, snapshot)``
-    The reply to a ``Snapshot`` action, not an input (each rank of a sharded group answers
-    its own): the driver copied the fragment (``S``); answers the ``Publish`` to carry out
-    for round ``round_of(f, version(B) + 1)``: the next round of that fragment after the
-    newest record this learner has applied.
-``PublishEnded(fragment, round, ok)``
-    A failed publish forgets the snapshot; its steps go out with the fragment's next one.
+    One local step: ``Apply`` every prepared version (``merge.merge_into``), ``Dropped`` for
+    steps a rejection reset, then ``Snapshot`` for the fragment due, unless a snapshot of it
+    is unresolved or a version of it pending. With ``RunConfig.overlap`` a round's version
+    is applied ``overlap`` steps after its snapshot, no earlier (``wait_until``).
+``took(fragment, snapshot)`` (the reply to ``Snapshot``, not an input) / ``PublishEnded``
+    The ``Publish`` for the fragment's next round after the newest record applied; a failed
+    publish forgets the snapshot, its steps going out with the fragment's next one.
 ``RecordSeen(record, now)``
-    The next committed record in round order. It is folded into the ``Ledger`` at once, or
-    after the publish of this learner's snapshot for its round returns (until then the
-    participant named like this learner may be an earlier life's snapshot under the same
-    key). Answers ``Recorded``, ``Resolved`` (what the round did with this learner's
-    snapshot: the one decision of included, late or rejected, the ``Ledger``'s), ``Dropped``
-    for a rejection's steps, and ``Download`` when the record is a newer version.
-``downloads()``
-    What to fetch now: the newest record of each fragment not yet prepared; the update
-    (``outer.apply_update`` on ``B``) when it is the next version and its update has not
-    failed, θ rebuilt from the checkpoint below the record otherwise (``checkpoint``).
-``VersionReady`` / ``DownloadFailed``
-    A prepared θ waits for the next step. A corrupt update falls back to the rebuild; a θ
-    that cannot be rebuilt answers ``Unavailable`` once (retried at every poll, silently);
-    one whose blobs are gone waits for the newer record. No fragment holds up another.
-``Flushed(now)`` / ``settled`` / ``DroppedAll(reason, detail)``
-    Closing: every fragment with steps is snapshotted as soon as it can be; settled once no
-    fragment has steps or a pending version; what is given up is ``Dropped``.
-``BeganClosing(models)`` / ``Finalized()`` / ``finished``
-    The close that never hurts (docs/protocol.md, "The last round of a run"): ``models`` is
-    the live model when closing began; once settled, ``Finalized`` answers one final
-    ``Publish`` per fragment (that model minus the newest θ held, 0 steps, for the next
-    round of the fragment; again, for the next, when a round left it out: see
-    ``Closing``), and the close is finished once every fragment holds the version of its
-    final round (or a newer one).
-    The final round's θ is applied as ``late``: ``θ_new + (θ − B)``, and θ = B after a
-    settled flush, so the learner ends on θ_new.
+    The next committed record in round order, folded into the ``Ledger`` at once or, if this
+    learner's publish for its round is still out, once it returns (the participant of that
+    name may be an earlier life's snapshot under the same key). Answers ``Recorded``,
+    ``Resolved`` (included, late or rejected), ``Dropped`` and ``Download``.
+``downloads()`` / ``VersionReady`` / ``DownloadFailed``
+    The newest record of each fragment not yet prepared: its update on ``B``, or θ rebuilt
+    from the checkpoint below it. A corrupt update falls back to the rebuild; a θ that
+    cannot be rebuilt answers ``Unavailable`` once. No fragment holds up another.
+``Flushed`` / ``settled`` / ``DroppedAll`` / ``BeganClosing`` / ``Finalized`` / ``finished``
+    Closing: every fragment with steps is snapshotted; once settled, one final ``Publish``
+    per fragment (docs/protocol.md, "The last round of a run"), finished once every fragment
+    holds its final round's version.
 
-**Resynchronization** (``phase``): the rules are docs/protocol.md, "A learner that falls
-behind" (its snapshots missed rounds or came late in the grace: the phase moves forward) and
-"A learner that runs ahead" (a round it was in waited a step or more after its snapshot for
-the last participant's, ``Participant.arrived``: the schedule stands still for that many
-steps, ``hold_until``, so that it moves back without any fragment coming due twice).
-With ``overlap`` (``paced``) neither rule moves the schedule: the wait at the overlap step
-holds a learner that runs ahead, and one that fell behind catches up while the others'
-rounds wait for it (up to the grace each, or for good under quorum 1.0). A learner that
-joins a run in progress takes the round after the newest it has seen at its first step
-(``fragments.joined_phase``): ahead of the others rather than behind them.
-**Pace** (``protocol.pace``): the schedule counts positions, and a step advances it the
-learner's ``rate`` of them. Unpaced, the rate is its step time over the fastest the newest
-folded record states (1 within 10%), so a slower learner takes fewer steps per round and
-its snapshots arrive with the others'; paced, it stays 1.
-Times are the driver's clock readings, passed in; the learner never reads a clock.
-
-The step accounting is the ``Ledger``'s: for every fragment at all times
-``committed + dropped + since_base == total``.
+The schedule's phase and pace (``protocol.pace``) follow docs/protocol.md, "A learner that
+falls behind", "A learner that runs ahead" and "Fleets of unequal machines". Times are the
+driver's clock readings, passed in. For every fragment at all times
+``committed + dropped + since_base == total`` (the ``Ledger``).
 """
 
 from collections.abc import Sequence
