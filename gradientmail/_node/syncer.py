@@ -1,27 +1,20 @@
 """The syncer: closes the run's rounds, in order, together with every other syncer.
 
-Each round is a pure state machine (``protocol.rounds``: ``RoundState`` fed
-``Observation``s by ``observed``, timers included); this task only lists, reads, writes and
-sleeps as its steps say: it observes the round (the record, the claims, who published, the
-leases), takes claims (``RoundClaimed``, ``TookOverRound``), follows (``FollowingRound``),
-adopts records (``RoundSuperseded`` when this node held the round) and commits the rounds it
-holds (``_node.commit``: ``RoundClosed``, ``RoundCommitted``, ``RoundIncomplete``).
+Each round is a pure state machine (``protocol.rounds``); this task only lists, reads,
+writes and sleeps as its steps say: it observes the round, takes claims (``RoundClaimed``,
+``TookOverRound``), follows (``FollowingRound``), adopts records (``RoundSuperseded`` when
+this node held the round) and commits the rounds it holds (``_node.commit``:
+``RoundClosed``, ``RoundCommitted``, ``RoundIncomplete``). Leases are read through a
+``LeaseWatch`` (at most every ``min(lease_every, lease_timeout / 4)`` seconds, or at once
+when a decision to close needs a fresh listing). In a signed run only snapshots and beats
+that verify count.
 
-The leases are read through a ``LeaseWatch`` (at most every ``min(lease_every,
-lease_timeout / 4)`` seconds, or at once when a decision to close needs a fresh listing).
-In a signed run only snapshots that verify count as published (for the quorum, the grace,
-the moved-past rule and the claimant's timeout), and only beats that verify count for
-liveness: a keyless writer's objects cannot close a round or make a node look dead.
-
-The whole state (θ and outer momentum of every fragment) is in the store: the checkpoint
-at or below each fragment's newest version and the rounds after it (``protocol.checkpoint``).
-``run_syncer`` rebuilds it from there on start and after every failure (``Recovered``; the
-rebuild itself happens when a fragment's next round is committed, ``commit.load``); a
-transient store failure (``MailboxUnavailable``) or data that does not decode or verify
-(``RecordError``, ``CorruptBlob``) while recovering or on a round is reported
-(``RecoveryFailed``, ``RoundFailed``) and retried with backoff. Anything else propagates and
-fails the node (``SyncerStopped``, then ``NodeFailed``): the store refusing us
-(``StoreAccessError``, the operator's to fix) at once, and any other exception, a bug.
+``run_syncer`` rebuilds the state (θ and outer momentum of every fragment) from the store on
+start and after every failure (``Recovered``; each fragment's rebuild happens at its next
+commit, ``commit.load``). ``MailboxUnavailable``, ``RecordError`` and ``CorruptBlob`` while
+recovering or on a round are reported (``RecoveryFailed``, ``RoundFailed``) and retried with
+backoff; anything else fails the node (``SyncerStopped``, then ``NodeFailed``):
+``StoreAccessError`` at once, any other exception as a bug.
 
 Runs as one task of the node's task group; aggregation, the outer step, encoding and
 decoding run in worker threads. Cancellation stops it between or within requests; a round
