@@ -1,38 +1,25 @@
 """A learner group: the ranks of one ``torch.distributed`` process group training one
 learner together (``docs/node.md``, "Learner groups").
 
-Rank 0 of the group (the *leader*) is the node the run sees: it joins the run, beats the
-lease, lists the records, and syncs when it is a syncer. Every rank enters
-``gradientmail.node(..., group=pg)`` and calls ``step()`` as often as the others, with the
-same tokens.
+Rank 0 (the *leader*) is the node the run sees: it joins the run, beats the lease, lists the
+records and syncs when it is a syncer. Every rank enters ``gradientmail.node(..., group=pg)``
+and calls ``step()`` as often as the others, with the same tokens. With replicated
+parameters (DDP) the followers never touch the store and every rank holds the same bits
+after every ``step()``; with sharded ones (FSDP2, ``_node.sharded``) every rank runs its own
+learner over its own rows, kept in step by the leader's log. The modules: this rank's
+membership (``GroupMember``, here), its collectives (``_node.group_link``), a sharded
+group's tick (``_node.ticks``) and the group's entry (``_node.group_entry``).
 
-- Replicated parameters (DDP): the followers never touch the store. Each ``step()`` is the
-  leader's learner step, one control exchange (``protocol.group``: the leader's decision,
-  every rank's place and tokens) and, when the decision changed a fragment's version, a
-  broadcast of that fragment's parameters from the leader, so every rank holds the same
-  bits after every ``step()``.
-- Sharded parameters (FSDP2, ``_node.sharded``): every rank runs its own learner over its
-  own rows and moves its own rows' bytes. Each ``step()`` is a *tick*: the leader's learner
-  step, then the control exchange (which also carries the leader's step and the versions
-  each rank has prepared), then only when there is something to send, the leader's log
-  broadcast (every other input its learner took since the last tick, which each follower
-  replays on its own rows) and an all-gather of the ranks' part reports. The close ticks
-  too, until the leader's close has ended.
+Threads: collectives run in ``anyio.to_thread`` worker threads only, never on the
+event-loop thread; the leader's learner step hops back onto the event loop from there
+(``anyio.from_thread.run``).
 
-The modules: this rank's membership (``GroupMember``, here), its collectives
-(``_node.group_link``), a sharded group's tick (``_node.ticks``) and the group's entry
-(``_node.group_entry``).
-
-Threads: ``GroupLink``'s methods block on collectives and run in ``anyio.to_thread``
-worker threads only; the leader's learner step hops back onto the event loop from there
-(``anyio.from_thread.run``). No collective runs on the event-loop thread.
-
-Failure: a control exchange that finds a rank gone, out of step or aborting raises
-``GroupFailed`` on every rank that takes part in it; a collective that does not complete
-within ``NodeOptions.group_timeout`` (or whose peer's connection closed: a dead rank)
-raises ``GroupFailed`` too. A rank leaving its block by an exception sends an abort, which
-completes whatever exchange the others wait in. The waits that include the leader's store
-work (entering, the leader's close) are bounded by the process group's own timeout instead.
+Failure: an exchange that finds a rank gone, out of step or aborting, and a collective that
+does not complete within ``NodeOptions.group_timeout`` (or whose peer's connection closed),
+raise ``GroupFailed`` on every rank in it; a rank leaving its block by an exception sends an
+abort that completes whatever exchange the others wait in. The waits that include the
+leader's store work (entering, the leader's close) are bounded by the process group's own
+timeout instead.
 """
 
 import logging
