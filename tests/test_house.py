@@ -16,6 +16,7 @@ CHECKED = (
     "gradientmail",
     "tests",
     "docs/architecture.md",
+    "docs/benchmarks.md",
     "docs/cli.md",
     "docs/events.md",
     "docs/examples",
