@@ -4,28 +4,17 @@
 makes (``_requests``), the run's small objects signed and checked (``_objects``), blobs
 (``_blobs``), the manifest and creation (``_creation``), leases (``_leases``), snapshots
 (``_snapshots``), round claims (``_claims``) and round records with their chain
-(``_records``, ``gradientmail._history``). Every operation
+(``_records``, ``gradientmail._history``). Every operation retries ``MailboxUnavailable``
+with backoff on the node's clock (``mailbox.retrying``, up to ``max_retry_delay`` between
+tries, forever unless the call says otherwise) and lets every other error propagate at once;
+decodes what it reads strictly (``RecordError``) and verifies every blob against its sha256
+(``CorruptBlob``); and counts its requests and bytes for ``Store.stats``.
 
-- retries ``MailboxUnavailable`` with backoff (``mailbox.retrying``) on the node's clock, up
-  to ``max_retry_delay`` between tries, forever unless the call says otherwise; every other
-  error propagates at once;
-- decodes what it reads strictly (``RecordError`` for a malformed object) and verifies every
-  blob against its sha256 (``CorruptBlob``);
-- counts the requests it makes by kind and the bytes it moves, for ``Store.stats``.
-
-Everything read is hostile until checked. The manifest and round records are create-once
-keys that a junk object could block for good; here a manifest or record that does not decode,
-does not verify (signed run) or does not describe its key's round is skipped, and readers and
-writers alike move on to the key's next successor (``keys.record_slot``,
-``keys.manifest_slot``): the first good object in that order is the one, for every honest
-node. Skipped keys are remembered (so each is read once) and listed in ``Store.ignored``.
-Claims count only in the run of numbers from 0. In a signed run every signature covers the
-run's id (``Manifest.run_id``, drawn by ``create_manifest``), learned from the manifest.
-
-Create-once writes whose reply may have been lost are settled here, once: a
-``put_if_absent`` that failed transiently and whose retry then finds the key taken reads the
-object back, and the write counts as ours when the bytes are ours (claims and records name
-their writer, so equal bytes cannot be someone else's).
+Everything read is hostile until checked: a manifest or record that does not decode, verify
+or describe its key is skipped for the key's next successor (``keys.record_slot``,
+``keys.manifest_slot``), remembered, and listed in ``Store.ignored`` (docs/protocol.md, "The
+run in the store"). A create-once write whose reply was lost counts as ours when its retry
+finds our bytes at the key (claims and records name their writer).
 
 Runs in the node's tasks on the event loop; hashing of large payloads goes to a worker
 thread (``anyio.to_thread``). Cancellation interrupts the request in progress; a cancelled
