@@ -6,7 +6,7 @@ The real-text task of ``bench_text.py`` (the standard library's source, the byte
 the same wall-clock budget. A learner of speed ``s`` takes ``s × BASE_STEP`` seconds a step:
 its compute, then a sleep up to that time (slowness made by sleep, so that a slow learner
 does not take the fast ones' cores on this 2-core machine; a step whose compute alone is
-longer is not padded). The learning rate follows ``bench_convergence.lr_at`` over the
+longer is not padded). The learning rate follows ``bench_convergence_task.lr_at`` over the
 fraction of the budget elapsed, so a slow learner is not left at a high rate.
 
 Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and ``pausing``
@@ -43,10 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
-import bench_convergence as bc
-import bench_text as bt
+import bench_convergence_task as convergence
 import bench_text_data as data
+import bench_text_task as task
 import msgspec
+from _launch import launch
+from _workers import Learning, learner_worker, syncer_worker
+from bench_text_arms import lighthouse, worker_spec
 
 NAME = "fleet"
 SIZE = "medium"
@@ -81,13 +84,13 @@ for _name in ("mixed", "straggler"):
 
 def config(arm: str) -> Any:
     overlap = 2 if arm == "gm-repeatable" else None
-    return msgspec.structs.replace(bt.run_config(SYNC_EVERY, "fp32"), overlap=overlap)
+    return msgspec.structs.replace(task.run_config(SYNC_EVERY, "fp32"), overlap=overlap)
 
 
 def lr_scale(started: float, budget: float) -> float:
     """The learning rate's factor at this moment of the budget (``lr_at``'s schedule)."""
     fraction = min(1.0, (time.monotonic() - started) / budget)
-    return bc.lr_at(int(fraction * 1000), 1000) / bc.LR
+    return convergence.lr_at(int(fraction * 1000), 1000) / convergence.LR
 
 
 def timed_steps(
@@ -123,7 +126,7 @@ def timed_steps(
     return steps, overrun, curve
 
 
-def learning(spec: dict[str, Any], index: int) -> bc.Learning:
+def learning(spec: dict[str, Any], index: int) -> Learning:
     """Learner ``index`` of the fleet in ``spec``: the real-text model and batches of
     ``bench_text``, trained for the budget at its speed."""
     import torch
@@ -132,12 +135,12 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
     from gradientmail.demo.model import GPT
 
     torch.set_num_threads(1)
-    size = bt.SIZES[SIZE]
+    size = task.SIZES[SIZE]
     corpus = data.stdlib_corpus(shards=spec["learners"], seed=spec["seed"])
     length = size["model"]["context"]
     final_set = corpus.evaluation(*size["final_eval"], length=length)
-    model = GPT(bt.model_config(size), seed=spec["seed"])
-    optimizer, lr = bt.inner_optimizer("adamw", model)
+    model = GPT(task.model_config(size), seed=spec["seed"])
+    optimizer, lr = task.inner_optimizer("adamw", model)
     batches = corpus.train(index, batch_size=size["batch"], length=length)
     speed = spec["speeds"][index]
     pauses = spec["fleet"] == "pausing" and index == len(spec["speeds"]) - 1
@@ -167,7 +170,7 @@ def learning(spec: dict[str, Any], index: int) -> bc.Learning:
         (Path(spec["scratch"]) / f"before-{index}").write_text(str(before))
         return curve
 
-    return bc.Learning(
+    return Learning(
         model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
     )
 
@@ -181,13 +184,13 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
     from gradientmail.demo.model import GPT
 
     torch.set_num_threads(1)
-    size = bt.SIZES[SIZE]
+    size = task.SIZES[SIZE]
     learners = len(FLEETS[fleet])
     corpus = data.stdlib_corpus(shards=learners, seed=seed)
     length = size["model"]["context"]
     streams = [corpus.train(k, batch_size=size["batch"], length=length) for k in range(learners)]
-    model = GPT(bt.model_config(size), seed=seed)
-    optimizer, lr = bt.inner_optimizer("adamw", model)
+    model = GPT(task.model_config(size), seed=seed)
+    optimizer, lr = task.inner_optimizer("adamw", model)
     started = time.monotonic()
 
     def step() -> None:
@@ -211,7 +214,7 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
     final = evaluate(model, final_set)
     curve.append([budget, final])
     return {
-        "bits_per_byte": bt._bits(final),
+        "bits_per_byte": task.bits(final),
         "steps": steps,
         "wall_seconds": budget,
         "curve": _bits_curve(curve),
@@ -219,7 +222,7 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
 
 
 def _bits_curve(curve: list[list[float]]) -> list[list[float]]:
-    return [[t, bt._bits(loss)] for t, loss in curve]
+    return [[t, task.bits(loss)] for t, loss in curve]
 
 
 def fleet_curve(reports: list[dict[str, Any]], budget: float) -> list[list[float]]:
@@ -270,7 +273,7 @@ def committed_steps(rounds: list[dict[str, Any]], fragments: int) -> dict[str, f
 def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dict[str, Any]:
     """One gradientmail arm: ``K`` learner processes and a syncer; the fleet's figures."""
     speeds = FLEETS[fleet]
-    spec = bt._spec(
+    spec = worker_spec(
         SIZE,
         seed,
         scratch,
@@ -281,9 +284,9 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
         fleet=fleet,
         budget=budget,
     )
-    launched = bc.launch(Path(__file__).resolve(), spec)
+    launched = launch(Path(__file__).resolve(), spec)
     reports = [launched["reports"][str(k)] for k in range(len(speeds))]
-    committed = committed_steps(launched["reports"]["syncer"]["rounds"], bt.FRAGMENTS)
+    committed = committed_steps(launched["reports"]["syncer"]["rounds"], task.FRAGMENTS)
     learners = []
     for k, (report, speed) in enumerate(zip(reports, speeds, strict=True)):
         alone = alone_steps(speed, budget, pauses=fleet == "pausing" and k == len(speeds) - 1)
@@ -304,8 +307,8 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     return {
-        "bits_per_byte": bt._bits(sum(finals) / len(finals)),
-        "bits_per_byte_before_close": bt._bits(sum(before) / len(before)),
+        "bits_per_byte": task.bits(sum(finals) / len(finals)),
+        "bits_per_byte_before_close": task.bits(sum(before) / len(before)),
         "curve": _bits_curve(curve),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
@@ -387,15 +390,15 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
     speeds = FLEETS[fleet]
     base = config("gm")
     scratch.mkdir(parents=True)
-    with bt.lighthouse(scratch / "log-lighthouse.txt") as address:
-        spec = bt._spec(
+    with lighthouse(scratch / "log-lighthouse.txt") as address:
+        spec = worker_spec(
             SIZE,
             seed,
             scratch / "run",
             system="torchft",
             lighthouse=address,
             sync_every=SYNC_EVERY,
-            fragments=bt.FRAGMENTS,
+            fragments=task.FRAGMENTS,
             outer_lr=base.outer_lr,
             outer_momentum=base.outer_momentum,
             learners=len(speeds),
@@ -403,7 +406,7 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
             fleet=fleet,
             budget=budget,
         )
-        launched = bc.launch(Path(__file__).resolve(), spec, services=())
+        launched = launch(Path(__file__).resolve(), spec, services=())
     reports = [launched["reports"][str(k)] for k in range(len(speeds))]
     learners = []
     for k, (report, speed) in enumerate(zip(reports, speeds, strict=True)):
@@ -424,7 +427,7 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     curve = fleet_curve(reports, budget)
     return {
-        "bits_per_byte": bt._bits(sum(finals) / len(finals)),
+        "bits_per_byte": task.bits(sum(finals) / len(finals)),
         "curve": _bits_curve(curve),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
@@ -435,13 +438,13 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
 def _worker(spec_path: Path, role: str) -> None:
     spec = json.loads(spec_path.read_text())
     if role == "syncer":
-        report = bc.syncer_worker(spec)
+        report = syncer_worker(spec)
     elif spec["system"] == "torchft":
         import bench_text_torchft
 
         report = bench_text_torchft.worker(spec, int(role), learning(spec, int(role)))
     else:
-        report = bc.learner_worker(spec, int(role), learning(spec, int(role)))
+        report = learner_worker(spec, int(role), learning(spec, int(role)))
     (Path(spec["scratch"]) / f"result-{role}.json").write_text(json.dumps(report))
 
 

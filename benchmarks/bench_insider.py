@@ -10,14 +10,14 @@ the fleet's progress); ``fixed``, one random unit direction per fragment, every 
 
 For each fleet size (4 and 2 learners) and each aggregation (``robust``: with
 ``RunConfig.robust``; ``default``: without it, the control) it runs the honest fleet and each
-attack on the same seed and data, one dedicated syncer each (``bench_convergence.launch``),
+attack on the same seed and data, one dedicated syncer each (``_launch.launch``),
 and reports the honest learners' mean final loss and its change over that aggregation's
 honest run.
 
 Usage: ``.venv/bin/python benchmarks/bench_insider.py [--steps N] [--fleets 4 2]
 [--modes robust default]``; the
 learner and syncer processes run this file with ``--worker``. Quick-sized by default
-(``bench_convergence.plan(quick=True)``).
+(``bench_convergence_task.plan(quick=True)``).
 """
 
 import argparse
@@ -27,8 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import bench_convergence as bc
+import bench_convergence_task as task
 import msgspec
+from _launch import launch
+from _workers import learner_worker, syncer_worker
 
 GAIN = 4.75
 """The insider's norm over its own honest norm among 3 or more: 0.95 × the default
@@ -77,14 +79,14 @@ def _install_attack(spec: dict[str, Any]) -> None:
 def _worker(spec_path: Path, role: str) -> None:
     spec = json.loads(spec_path.read_text())
     if role == "syncer":
-        result = bc.syncer_worker(spec)
+        result = syncer_worker(spec)
     else:
         index = int(role)
-        learning = bc._synthetic_learning(spec, index)
+        learning = task.synthetic_learning(spec, index)
         if spec["attack"] is not None and index == spec["insider"]:
             _install_attack(spec)
             learning.tokens_per_step = spec["config"]["max_tokens_per_step"]
-        result = bc.learner_worker(spec, index, learning)
+        result = learner_worker(spec, index, learning)
     (Path(spec["scratch"]) / f"result-{role}.json").write_text(json.dumps(result))
 
 
@@ -116,7 +118,7 @@ def run_arm(
 ) -> dict[str, Any]:
     """One fleet of ``learners`` (the last one the insider when ``attack``), ``robust`` or
     not: the honest learners' final losses, and what the syncer's rounds recorded."""
-    config = bc.run_config(settings["sync_every"][0], settings["encodings"][0])
+    config = task.run_config(settings["sync_every"][0], settings["encodings"][0])
     config = msgspec.structs.replace(config, robust=robust)
     insider = learners - 1
     spec = {
@@ -129,7 +131,7 @@ def run_arm(
         "attack": attack,
         "insider": insider,
     }
-    launched = bc.launch(Path(__file__).resolve(), spec)
+    launched = launch(Path(__file__).resolve(), spec)
     reports = launched["reports"]
     honest = [reports[str(k)]["final_loss"] for k in range(learners) if k != insider]
     rounds = reports["syncer"]["rounds"]
@@ -157,7 +159,7 @@ def main() -> None:
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return
-    settings = bc.plan(quick=True)
+    settings = task.plan(quick=True)
     if args.steps is not None:
         settings["steps"] = args.steps
     figures: dict[str, Any] = {}

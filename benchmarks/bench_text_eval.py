@@ -32,8 +32,8 @@ def mean_model(scratch: Path, learners: int, size: dict[str, Any], seed: int) ->
     of the ``learners`` models saved in ``scratch``, on the size's final windows of the
     corpus of ``seed``, and the learners' spread. ``FileNotFoundError`` naming the file when
     a learner saved none."""
-    import bench_text as bt
     import bench_text_data as data
+    import bench_text_task as task
     import torch
 
     from gradientmail.demo.data import evaluate
@@ -49,7 +49,7 @@ def mean_model(scratch: Path, learners: int, size: dict[str, Any], seed: int) ->
         if first.is_floating_point():
             stacked = torch.stack([state[name] for state in states])
             spread = max(spread, float((stacked.amax(0) - stacked.amin(0)).max()))
-    model = GPT(bt.model_config(size), seed=seed)
+    model = GPT(task.model_config(size), seed=seed)
     model.load_state_dict(mean)
     length = size["model"]["context"]
     corpus = data.stdlib_corpus(shards=learners, seed=seed)

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
-import bench_text as bt
+import bench_text_task as task
+from bench_text_arms import run_gradientmail, run_torchft
+from bench_text_training import run_local
 
 OUTER_GRID: tuple[tuple[float, float], ...] = ((0.7, 0.9), (0.7, 0.6), (1.0, 0.9), (1.0, 0.6))
 """torchft's outer (learning rate, momentum) candidates, Nesterov SGD."""
@@ -47,7 +49,7 @@ def tune(size: str, sync_every: int, scratch: Path, log: Callable[[str], None]) 
     points = []
     for lr, momentum in OUTER_GRID:
         where = scratch / f"tune-H{sync_every}-{lr}-{momentum}"
-        run = bt.run_torchft(size, TUNING_SEED, sync_every, where, False, outer=(lr, momentum))
+        run = run_torchft(size, TUNING_SEED, sync_every, where, False, outer=(lr, momentum))
         points.append({"outer": [lr, momentum], "bits_per_byte": run["bits_per_byte"]})
         log(f"  tuning H{sync_every} outer {lr}/{momentum}: {run['bits_per_byte']:.4f}")
     best = min(points, key=lambda point: point["bits_per_byte"])
@@ -103,6 +105,57 @@ def _compact(run: dict[str, Any]) -> dict[str, Any]:
     return {key: run[key] for key in keys if key in run}
 
 
+def _parameters(size: str, chosen: list[int], rows: list[int]) -> dict[str, Any]:
+    """The results file's parameters: the task's, the H and seeds run, the order and both
+    systems' outer optimizers (torchft's grid, gradientmail's defaults)."""
+    config = task.run_config(chosen[0] if chosen else 1, "fp32")
+    return {
+        "size": size,
+        "mode": "fair",
+        "learners": task.K,
+        "fragments": task.FRAGMENTS,
+        "sync_every": chosen,
+        "seeds": rows,
+        "order": list(ORDER),
+        "steps": task.SIZES[size]["steps"],
+        "model": task.SIZES[size]["model"],
+        "harness": task.HARNESS,
+        "torchft": {
+            "outer_grid": [list(point) for point in OUTER_GRID],
+            "tuning_seed": TUNING_SEED,
+        },
+        "gm_outer": [config.outer_lr, config.outer_momentum],
+        "overlap": config.overlap,
+    }
+
+
+def _pairs(
+    size: str,
+    seed: int,
+    sync_every: int,
+    entry: dict[str, Any],
+    scratch: Path,
+    log: Callable[[str], None],
+    write: Callable[[], None],
+) -> None:
+    """Both systems at ``sync_every`` on ``seed`` in ``ORDER``, each run into
+    ``entry["runs"]`` (torchft with ``entry``'s tuned outer optimizer), ``write`` after each."""
+    for turn, system in enumerate(ORDER):
+        where = scratch / f"s{seed}-{system}-H{sync_every}-{turn}"
+        if system == "gm":
+            result = run_gradientmail(size, seed, sync_every, "fp32", where, False)
+        else:
+            outer = tuple(entry["tuning"]["best"])
+            result = run_torchft(size, seed, sync_every, where, False, outer=outer)
+        runs = entry["runs"].setdefault(str(seed), {}).setdefault(system, [])
+        runs.append(_compact(result) | {"turn": turn})
+        log(
+            f"  seed {seed} {system} H{sync_every} ({turn + 1} of 4): "
+            f"{result['bits_per_byte']:.4f}, {result['wall_seconds']:.0f} s"
+        )
+        write()
+
+
 def run(
     results: Path,
     size: str,
@@ -114,32 +167,14 @@ def run(
     systems have at the size (``only``: the H whose arm names it lists); returns the file."""
     chosen = [
         s
-        for s in bt.SIZES[size]["torchft"]
+        for s in task.SIZES[size]["torchft"]
         if only is None or {f"gm-fp32-H{s}", f"torchft-fp32-H{s}"} & set(only)
     ]
     rows = list(seeds or SEEDS)
     if TUNING_SEED in rows:
         raise SystemExit(f"--seeds: {TUNING_SEED} is the tuning seed; report other seeds")
-    name = f"{bt.NAME}-fair-{size}"
-    config = bt.run_config(chosen[0] if chosen else 1, "fp32")
-    parameters = {
-        "size": size,
-        "mode": "fair",
-        "learners": bt.K,
-        "fragments": bt.FRAGMENTS,
-        "sync_every": chosen,
-        "seeds": rows,
-        "order": list(ORDER),
-        "steps": bt.SIZES[size]["steps"],
-        "model": bt.SIZES[size]["model"],
-        "harness": bt.HARNESS,
-        "torchft": {
-            "outer_grid": [list(point) for point in OUTER_GRID],
-            "tuning_seed": TUNING_SEED,
-        },
-        "gm_outer": [config.outer_lr, config.outer_momentum],
-        "overlap": config.overlap,
-    }
+    name = f"{task.NAME}-fair-{size}"
+    parameters = _parameters(size, chosen, rows)
     per_h: dict[str, Any] = {str(s): {"runs": {}} for s in chosen}
     dp: dict[str, Any] = {}
     began = time.perf_counter()
@@ -161,22 +196,8 @@ def run(
             per_h[str(sync_every)]["tuning"] = tuned
             write()
         for seed in rows:
-            dp[str(seed)] = bt.run_local("dp", {"size": size, "seed": seed})
+            dp[str(seed)] = run_local("dp", {"size": size, "seed": seed})
             log(f"  seed {seed} dp: {dp[str(seed)]['bits_per_byte']:.4f}")
             for sync_every in chosen:
-                entry = per_h[str(sync_every)]
-                for turn, system in enumerate(ORDER):
-                    where = Path(scratch) / f"s{seed}-{system}-H{sync_every}-{turn}"
-                    if system == "gm":
-                        result = bt.run_gradientmail(size, seed, sync_every, "fp32", where, False)
-                    else:
-                        outer = tuple(entry["tuning"]["best"])
-                        result = bt.run_torchft(size, seed, sync_every, where, False, outer=outer)
-                    runs = entry["runs"].setdefault(str(seed), {}).setdefault(system, [])
-                    runs.append(_compact(result) | {"turn": turn})
-                    log(
-                        f"  seed {seed} {system} H{sync_every} ({turn + 1} of 4): "
-                        f"{result['bits_per_byte']:.4f}, {result['wall_seconds']:.0f} s"
-                    )
-                    write()
+                _pairs(size, seed, sync_every, per_h[str(sync_every)], Path(scratch), log, write)
     return results / f"{name}.json"

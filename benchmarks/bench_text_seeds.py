@@ -10,7 +10,7 @@ batches) or one seed several times:
   (``PREVIOUS``), ``dp`` and ``single`` as in ``bench_text``. Written to
   ``text-defaults-{size}.json``.
 - ``repeat``: seeds 0 … 4; 2 learners, each on its half of the training text, and the
-  plain-SGD inner optimizer (``bench_text.inner_optimizer("sgd")``); ``gm-defaults``,
+  plain-SGD inner optimizer (``bench_text_task.inner_optimizer("sgd")``); ``gm-defaults``,
   ``dp`` (one model on both halves' batches) and ``single`` (one learner on the first half,
   the same steps: equal steps per learner), ``gm-unpaced`` and ``gm-overlap-5`` (below).
   Written to ``text-repeat-{size}.json``.
@@ -47,9 +47,11 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
-import bench_text as bt
 import bench_text_data as data
+import bench_text_task as task
 import msgspec
+from bench_text_arms import run_gradientmail
+from bench_text_training import run_local
 
 PREVIOUS: dict[str, Any] = {
     "fragments": 4,
@@ -116,9 +118,9 @@ def run_arm(arm: str, size: str, seed: int, mode: dict[str, Any], scratch: Path)
     """One arm of a mode on one seed."""
     setup = {"learners": mode["learners"], "inner": mode["inner"]}
     if arm in ("dp", "single"):
-        return bt.run_local(arm, {"size": size, "seed": seed} | setup)
+        return run_local(arm, {"size": size, "seed": seed} | setup)
     chosen = config(arm)
-    result = bt.run_gradientmail(
+    result = run_gradientmail(
         size, seed, 0, "fp32", scratch / f"{arm}-s{seed}", False, config=chosen, **setup
     )
     return result | {"config": msgspec.structs.asdict(chosen)}
@@ -182,6 +184,34 @@ def rows(mode: dict[str, Any]) -> list[tuple[str, int]]:
     return [(f"{seed}#{run}", seed) for seed in mode["seeds"] for run in range(1, reruns + 1)]
 
 
+def _parameters(
+    size: str, mode_name: str, mode: dict[str, Any], chosen: list[str]
+) -> dict[str, Any]:
+    """The results file's parameters: the size's, the mode's (``chosen``: the arms run),
+    the defaults, ``PREVIOUS`` and the inner optimizer's."""
+    from gradientmail.demo.model import GPT
+    from gradientmail.protocol.records import RunConfig
+
+    sgd = mode["inner"] == "sgd"
+    return (
+        {
+            "size": size,
+            "mode": mode_name,
+            "arms": chosen,
+            "params": GPT(task.model_config(task.SIZES[size])).num_parameters(),
+            "corpus": data.stdlib_corpus(shards=mode["learners"], seed=0).description,
+            "defaults": msgspec.structs.asdict(RunConfig()),
+            "previous": PREVIOUS,
+            "inner_lr": task.SGD_LR if sgd else task.LR,
+            "sgd_clip": task.SGD_CLIP if sgd else None,
+            "spread_max": SPREAD_MAX,
+        }
+        | {key: value for key, value in task.SIZES[size].items() if key != "model"}
+        | mode
+        | {"model": task.SIZES[size]["model"]}
+    )
+
+
 def run(
     results: Path,
     size: str,
@@ -192,30 +222,10 @@ def run(
 ) -> Path:
     """Every arm of the mode (or ``only`` those) on every seed (or ``seeds``); writes
     ``results/text-{mode}-{size}.json`` after each run and returns its path."""
-    from gradientmail.demo.model import GPT
-    from gradientmail.protocol.records import RunConfig
-
     mode = MODES[mode_name] | ({"seeds": seeds} if seeds else {})
     chosen = [arm for arm in mode["arms"] if only is None or arm in only]
-    name = f"{bt.NAME}-{mode_name}-{size}"
-    inner_lr = bt.SGD_LR if mode["inner"] == "sgd" else bt.LR
-    parameters = (
-        {
-            "size": size,
-            "mode": mode_name,
-            "arms": chosen,
-            "params": GPT(bt.model_config(bt.SIZES[size])).num_parameters(),
-            "corpus": data.stdlib_corpus(shards=mode["learners"], seed=0).description,
-            "defaults": msgspec.structs.asdict(RunConfig()),
-            "previous": PREVIOUS,
-            "inner_lr": inner_lr,
-            "sgd_clip": bt.SGD_CLIP if mode["inner"] == "sgd" else None,
-            "spread_max": SPREAD_MAX,
-        }
-        | {key: value for key, value in bt.SIZES[size].items() if key != "model"}
-        | mode
-    )
-    parameters["model"] = bt.SIZES[size]["model"]
+    name = f"{task.NAME}-{mode_name}-{size}"
+    parameters = _parameters(size, mode_name, mode, chosen)
     path = results / f"{name}.json"
     stored = json.loads(path.read_text()) if path.exists() else None
     per_seed: dict[str, dict[str, dict[str, Any]]] = {

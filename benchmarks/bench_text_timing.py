@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
-import bench_text as bt
+import bench_text_task as task
+from bench_text_arms import run_gradientmail, run_torchft
 
 ORDER = ("gm", "torchft", "torchft", "gm")
 """The systems of each H, in the order they run."""
@@ -81,7 +82,7 @@ def kept(path: Path, parameters: dict[str, Any], chosen: list[int]) -> dict[str,
             f"--keep: the pairs in {path} measured another task ({', '.join(differ)} differ); "
             "run without --keep, or keep them in another --results directory"
         )
-    header = bt.invocation(stored)
+    header = task.invocation(stored)
     return {
         sync_every: {"measured": header} | pair
         for sync_every, pair in stored["figures"]["pairs"].items()
@@ -99,40 +100,40 @@ def run(
     """Every H of the size that both systems have (``only``: those whose arm names it lists,
     ``gm-fp32-H{H}`` or ``torchft-fp32-H{H}``), in the ABBA order; with ``keep`` the file
     keeps the stored pairs of the other H (``kept``). Returns the file."""
-    size = bt.SIZES[size_name]
+    size = task.SIZES[size_name]
     chosen = [
         s
         for s in size["torchft"]
         if s in size["sync_every"]
         and (only is None or {arm_name("gm", s), arm_name("torchft", s)} & set(only))
     ]
-    name = f"{bt.NAME}-timing-{size_name}"
+    name = f"{task.NAME}-timing-{size_name}"
     parameters = {
         "size": size_name,
         "mode": "timing",
-        "learners": bt.K,
-        "fragments": bt.FRAGMENTS,
+        "learners": task.K,
+        "fragments": task.FRAGMENTS,
         "sync_every": chosen,
         "order": list(ORDER),
         "steps": size["steps"],
         "model": size["model"],
         "pacing": size.get("pacing"),
-        "overlap": bt.run_config(size["sync_every"][0], "fp32").overlap,
+        "overlap": task.run_config(size["sync_every"][0], "fp32").overlap,
     }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     began = time.perf_counter()
     path = results / f"{name}.json"
     stored = kept(path, parameters, chosen) if keep else {}
-    measured = bt.invocation(h.header(name, quick=size_name == "quick", parameters=parameters))
+    measured = task.invocation(h.header(name, quick=size_name == "quick", parameters=parameters))
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-timing-") as scratch:
         for sync_every in chosen:
             for turn, system in enumerate(ORDER):
                 arm = arm_name(system, sync_every)
                 where = Path(scratch) / f"{arm}-{turn}"
                 if system == "gm":
-                    result = bt.run_gradientmail(size_name, 0, sync_every, "fp32", where, False)
+                    result = run_gradientmail(size_name, 0, sync_every, "fp32", where, False)
                 else:
-                    result = bt.run_torchft(size_name, 0, sync_every, where, False)
+                    result = run_torchft(size_name, 0, sync_every, where, False)
                 runs.setdefault(str(sync_every), {}).setdefault(system, []).append(result)
                 log(f"  {arm} ({turn + 1} of 4): {result['wall_seconds']:.0f} s")
                 document = h.header(name, quick=size_name == "quick", parameters=parameters)

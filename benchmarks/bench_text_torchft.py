@@ -30,8 +30,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import bench_convergence as bc
-import bench_text as bt
+from _launch import wait_for
+from _workers import Learning, Progress
+from bench_text_training import learning as text_learning
 
 
 def _free_port() -> int:
@@ -121,25 +122,27 @@ def heal(manager: Any, diloco: Any) -> None:
     fragment.perform_sync()
 
 
-def worker(spec: dict[str, Any], index: int, learning: bc.Learning | None = None) -> dict[str, Any]:
-    """Train learner ``index`` under torchft's DiLoCo (``learning``: what it trains,
-    ``bench_text.learning``'s when None); its report."""
+def _outer_optimizers(modules: list[Any], spec: dict[str, Any]) -> list[Any]:
+    """One outer Nesterov SGD per fragment module, at the spec's rate and momentum."""
     import torch
-    from torch.distributed import TCPStore
-    from torchft import Manager
-    from torchft.checkpointing.http_transport import HTTPTransport
-    from torchft.local_sgd import DiLoCo
 
-    scratch = Path(spec["scratch"])
-    learning = learning or bt.learning(spec, index)
-    model, inner = learning.model, learning.optimizer
-    modules = _fragments(model, spec["fragments"])
-    outer = [
+    return [
         torch.optim.SGD(
             m.parameters(), lr=spec["outer_lr"], momentum=spec["outer_momentum"], nesterov=True
         )
         for m in modules
     ]
+
+
+def _manager(
+    spec: dict[str, Any], index: int, model: Any, inner: Any, outer: list[Any]
+) -> tuple[Any, Any, Any]:
+    """Learner ``index``'s ``torchft.Manager`` over its own ``TCPStore`` and a counting gloo
+    group, healing the model and both optimizers; the manager, the group and the store (to
+    be kept alive until the manager shuts down)."""
+    from torch.distributed import TCPStore
+    from torchft import Manager
+    from torchft.checkpointing.http_transport import HTTPTransport
 
     def state_dict() -> dict[str, Any]:
         return {
@@ -164,40 +167,90 @@ def worker(spec: dict[str, Any], index: int, learning: bc.Learning | None = None
         checkpoint_transport=HTTPTransport(timeout=timedelta(seconds=10), num_chunks=0),
         **manager_options(spec, index, port),
     )
-    progress = bc.Progress(scratch, index)
-    period = spec["sync_every"] // spec["fragments"]
-    syncs: list[dict[str, Any]] = []
-    state = {"manager_step": manager.current_step(), "local": 0}
-    group_model_at: list[float] = []
+    return manager, group, store
 
-    def after_step() -> None:
-        progress.step()
-        state["local"] += 1
-        if state["local"] % period:
+
+class _Syncs:
+    """A learner's fragment syncs, as its steps end on them (``after_step``, on the training
+    thread): for each, its step, fragment, participants, manager step and whether it
+    committed; and when the learner first held the group's model."""
+
+    def __init__(self, manager: Any, progress: Progress, spec: dict[str, Any]) -> None:
+        self._manager = manager
+        self._progress = progress
+        self._fragments = spec["fragments"]
+        self._period = spec["sync_every"] // spec["fragments"]
+        self._manager_step = manager.current_step()
+        self._local = 0
+        self.log: list[dict[str, Any]] = []
+        self.group_model_at: list[float] = []
+
+    def after_step(self) -> None:
+        self._progress.step()
+        self._local += 1
+        if self._local % self._period:
             return
-        step = manager.current_step()
-        committed = step > state["manager_step"]
-        participants = manager.num_participants()
-        fragment = state["manager_step"] % spec["fragments"]
-        syncs.append(
+        step = self._manager.current_step()
+        committed = step > self._manager_step
+        self.log.append(
             {
-                "step": progress.done,
-                "fragment": fragment,
+                "step": self._progress.done,
+                "fragment": self._manager_step % self._fragments,
                 "committed": committed,
-                "participants": participants,
+                "participants": self._manager.num_participants(),
                 "manager_step": step,
             }
         )
-        if committed and not group_model_at:
-            group_model_at.append(time.monotonic())
-        state["manager_step"] = step
+        if committed and not self.group_model_at:
+            self.group_model_at.append(time.monotonic())
+        self._manager_step = step
 
+    def healed(self) -> None:
+        """The learner holds the group's model now, at the manager's step."""
+        self._manager_step = self._manager.current_step()
+        self.group_model_at.append(time.monotonic())
+
+
+def _every_learner_ready(scratch: Path, index: int, learners: int) -> None:
     (scratch / f"ready-{index}").touch()
-    bc.wait_for(
-        lambda: all((scratch / f"ready-{k}").exists() for k in range(spec["learners"])),
+    wait_for(
+        lambda: all((scratch / f"ready-{k}").exists() for k in range(learners)),
         120.0,
         "every learner to start",
     )
+
+
+def _traffic(group: Any, syncs: _Syncs) -> dict[str, Any]:
+    """A learner's syncs and the bytes its group's all-reduces were handed and moved."""
+    # A ring all-reduce of n bytes over p participants sends and receives 2 (p - 1) / p × n
+    # bytes at each: both count, as gradientmail's bytes written and read both do.
+    ring = [2 * 2 * (p - 1) / p * size for size, p in group.allreduces if p > 0]
+    return {
+        "syncs": len(syncs.log),
+        "failed_syncs": sum(1 for s in syncs.log if not s["committed"]),
+        "sync_log": syncs.log,
+        "allreduce_payload_bytes": sum(size for size, _ in group.allreduces),
+        "allreduce_calls": len(group.allreduces),
+        "allreduce_bytes": sum(ring),
+        "group_model_at": syncs.group_model_at[0] if syncs.group_model_at else None,
+    }
+
+
+def worker(spec: dict[str, Any], index: int, learning: Learning | None = None) -> dict[str, Any]:
+    """Train learner ``index`` under torchft's DiLoCo (``learning``: what it trains,
+    ``bench_text_training.learning``'s when None); its report."""
+    import torch
+    from torchft.local_sgd import DiLoCo
+
+    scratch = Path(spec["scratch"])
+    learning = learning or text_learning(spec, index)
+    model, inner = learning.model, learning.optimizer
+    modules = _fragments(model, spec["fragments"])
+    outer = _outer_optimizers(modules, spec)
+    manager, group, store = _manager(spec, index, model, inner, outer)
+    progress = Progress(scratch, index)
+    syncs = _Syncs(manager, progress, spec)
+    _every_learner_ready(scratch, index, spec["learners"])
     started = time.perf_counter()
     with DiLoCo(
         manager,
@@ -210,22 +263,10 @@ def worker(spec: dict[str, Any], index: int, learning: bc.Learning | None = None
     ) as diloco:
         if progress.first > 0:
             heal(manager, diloco)
-            state["manager_step"] = manager.current_step()
-            group_model_at.append(time.monotonic())
-        curve = learning.train(progress.first, after_step)
+            syncs.healed()
+        curve = learning.train(progress.first, syncs.after_step)
     trained = time.perf_counter() - started
     final = learning.final()
     manager.shutdown(wait=False)
     del store
-    # A ring all-reduce of n bytes over p participants sends and receives 2 (p - 1) / p × n
-    # bytes at each: both count, as gradientmail's bytes written and read both do.
-    ring = [2 * 2 * (p - 1) / p * size for size, p in group.allreduces if p > 0]
-    return progress.report(index, spec["steps"], curve, final, trained) | {
-        "syncs": len(syncs),
-        "failed_syncs": sum(1 for s in syncs if not s["committed"]),
-        "sync_log": syncs,
-        "allreduce_payload_bytes": sum(size for size, _ in group.allreduces),
-        "allreduce_calls": len(group.allreduces),
-        "allreduce_bytes": sum(ring),
-        "group_model_at": group_model_at[0] if group_model_at else None,
-    }
+    return progress.report(index, spec["steps"], curve, final, trained) | _traffic(group, syncs)

@@ -243,9 +243,12 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
     # models; the learners' processes are stood in for (no training), the rest is real.
     pytest.importorskip("torchft")
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_text as bt
+    import _launch
+    import bench_text_arms
+    import bench_text_data
     import bench_text_eval
     import bench_text_fair
+    import bench_text_task as task
     import bench_text_torchft
     import torch
     import torchft
@@ -263,18 +266,20 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
         raise Refused
 
     monkeypatch.setattr(torchft, "Manager", manager)
-    spec = bt._spec("quick", 0, tmp_path / "worker", lighthouse="http://127.0.0.1:1")
-    spec |= {"system": "torchft", "sync_every": 10, "fragments": bt.FRAGMENTS}
+    spec = bench_text_arms.worker_spec(
+        "quick", 0, tmp_path / "worker", lighthouse="http://127.0.0.1:1"
+    )
+    spec |= {"system": "torchft", "sync_every": 10, "fragments": task.FRAGMENTS}
     spec |= {"outer_lr": 0.7, "outer_momentum": 0.9}
     (tmp_path / "worker").mkdir()
     with pytest.raises(Refused):
         bench_text_torchft.worker(spec, 0)
     assert built["init_sync"] is False
 
-    size = bt.SIZES["quick"]
+    size = task.SIZES["quick"]
     saved = []
-    for k in range(bt.K):
-        model = GPT(bt.model_config(size), seed=k)
+    for k in range(task.K):
+        model = GPT(task.model_config(size), seed=k)
         saved.append({name: t.clone() for name, t in model.state_dict().items()})
 
     def launch(script: Path, spec: dict, **_: object) -> dict:
@@ -287,19 +292,19 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
         learner |= {"allreduce_bytes": 1, "allreduce_payload_bytes": 1}
         learner |= {"syncs": 1, "failed_syncs": 0}
         syncer = {"rounds": [], "bytes_up": 0, "bytes_down": 0, "cpu_seconds": 0.0}
-        reports = {str(k): learner | {"index": k} for k in range(bt.K)} | {"syncer": syncer}
+        reports = {str(k): learner | {"index": k} for k in range(task.K)} | {"syncer": syncer}
         return {"reports": reports, "wall_seconds": 1.0, "events": {}, "peak_store_bytes": 0}
 
-    monkeypatch.setattr(bt.bc, "launch", launch)
-    gm = bt.run_gradientmail("quick", 0, 10, "fp32", tmp_path / "gm", False)
-    ft = bt.run_torchft("quick", 0, 10, tmp_path / "torchft", False)
+    monkeypatch.setattr(_launch, "launch", launch)
+    gm = bench_text_arms.run_gradientmail("quick", 0, 10, "fp32", tmp_path / "gm", False)
+    ft = bench_text_arms.run_torchft("quick", 0, 10, tmp_path / "torchft", False)
 
-    mean = GPT(bt.model_config(size), seed=0)
+    mean = GPT(task.model_config(size), seed=0)
     mean.load_state_dict({name: sum(s[name] for s in saved) / len(saved) for name in saved[0]})
-    corpus = bt.data.stdlib_corpus(shards=bt.K, seed=0)
+    corpus = bench_text_data.stdlib_corpus(shards=task.K, seed=0)
     expected = evaluate(mean, corpus.evaluation(*size["final_eval"], length=32))
     assert gm["final_loss"] == ft["final_loss"] == pytest.approx(expected, rel=1e-6)
-    assert gm["bits_per_byte_by_learner"] == [9.0 / math.log(2)] * bt.K
+    assert gm["bits_per_byte_by_learner"] == [9.0 / math.log(2)] * task.K
     assert gm["learner_spread"] == ft["learner_spread"] > 0
     assert set(gm["load"]) == set(ft["load"]) == {"start", "end"}
 
