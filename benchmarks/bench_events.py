@@ -160,6 +160,17 @@ def _git_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def _print_figures(figures: dict[str, Any], runs: int) -> None:
+    """Each figure's median per backend, and the emit cost against its target."""
+    print(f"{'figure (median of ' + str(runs) + ')':44} {'asyncio':>12} {'trio':>12}")
+    for key in figures["asyncio"]:
+        cells = [figures[backend][key]["median"] for backend in ("asyncio", "trio")]
+        print(f"{key:44} " + " ".join(f"{cell:12,.2f}" for cell in cells))
+    worst = max(figures[b]["emit_us_loop_thread"]["median"] for b in figures)
+    verdict = "meets" if worst < TARGET_EMIT_US else "MISSES"
+    print(f"emit on the loop thread: {worst:.2f} µs, {verdict} the {TARGET_EMIT_US} µs target")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer events and repetitions")
@@ -213,13 +224,7 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
-    print(f"{'figure (median of ' + str(runs) + ')':44} {'asyncio':>12} {'trio':>12}")
-    for key in figures["asyncio"]:
-        cells = [figures[backend][key]["median"] for backend in ("asyncio", "trio")]
-        print(f"{key:44} " + " ".join(f"{cell:12,.2f}" for cell in cells))
-    worst = max(figures[b]["emit_us_loop_thread"]["median"] for b in figures)
-    verdict = "meets" if worst < TARGET_EMIT_US else "MISSES"
-    print(f"emit on the loop thread: {worst:.2f} µs, {verdict} the {TARGET_EMIT_US} µs target")
+    _print_figures(figures, runs)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 

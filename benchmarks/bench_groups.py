@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,24 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param if to_local is None else to_local()
 
 
+def _train_step(
+    trained: torch.nn.Module, optimizer: torch.optim.Optimizer, stream: Any, rank: int, part: int
+) -> Callable[[], None]:
+    """One optimizer step of ``trained`` on this rank's ``part`` rows of the next batch."""
+
+    def train_step() -> None:
+        batch = next(stream)[rank * part : (rank + 1) * part]
+        logits = trained(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return train_step
+
+
 async def _train(
     spec: dict[str, Any],
     trained: torch.nn.Module,
@@ -125,6 +144,7 @@ async def _train(
 
     step_seconds: list[float] = []
     rank = spec["rank"]
+    train_step = _train_step(trained, optimizer, stream, rank, part)
     mailbox = gradientmail.mailbox.LocalMailbox(Path(spec["run"]))
     async with (
         mailbox,
@@ -142,16 +162,6 @@ async def _train(
             await Barrier(mailbox, spec["learner"], poll_interval=0.02).wait(
                 "start", parties=len(LEARNERS), timeout=300.0
             )
-
-        def train_step() -> None:
-            batch = next(stream)[rank * part : (rank + 1) * part]
-            logits = trained(batch[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
-            )
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
 
         for _ in range(spec["steps"]):
             await anyio.to_thread.run_sync(train_step)

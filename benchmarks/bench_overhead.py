@@ -101,7 +101,8 @@ def _bare(step: Callable[[], float], steps: int) -> tuple[float, list[float]]:
     return time.perf_counter() - started, trains
 
 
-async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
+def _model_and_step(settings: dict[str, Any]) -> tuple[GPT, Callable[[], float]]:
+    """The model of ``settings`` and its timed training step, warmed up."""
     shape = {"small": GPTConfig.small, "medium": GPTConfig.medium}[settings["model"]]
     model = GPT(shape(vocab_size=64, context=CONTEXT), seed=0)
     corpus = synthetic(length=CONTEXT, seed=0)
@@ -111,8 +112,37 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
     batches = iter([pool[i % len(pool)] for i in range(total)])
     step = _trainer(model, batches)
     step()  # warm-up: allocate the optimizer state before anything is timed
+    return model, step
+
+
+def _node_segment(
+    step: Callable[[], float], n: int, step_times: list[float]
+) -> Callable[[StepHandle], float]:
+    """``n`` training steps, each reported to the node (that call's time appended to
+    ``step_times``), on the node's training thread; their wall time."""
+
+    def with_node(handle: StepHandle) -> float:
+        started = time.perf_counter()
+        for _ in range(n):
+            step()
+            before = time.perf_counter()
+            handle.step(BATCH * CONTEXT)
+            step_times.append(time.perf_counter() - before)
+        return time.perf_counter() - started
+
+    return with_node
+
+
+async def _interleaved_arm(
+    settings: dict[str, Any],
+    scratch: Path,
+    model: GPT,
+    step: Callable[[], float],
+    config: RunConfig,
+) -> dict[str, Any]:
+    """Per session: bare steps, two segments under a node, bare steps again; the rates,
+    their ratios, the node's ``step()`` times and bytes."""
     n = settings["segment_steps"]
-    tokens = BATCH * CONTEXT
     bare_seconds: list[float] = []
     node_seconds: list[float] = []
     train_times: list[float] = []
@@ -124,21 +154,7 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
         if isinstance(event, RoundCommitted):
             committed += 1
 
-    def with_node(handle: StepHandle) -> float:
-        started = time.perf_counter()
-        for _ in range(n):
-            step()
-            before = time.perf_counter()
-            handle.step(tokens)
-            step_times.append(time.perf_counter() - before)
-        return time.perf_counter() - started
-
-    config = RunConfig(
-        fragments=FRAGMENTS,
-        sync_every=settings["sync_every"],
-        delta_encoding="int8",
-        update_encoding="int8",
-    )
+    with_node = _node_segment(step, n, step_times)
     ratios: list[float] = []
     published = downloaded = 0
     for session in range(settings["sessions"]):
@@ -157,29 +173,34 @@ async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
         bare_seconds += [first, last]
         node_seconds += middle
         ratios += [first / middle[0], last / middle[1]]
+    ms = [t * 1e3 for t in step_times]
+    return {
+        "steps_per_s_bare": h.summary([n / s for s in bare_seconds]),
+        "steps_per_s_node": h.summary([n / s for s in node_seconds]),
+        "ratio": h.summary(ratios),
+        "step_ms_p50": h.percentile(ms, 50),
+        "step_ms_p99": h.percentile(ms, 99),
+        "step_ms_max": max(ms),
+        "step_ms_mean": sum(ms) / len(ms),
+        "train_ms_p50": h.percentile([t * 1e3 for t in train_times], 50),
+        "rounds_committed": committed,
+        "bytes_published": published,
+        "bytes_downloaded": downloaded,
+    }
+
+
+async def measure(settings: dict[str, Any], scratch: Path) -> dict[str, Any]:
+    model, step = _model_and_step(settings)
+    config = RunConfig(
+        fragments=FRAGMENTS,
+        sync_every=settings["sync_every"],
+        delta_encoding="int8",
+        update_encoding="int8",
+    )
+    interleaved = await _interleaved_arm(settings, scratch, model, step, config)
     facade = await _facade_arm(settings, scratch, model, step, config)
     idle = await _idle_arm(settings, scratch, model, config)
-    bare_rate = [n / s for s in bare_seconds]
-    node_rate = [n / s for s in node_seconds]
-    ms = [t * 1e3 for t in step_times]
-    return (
-        {
-            "steps_per_s_bare": h.summary(bare_rate),
-            "steps_per_s_node": h.summary(node_rate),
-            "ratio": h.summary(ratios),
-            "step_ms_p50": h.percentile(ms, 50),
-            "step_ms_p99": h.percentile(ms, 99),
-            "step_ms_max": max(ms),
-            "step_ms_mean": sum(ms) / len(ms),
-            "train_ms_p50": h.percentile([t * 1e3 for t in train_times], 50),
-            "rounds_committed": committed,
-            "bytes_published": published,
-            "bytes_downloaded": downloaded,
-            "params": model.num_parameters(),
-        }
-        | facade
-        | idle
-    )
+    return interleaved | {"params": model.num_parameters()} | facade | idle
 
 
 async def _facade_arm(

@@ -158,6 +158,15 @@ async def _cohort(
     return result
 
 
+def _every_learner_fetched(tally: h.Tally, round: int, learners: int) -> bool:
+    """Whether each of the ``learners`` has listed ``round``'s record and read a blob since:
+    its update is downloaded, so its next step applies it and nothing is skipped."""
+    seen = tally.record_listed_by.get(round, {})
+    return len(seen) == learners and all(
+        tally.blob_got.get(node, 0.0) > at for node, at in seen.items()
+    )
+
+
 async def latency(size: int, rounds: int, scratch: Path) -> dict[str, Any]:
     """Latency of ``rounds`` rounds whose fragments have ``size`` parameters."""
     learners = 2
@@ -197,15 +206,7 @@ async def latency(size: int, rounds: int, scratch: Path) -> dict[str, Any]:
                     partial(operator.contains, tally.record_listed, round), 300, f"round {round}"
                 )
                 waited.append(tally.record_listed[round] - tally.snapshot_landed[round])
-
-                def fetched(round: int = round) -> bool:
-                    # Every learner has listed the record and read a blob since: its update
-                    # is downloaded, so the next step applies it and nothing is skipped.
-                    seen = tally.record_listed_by.get(round, {})
-                    return len(seen) == learners and all(
-                        tally.blob_got.get(node, 0.0) > at for node, at in seen.items()
-                    )
-
+                fetched = partial(_every_learner_fetched, tally, round, learners)
                 await _until(fetched, 300, f"every learner to fetch round {round}")
         return waited
 
