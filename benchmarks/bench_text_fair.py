@@ -8,10 +8,10 @@ What makes the comparison fair, each point checked by ``tests/test_bench_text_qu
 - Both systems are judged on one model, by one function (``bench_text_eval.mean_model``):
   the mean of the learners' models at the end, after gradientmail's closing round and after
   torchft's last fragment sync, on the same held-out windows.
-- torchft's outer optimizer is chosen, per H, from ``OUTER_GRID`` (rate × momentum, Nesterov;
-  its example's 0.7 / 0.9 and gradientmail's default 1.0 / 0.6 among them) on
-  ``TUNING_SEED``, a seed the reported rows do not use; the grid and every point's figure
-  are in the results file. gradientmail runs its defaults (chosen on other tasks).
+- Each system's outer optimizer is chosen, per H, from one grid, ``OUTER_GRID`` (rate ×
+  momentum, Nesterov; torchft's example's 0.7 / 0.9 and gradientmail's default 1.0 / 0.6
+  among them), on ``TUNING_SEED``, a seed the reported rows do not use; the grid and every
+  point's figure, for both systems, are in the results file.
 - Every reported seed (``SEEDS`` unless ``--seeds``) runs data-parallel once and, per H, the
   pair in both orders (gradientmail, torchft, torchft, gradientmail), each run with the load
   average at its start and end; a system's figure on a seed is the mean of its two runs.
@@ -33,6 +33,7 @@ from typing import Any
 
 import _harness as h
 import bench_text_task as task
+import msgspec
 from bench_text_arms import run_gradientmail, run_torchft
 from bench_text_training import run_local
 
@@ -43,17 +44,31 @@ SEEDS = (0, 1, 2)
 ORDER = ("gm", "torchft", "torchft", "gm")
 
 
-def tune(size: str, sync_every: int, scratch: Path, log: Callable[[str], None]) -> dict[str, Any]:
-    """torchft at ``sync_every`` on ``TUNING_SEED`` for every point of ``OUTER_GRID``: each
-    point's bits per byte and the best point."""
+def tune(
+    system: str, size: str, sync_every: int, scratch: Path, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """``system`` (``gm`` or ``torchft``) at ``sync_every`` on ``TUNING_SEED`` for every point
+    of ``OUTER_GRID``: each point's bits per byte and the best point."""
     points = []
     for lr, momentum in OUTER_GRID:
-        where = scratch / f"tune-H{sync_every}-{lr}-{momentum}"
-        run = run_torchft(size, TUNING_SEED, sync_every, where, False, outer=(lr, momentum))
+        where = scratch / f"tune-{system}-H{sync_every}-{lr}-{momentum}"
+        run = _run(system, size, TUNING_SEED, sync_every, where, (lr, momentum))
         points.append({"outer": [lr, momentum], "bits_per_byte": run["bits_per_byte"]})
-        log(f"  tuning H{sync_every} outer {lr}/{momentum}: {run['bits_per_byte']:.4f}")
+        log(f"  tuning {system} H{sync_every} outer {lr}/{momentum}: {run['bits_per_byte']:.4f}")
     best = min(points, key=lambda point: point["bits_per_byte"])
     return {"seed": TUNING_SEED, "points": points, "best": best["outer"]}
+
+
+def _run(
+    system: str, size: str, seed: int, sync_every: int, where: Path, outer: tuple[float, ...]
+) -> dict[str, Any]:
+    """One run of ``system`` with the outer Nesterov SGD ``outer`` (rate, momentum)."""
+    if system == "gm":
+        config = msgspec.structs.replace(
+            task.run_config(sync_every, "fp32"), outer_lr=outer[0], outer_momentum=outer[1]
+        )
+        return run_gradientmail(size, seed, sync_every, "fp32", where, False, config=config)
+    return run_torchft(size, seed, sync_every, where, False, outer=outer)
 
 
 def figures(per_h: dict[str, Any], dp: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +139,8 @@ def _parameters(size: str, chosen: list[int], rows: list[int]) -> dict[str, Any]
             "outer_grid": [list(point) for point in OUTER_GRID],
             "tuning_seed": TUNING_SEED,
         },
-        "gm_outer": [config.outer_lr, config.outer_momentum],
+        "gm": {"outer_grid": [list(point) for point in OUTER_GRID], "tuning_seed": TUNING_SEED},
+        "gm_outer_default": [config.outer_lr, config.outer_momentum],
         "overlap": config.overlap,
     }
 
@@ -142,11 +158,8 @@ def _pairs(
     ``entry["runs"]`` (torchft with ``entry``'s tuned outer optimizer), ``write`` after each."""
     for turn, system in enumerate(ORDER):
         where = scratch / f"s{seed}-{system}-H{sync_every}-{turn}"
-        if system == "gm":
-            result = run_gradientmail(size, seed, sync_every, "fp32", where, False)
-        else:
-            outer = tuple(entry["tuning"]["best"])
-            result = run_torchft(size, seed, sync_every, where, False, outer=outer)
+        tuned = entry["gm_tuning" if system == "gm" else "tuning"]["best"]
+        result = _run(system, size, seed, sync_every, where, tuple(tuned))
         runs = entry["runs"].setdefault(str(seed), {}).setdefault(system, [])
         runs.append(_compact(result) | {"turn": turn})
         log(
@@ -184,6 +197,7 @@ def run(
         document["figures"] = {
             "pairs": figures(per_h, dp),
             "tuning": {key: entry.get("tuning") for key, entry in per_h.items()},
+            "gm_tuning": {key: entry.get("gm_tuning") for key, entry in per_h.items()},
             "dp": {seed: _compact(result) for seed, result in dp.items()},
             "runs": {key: entry["runs"] for key, entry in per_h.items()},
             "seconds": time.perf_counter() - began,
@@ -192,8 +206,8 @@ def run(
 
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-fair-") as scratch:
         for sync_every in chosen:
-            tuned = tune(size, sync_every, Path(scratch), log)
-            per_h[str(sync_every)]["tuning"] = tuned
+            per_h[str(sync_every)]["tuning"] = tune("torchft", size, sync_every, Path(scratch), log)
+            per_h[str(sync_every)]["gm_tuning"] = tune("gm", size, sync_every, Path(scratch), log)
             write()
         for seed in rows:
             dp[str(seed)] = run_local("dp", {"size": size, "seed": seed})

@@ -78,21 +78,24 @@ def section(page: Page, result: dict[str, Any]) -> None:
     header = ["H", "seed", "gradientmail bits/byte (excess over DP)"]
     header += ["torchft bits/byte (excess over DP)", "gradientmail wall (s)", "torchft wall (s)"]
     header += ["1-minute load, start→end, gm then torchft runs", "bytes per learner, gm / torchft"]
-    page.add(*table([*header, "torchft outer (tuned)"], rows))
-    tuned = [
+    page.add(*table([*header, "outer (tuned), gm / torchft"], rows))
+    for system, key in (("gradientmail", "gm_tuning"), ("torchft", "tuning")):
+        grid = _grid(figures.get(key) or {})
+        if grid:
+            seed = p["torchft"]["tuning_seed"]
+            page.add(f"{system}'s grid on seed {seed} (bits per byte): {grid}.", "")
+
+
+def _grid(tunings: dict[str, Any]) -> str:
+    """Every H's tuning points, or nothing when none was tuned."""
+    return "; ".join(
         f"H {sync_every}: "
         + ", ".join(
             f"{point['outer'][0]} / {point['outer'][1]} {num(point['bits_per_byte'], 4)}"
             for point in tuning["points"]
         )
-        for sync_every, tuning in sorted(figures["tuning"].items(), key=lambda i: int(i[0]))
+        for sync_every, tuning in sorted(tunings.items(), key=lambda i: int(i[0]))
         if tuning
-    ]
-    page.add(
-        f"torchft's grid on seed {p['torchft']['tuning_seed']} (bits per byte): "
-        + "; ".join(tuned)
-        + ".",
-        "",
     )
 
 
@@ -105,8 +108,7 @@ def _intro(result: dict[str, Any]) -> str:
         f"--mode fair --seeds {' '.join(map(str, p['seeds']))}`): torchft's `init_sync` off; "
         "both systems judged on the mean of the learners' models by one function; torchft's "
         f"outer Nesterov SGD picked per H from {grid} on seed {p['torchft']['tuning_seed']} "
-        f"(not reported below), gradientmail on its defaults ({p['gm_outer'][0]} / "
-        f"{p['gm_outer'][1]}); each seed's pair run in the order "
+        f"(not reported below), {_gm_outer(p)}; each seed's pair run in the order "
         f"{', '.join(p['order'])}, a system's figure on a seed the mean of its two runs; "
         "torchft's bytes are its process group's all-reduce payload (measured by wrapping "
         "the group) sent and received by a ring (computed), gradientmail's measured. "
@@ -118,6 +120,13 @@ def _intro(result: dict[str, Any]) -> str:
             "the full-size comparison.**"
         )
     )
+
+
+def _gm_outer(p: dict[str, Any]) -> str:
+    """How gradientmail's outer optimizer was set: tuned on the same grid, or its defaults."""
+    if "gm" in p:
+        return "gradientmail's from the same grid on the same seed"
+    return f"gradientmail on its defaults ({p['gm_outer'][0]} / {p['gm_outer'][1]})"
 
 
 def _rows(figures: dict[str, Any], sync_every: str, pair: dict[str, Any]) -> list[list[str]]:
@@ -145,7 +154,10 @@ def _rows(figures: dict[str, Any], sync_every: str, pair: dict[str, Any]) -> lis
                     else "–"
                     for system in ("gm", "torchft")
                 ),
-                "/".join(str(x) for x in tuning["best"]) if tuning else "–",
+                " / ".join(
+                    "/".join(str(x) for x in t["best"]) if t else "–"
+                    for t in (figures.get("gm_tuning", {}).get(sync_every), tuning)
+                ),
             ]
         )
     return rows

@@ -282,7 +282,10 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
         model = GPT(task.model_config(size), seed=k)
         saved.append({name: t.clone() for name, t in model.state_dict().items()})
 
+    launched: list[dict] = []  # type: ignore[type-arg]
+
     def launch(script: Path, spec: dict, **_: object) -> dict:
+        launched.append(spec)
         scratch = Path(spec["scratch"])
         scratch.mkdir(parents=True, exist_ok=True)
         for k, state in enumerate(saved):
@@ -308,10 +311,23 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
     assert gm["learner_spread"] == ft["learner_spread"] > 0
     assert set(gm["load"]) == set(ft["load"]) == {"start", "end"}
 
-    # torchft's outer optimizer is tuned on a seed the reported rows do not use, over a grid
-    # that holds its example's setting and gradientmail's default.
+    # Both systems' outer optimizers are tuned on a seed the reported rows do not use, over
+    # one grid that holds torchft's example's setting and gradientmail's default.
     assert {(0.7, 0.9), (1.0, 0.6)} <= set(bench_text_fair.OUTER_GRID)
     assert bench_text_fair.TUNING_SEED not in bench_text_fair.SEEDS
+    launched.clear()
+    tuned = bench_text_fair.tune("gm", "quick", 10, tmp_path / "tune", lambda _: None)
+    assert [
+        (s["seed"], s["config"]["outer_lr"], s["config"]["outer_momentum"]) for s in launched
+    ] == [
+        (bench_text_fair.TUNING_SEED, lr, momentum) for lr, momentum in bench_text_fair.OUTER_GRID
+    ]
+    assert [point["outer"] for point in tuned["points"]] == [
+        list(point) for point in bench_text_fair.OUTER_GRID
+    ]
+    launched.clear()
+    bench_text_fair._run("torchft", "quick", 0, 10, tmp_path / "ft-outer", (0.7, 0.6))
+    assert (launched[0]["outer_lr"], launched[0]["outer_momentum"]) == (0.7, 0.6)
 
 
 def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
@@ -382,3 +398,20 @@ def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
     assert "| 20 | 0 | 3.1000 (0.2000) | 3.0000 (0.1000) | 10, 10 | 9, 11 |" in "\n".join(
         page.lines
     )
+    assert "gradientmail on its defaults (1.0 / 0.6)" in "\n".join(page.lines)
+
+    # Both systems tuned on one grid: the page names each one's grid and picked point.
+    gm_tuning = {"seed": 100, "points": [{"outer": [1.0, 0.6], "bits_per_byte": 3.2}]}
+    gm_tuning["best"] = [1.0, 0.6]
+    del parameters["gm_outer"]
+    parameters["gm"] = {"outer_grid": [[1.0, 0.6]], "tuning_seed": 100}
+    document = _harness.header("text-fair-small", quick=False, parameters=parameters)
+    document["figures"] = {"pairs": pairs, "tuning": {"20": tuning}, "runs": {"20": runs}}
+    document["figures"]["gm_tuning"] = {"20": gm_tuning}
+    page = _page.Page(tmp_path / "docs")
+    report_fair.section(page, document)
+    text = "\n".join(page.lines)
+    assert "gradientmail's from the same grid on the same seed" in text
+    assert "gradientmail's grid on seed 100 (bits per byte): H 20: 1.0 / 0.6 3.2000." in text
+    assert "torchft's grid on seed 100 (bits per byte): H 20: 0.7 / 0.9 3.0000." in text
+    assert "| 1.0/0.6 / 0.7/0.9 |" in text
