@@ -41,7 +41,9 @@ from anyio.from_thread import BlockingPortal
 from gradientmail._blocking import Barrier, load
 from gradientmail._node import Node as AsyncNode
 from gradientmail._node import NodeOptions, NodeState
-from gradientmail._node import node as open_node
+from gradientmail._node.node import running
+from gradientmail._node.spec import NodeSpec, node_spec
+from gradientmail._node.stepping import Steps
 from gradientmail._sync_events import Events
 from gradientmail.clock import Clock
 from gradientmail.events import Sink
@@ -77,10 +79,11 @@ class Node:
     event-loop thread; ``step`` from the training loop only (the model must not change
     while it runs)."""
 
-    def __init__(self, portal: BlockingPortal, options: dict[str, Any]) -> None:
+    def __init__(self, portal: BlockingPortal, spec: NodeSpec) -> None:
         self._portal = portal
-        self._options = options
+        self._spec = spec
         self._node: AsyncNode | None = None
+        self._steps: Steps | None = None
         self._scope: anyio.CancelScope | None = None
         self._leave: anyio.Event | None = None
         self._error: Exception | None = None
@@ -135,9 +138,11 @@ class Node:
                 f"node {self.learner!r} has closed: step() belongs inside its with block, "
                 "or between sync.open() and close()"
             )
-        node = self._joined()
-        if not node._step_quietly(tokens):
-            self._portal.call(node.step, tokens)
+        self._joined()
+        steps = self._steps
+        assert steps is not None
+        if not steps.step_quietly(tokens):
+            self._portal.call(steps.step, tokens)
 
     @overload
     def shared_model(self) -> dict[str, torch.Tensor]: ...
@@ -179,7 +184,7 @@ class Node:
         return self._portal.call(self._declare, shard, name)
 
     async def _declare(self, shard: Shard, name: str) -> Shard:
-        mailbox = self._options["mailbox"]
+        mailbox = self._spec.mailbox
         learner = self._joined().learner
         if not isinstance(mailbox, str):
             return await declare(mailbox, learner, shard, name=name)
@@ -217,8 +222,8 @@ class Node:
             if self._aborted:
                 scope.cancel()
             try:
-                async with open_node(**self._options) as node:
-                    self._node = node
+                async with running(self._spec) as (node, steps):
+                    self._node, self._steps = node, steps
                     self._ready.set_result(None)
                     await self._leave.wait()
                     if self._error is not None:
@@ -358,22 +363,19 @@ def open(
     ``close()`` or the interpreter's exit (see the module docstring), for a script whose
     loop is not inside a block. Arguments and errors are ``node``'s; ``handle_signals``
     keeps its handlers until the node is closed."""
-    stack = ExitStack()
-    facade = stack.enter_context(
-        node(
-            model,
-            mailbox,
-            learner=learner,
-            config=config,
-            options=options,
-            sinks=sinks,
-            clock=clock,
-            run_key=run_key,
-            backend=backend,
-            handle_signals=handle_signals,
-            group=group,
-        )
+    spec = node_spec(
+        model,
+        mailbox,
+        learner=learner,
+        config=config,
+        options=options,
+        sinks=sinks,
+        clock=clock,
+        run_key=run_key,
+        group=group,
     )
+    stack = ExitStack()
+    facade = stack.enter_context(_served(spec, backend, handle_signals))
     facade._opened = stack
     _OPENED.add(facade)
     return facade
@@ -406,25 +408,33 @@ def node(
     what ``gradientmail.node`` raises: ``RunMismatch``, ``ValueError``/``TypeError`` on
     entry, ``NodeFailed`` from ``step`` and from leaving the block.
     """
+    spec = node_spec(
+        model,
+        mailbox,
+        learner=learner,
+        config=config,
+        options=options,
+        sinks=sinks,
+        clock=clock,
+        run_key=run_key,
+        group=group,
+    )
+    with _served(spec, backend, handle_signals) as facade:
+        yield facade
+
+
+@contextmanager
+def _served(spec: NodeSpec, backend: Backend, handle_signals: bool) -> Iterator[Node]:
+    """The node of ``spec`` in a blocking portal's event loop, closed as the block is left
+    (see the module docstring)."""
     chosen = _check_backend(backend)
     if not isinstance(handle_signals, bool):
         raise TypeError(f"handle_signals must be a bool, got {handle_signals!r}")
-    arguments: dict[str, Any] = {
-        "model": model,
-        "mailbox": mailbox,
-        "learner": learner,
-        "config": config,
-        "options": options,
-        "sinks": sinks,
-        "clock": clock,
-        "run_key": run_key,
-        "group": group,
-    }
     with ExitStack() as stack:
         if handle_signals:
             stack.enter_context(_signals_raise())
         portal = stack.enter_context(anyio.from_thread.start_blocking_portal(chosen))
-        facade = Node(portal, arguments)
+        facade = Node(portal, spec)
         facade._enter()
         try:
             yield facade

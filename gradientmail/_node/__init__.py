@@ -5,8 +5,7 @@ timings and roles), ``NodeState`` (what ``Node.state`` returns) and ``StepHandle
 ``Node.run_in_thread`` hands to a synchronous training loop). See ``docs/node.md``.
 """
 
-from gradientmail._node.handle import StepHandle
-from gradientmail._node.node import Node, node
+from gradientmail._node.node import Node, StepHandle, node
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.state import NodeState
 

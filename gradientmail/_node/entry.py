@@ -12,26 +12,23 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from gradientmail._node.creation import load_newest, open_run
+from gradientmail._node.creation import Whole, load_newest, open_run
 from gradientmail._node.group import GroupMember, Params, fragment_params
 from gradientmail._node.group_entry import follow, gather_whole, lead, refuse
 from gradientmail._node.group_link import GroupLink
 from gradientmail._node.lease import Emit
-from gradientmail._node.options import NodeOptions
 from gradientmail._node.runtime import Runtime
 from gradientmail._node.sharded import Layout
-from gradientmail.clock import Clock
+from gradientmail._node.spec import NodeSpec
 from gradientmail.errors import CorruptBlob, RunMismatch
 from gradientmail.events import Joined
 from gradientmail.protocol.group import Decision
 from gradientmail.protocol.learner import Learner
-from gradientmail.protocol.records import Manifest, RunConfig
+from gradientmail.protocol.records import Manifest
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
 __all__ = ["Entered", "enter"]
-
-Named = list[tuple[str, Tensor]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,58 +42,26 @@ class Entered:
     member: GroupMember | None = None
 
 
-async def enter(
-    store: Store,
-    learner: str,
-    named: Named | None,
-    config: RunConfig | None,
-    options: NodeOptions,
-    clock: Clock,
-    emit: Emit,
-    link: GroupLink | None,
-    layout: Layout | None = None,
-) -> Entered:
-    """Create or join the run (``Joined``); in a group, the leader does so and then brings
-    its followers in (or tells them it could not join), and a follower waits for it.
-    ``layout``: this rank's rows of a sharded group. Raises what ``open_run`` raises,
-    ``RunMismatch``, and ``GroupFailed``."""
+async def enter(spec: NodeSpec, store: Store, emit: Emit) -> Entered:
+    """Create or join the run of ``spec`` through ``store`` (``Joined``); in a group, the
+    leader does so and then brings its followers in (or tells them it could not join), and
+    a follower waits for it. Raises what ``open_run`` raises, ``RunMismatch``, and
+    ``GroupFailed``."""
+    link = spec.link
     if link is not None and not link.leader:
-        assert named is not None
-        if layout is None:
-            manifest, member = await follow(link, learner, named)
-            rt = _runtime(store, manifest, learner, options, clock, emit)
-            return Entered(rt, None, (), member)
-        started: list[Learner] = []
-
-        async def load(manifest: Manifest, versions: tuple[int, ...], round: int) -> Params:
-            assert layout is not None
-            # Read through this rank's own store: checked with its own key, and it learns
-            # the run (a signed run's id) it then reads records of.
-            if await store.manifest() != manifest:
-                raise RunMismatch(
-                    f"rank {link.rank} finds another run in its mailbox than its leader's: "
-                    "every rank of a group passes the same mailbox and run key"
-                )
-            params = layout.params(manifest)
-            thetas = await _rows_of(store, manifest, layout, versions)
-            _copy(params, thetas)
-            started.append(Learner.start(manifest.config, learner, versions, thetas, round))
-            return params
-
-        manifest, member = await follow(link, learner, named, load)
-        rt = _runtime(store, manifest, learner, options, clock, emit)
-        return Entered(rt, started[0], member.params, member)
+        return await _follow(spec, link, store, emit)
     try:
-        whole = None
-        if layout is not None and link is not None and named is not None:
-            sharded_named = named
-
-            async def whole(names: Sequence[str]) -> list[Tensor]:
-                assert link is not None
-                return await gather_whole(link, sharded_named, list(names))
-
-        manifest = await open_run(store, learner, named, config, options, clock, emit, whole)
-        entered = await _join(store, manifest, learner, named, options, clock, emit, layout)
+        manifest = await open_run(
+            store,
+            spec.learner,
+            spec.named,
+            spec.config,
+            spec.options,
+            spec.clock,
+            emit,
+            _whole(spec),
+        )
+        entered = await _join(spec, store, manifest, emit)
     except Exception as exc:
         if link is not None:
             await refuse(link, exc)
@@ -105,42 +70,66 @@ async def enter(
         return entered
     start = entered.start
     assert start is not None
-    view = Decision.of(start)
-    member = GroupMember(link, entered.params, view)
-    await lead(link, manifest, learner, member, share=layout is None)
+    member = GroupMember(link, entered.params, Decision.of(start))
+    await lead(link, manifest, spec.learner, member, share=spec.layout is None)
     return replace(entered, member=member)
 
 
-def _runtime(
-    store: Store, manifest: Manifest, learner: str, options: NodeOptions, clock: Clock, emit: Emit
-) -> Runtime:
-    return Runtime(
-        learner=learner, store=store, manifest=manifest, options=options, clock=clock, emit=emit
-    )
+async def _follow(spec: NodeSpec, link: GroupLink, store: Store, emit: Emit) -> Entered:
+    """A follower's entry: the leader's manifest and weights, or in a sharded group this
+    rank's rows of the leader's versions, read through its own store."""
+    named, layout = spec.named, spec.layout
+    assert named is not None
+    if layout is None:
+        manifest, member = await follow(link, spec.learner, named)
+        return Entered(spec.runtime(store, manifest, emit), None, (), member)
+    started: list[Learner] = []
+
+    async def load(manifest: Manifest, versions: tuple[int, ...], round: int) -> Params:
+        # Read through this rank's own store: checked with its own key, and it learns the
+        # run (a signed run's id) it then reads records of.
+        if await store.manifest() != manifest:
+            raise RunMismatch(
+                f"rank {link.rank} finds another run in its mailbox than its leader's: "
+                "every rank of a group passes the same mailbox and run key"
+            )
+        params = layout.params(manifest)
+        thetas = await _rows_of(store, manifest, layout, versions)
+        _copy(params, thetas)
+        started.append(Learner.start(manifest.config, spec.learner, versions, thetas, round))
+        return params
+
+    manifest, member = await follow(link, spec.learner, named, load)
+    return Entered(spec.runtime(store, manifest, emit), started[0], member.params, member)
 
 
-async def _join(
-    store: Store,
-    manifest: Manifest,
-    learner: str,
-    named: Named | None,
-    options: NodeOptions,
-    clock: Clock,
-    emit: Emit,
-    layout: Layout | None = None,
-) -> Entered:
-    rt = _runtime(store, manifest, learner, options, clock, emit)
+def _whole(spec: NodeSpec) -> Whole | None:
+    """How a sharded group's leader reads parameters whole to create the run: gathered
+    from its ranks (``group.gather_whole``); None when its parameters are its own."""
+    link, named = spec.link, spec.named
+    if spec.layout is None or link is None or named is None:
+        return None
+
+    async def whole(names: Sequence[str]) -> list[Tensor]:
+        return await gather_whole(link, named, list(names))
+
+    return whole
+
+
+async def _join(spec: NodeSpec, store: Store, manifest: Manifest, emit: Emit) -> Entered:
+    layout, named = spec.layout, spec.named
+    rt = spec.runtime(store, manifest, emit)
     rows = None if layout is None else layout.fragment_rows(manifest)
-    newest = await load_newest(store, manifest, clock, options.poll_interval, rows)
+    newest = await load_newest(store, manifest, spec.clock, spec.options.poll_interval, rows)
     start = None
     params: tuple[tuple[Tensor, ...], ...] = ()
     if named is not None:
         params = fragment_params(manifest, named) if layout is None else layout.params(manifest)
         _copy(params, newest.thetas)
         start = Learner.start(
-            manifest.config, learner, newest.versions, newest.thetas, newest.round
+            manifest.config, spec.learner, newest.versions, newest.thetas, newest.round
         )
-    emit(Joined(learner, manifest.created_by, manifest.config.fragments, newest.round))
+    emit(Joined(spec.learner, manifest.created_by, manifest.config.fragments, newest.round))
     return Entered(rt, start, params)
 
 

@@ -3,13 +3,16 @@
 The user's facade and the supervisor of the node's tasks; the learner's decisions are the
 pure ``protocol.learner.Learner``'s, carried out by ``_node.learner.LearnerDriver``.
 
-Entering opens the mailbox (when given a URL), starts the event bus, creates or joins the
+Entering checks the arguments once (``_node.spec.node_spec``: the ``NodeSpec`` the rest
+takes), opens the mailbox (when given a URL), starts the event bus, creates or joins the
 run (``_node.creation``), then starts the node's tasks in one task group: the lease, for a
 learner the receive loop and the publisher, and the syncer unless ``options.syncer`` is
 False. The block's body runs in that task group's scope: when a task fails, the body is
 cancelled at its next checkpoint and the block raises ``NodeFailed`` (the task's exception
 chained), unless the body raised an exception of its own, which propagates as itself. With
-``group=`` the ranks of a process group are one learner (``_node.group``).
+``group=`` the ranks of a process group are one learner (``_node.group``). ``Node.step`` is
+the one place the training meets the node: ``_node.stepping.Steps``, which ``StepHandle``
+and ``sync.Node`` step through too.
 
 Leaving normally closes with flush (``Closing``, then ``Closed``; ``GaveUp`` and
 ``StepsDropped`` once nothing has landed for ``close_timeout``); leaving by an exception or
@@ -29,29 +32,27 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from typing import Any, TypeVar
 
 import anyio
-import anyio.lowlevel
+import anyio.from_thread
 import anyio.to_thread
 import torch
 from anyio.abc import TaskGroup, TaskStatus
 from torch import Tensor
 
-from gradientmail._node.entry import enter
-from gradientmail._node.group import GroupMember
-from gradientmail._node.group_link import GroupLink, link_of
-from gradientmail._node.handle import StepHandle
+from gradientmail._node.entry import Entered, enter
 from gradientmail._node.learner import LearnerDriver
 from gradientmail._node.lease import run_lease
-from gradientmail._node.model import named_parameters, shards
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.receive import Receiver
-from gradientmail._node.runtime import Nudge, Runtime
-from gradientmail._node.sharded import Layout, ShardedRank
+from gradientmail._node.runtime import Nudge
+from gradientmail._node.sharded import ShardedRank
 from gradientmail._node.shared import shared_model
+from gradientmail._node.spec import NodeSpec, node_spec
 from gradientmail._node.state import NodeState
+from gradientmail._node.stepping import Steps
 from gradientmail._node.supervision import block_error
 from gradientmail._node.syncer import run_syncer
 from gradientmail._node.ticks import Ticks
-from gradientmail.clock import Clock, MonotonicClock
+from gradientmail.clock import Clock
 from gradientmail.errors import GroupFailed, NodeFailed
 from gradientmail.events import (
     Closed,
@@ -65,15 +66,13 @@ from gradientmail.events import (
 )
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox import open as open_mailbox
-from gradientmail.protocol import keys
-from gradientmail.protocol.group import Decision
 from gradientmail.protocol.learner import Learner
 from gradientmail.protocol.learner_inputs import DroppedAll, Finalized
 from gradientmail.protocol.records import DropReason, Manifest, RunConfig
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
-__all__ = ["Node", "node"]
+__all__ = ["Node", "StepHandle", "node", "running"]
 
 T = TypeVar("T")
 
@@ -85,35 +84,27 @@ class Node:
     that entered the block.
     """
 
-    def __init__(
-        self,
-        rt: Runtime,
-        bus: EventBus,
-        learner: Learner | None,
-        params: tuple[tuple[Tensor, ...], ...],
-        group: GroupMember | None = None,
-        sharded: ShardedRank | None = None,
-    ) -> None:
-        self._rt = rt
+    def __init__(self, entered: Entered, bus: EventBus, sharded: ShardedRank | None) -> None:
+        rt = self._rt = entered.rt
         self._bus = bus
         self._driver = None
         # Set once a snapshot of this node's learner is in the store: its receive loop
         # and its syncer look at the round then instead of at their next idle poll.
         self._nudges = (Nudge(), Nudge())
-        if learner is not None:
+        if entered.start is not None:
             self._driver = LearnerDriver(
-                rt, learner, params, self._wake, sharded, published=self._published
+                rt, entered.start, entered.params, self._wake, sharded, published=self._published
             )
-        self._failure: BaseException | None = None
         self._wakeup = anyio.Event()
-        self._group = group
+        self._group = group = entered.member
         self._sharded = sharded
+        self._steps = Steps(rt.learner, self._driver, group)
         if group is not None and self._driver is not None:
             if sharded is not None:
                 log = self._driver.record() if sharded.leader else None
                 group.tick_with(Ticks(self._driver, sharded, log))
             else:
-                group.attach(self._decided, self._decision)
+                group.attach(self._steps.decided, self._steps.decision)
 
     # -- what users see ---------------------------------------------------------------------
 
@@ -180,14 +171,7 @@ class Node:
         block's body is cancelled then too), and ``TypeError``/``ValueError`` for bad
         ``tokens`` or a syncer-only node.
         """
-        await anyio.lowlevel.checkpoint()
-        self._check_step(tokens)
-        if self._group is not None:
-            await self._group.step(tokens)
-        elif self._driver is not None:
-            await self._driver.wait_to_step()
-            self._raise_failure()
-            self._driver.step(tokens)
+        await self._steps.step(tokens)
 
     async def run_in_thread(self, fn: Callable[["StepHandle"], T]) -> T:
         """Run the synchronous ``fn(handle)`` in a worker thread and return its result;
@@ -195,7 +179,7 @@ class Node:
         be interrupted: cancelling the caller (or the failure of a task of the node, which
         cancels the block's body) takes effect at the thread's next ``handle.step``, which
         raises the cancellation out of ``fn``."""
-        return await anyio.to_thread.run_sync(fn, StepHandle(self))
+        return await anyio.to_thread.run_sync(fn, StepHandle(self, self._steps))
 
     async def shared_model(self, into: torch.nn.Module | None = None) -> dict[str, Tensor]:
         """The run's model as committed (the newest version of every fragment), not this
@@ -207,52 +191,13 @@ class Node:
         return (
             f"<Node {self.learner!r} round={state.round} versions={list(state.versions)} "
             f"steps={state.steps} committed={state.rounds_committed}"
-            f"{' failed' if self._failure is not None else ''}>"
+            f"{' failed' if self._steps.failure is not None else ''}>"
         )
 
     # -- inside ---------------------------------------------------------------------------------
 
     def _wake(self) -> None:
         self._wakeup.set()
-
-    async def _decided(self, tokens: int) -> Decision:
-        """A group leader's learner step of ``tokens``; its decision."""
-        self._raise_failure()
-        assert self._driver is not None
-        await self._driver.wait_to_step()
-        self._driver.step(tokens)
-        return self._decision(tokens)
-
-    def _decision(self, tokens: int = 0) -> Decision:
-        assert self._driver is not None
-        return Decision.of(self._driver.state, tokens)
-
-    def _check_step(self, tokens: int) -> None:
-        self._raise_failure()
-        if self._driver is None and self._group is None:
-            raise TypeError("a syncer-only node (model=None) has no steps to count")
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise ValueError(f"tokens must be a non-negative int, got {tokens!r}")
-
-    def _step_quietly(self, tokens: int) -> bool:
-        """``step`` from a thread other than the event loop's, when the step needs nothing
-        of the loop (``LearnerDriver.step_quietly``); True if it was counted, False if the
-        caller must run ``step`` on the loop. Raises as ``step`` does."""
-        self._check_step(tokens)
-        return (
-            self._group is None and self._driver is not None and self._driver.step_quietly(tokens)
-        )
-
-    def _node_failed(self) -> NodeFailed:
-        failure = self._failure
-        assert failure is not None
-        error = NodeFailed(f"node {self.learner!r} failed: {type(failure).__name__}: {failure}")
-        error.__cause__ = failure
-        return error
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            raise self._node_failed()
 
     async def _supervised(self, name: str, fn: Callable[[], Any]) -> None:
         """Run one task of the node. Its failure fails the node: it is raised as
@@ -267,10 +212,9 @@ class Node:
         """Record the failure of task ``name``; the ``NodeFailed`` to raise for it."""
         if name == "syncer":
             self._rt.emit(SyncerStopped(self.learner, exc))
-        if self._failure is None:
-            self._failure = exc
+        error = self._steps.fail(exc)
         self._wake()
-        return self._node_failed()
+        return error
 
     def _published(self) -> None:
         for nudge in self._nudges:
@@ -336,7 +280,7 @@ class Node:
 
     async def _flush(self) -> None:
         """Close with flush (see the module docstring)."""
-        self._raise_failure()
+        self._steps.raise_failure()
         self._rt.emit(Closing(self.learner, flushing=True))
         driver = self._driver
         if driver is None:
@@ -347,7 +291,7 @@ class Node:
         since = clock.now()
         driver.begin_close()
         while True:
-            self._raise_failure()
+            self._steps.raise_failure()
             driver.flush_once()
             driver.feed(Finalized())
             if self._group is not None and self._group.sharded:
@@ -376,6 +320,37 @@ class Node:
         if state.publishing:
             self._rt.emit(PublishCancelled(self.learner, waited))
         self._drop_unpublished("gave-up", "close() stopped waiting for the rounds")
+
+
+class StepHandle:
+    """What ``Node.run_in_thread`` hands to the training function; used from that worker
+    thread only. A step that needs nothing of the event loop (nothing to apply, no fragment
+    due: most steps) is counted right there (``Steps.step_quietly``); the others cross to the
+    node's event-loop thread through ``anyio.from_thread``."""
+
+    def __init__(self, node: Node, steps: Steps) -> None:
+        self._node = node
+        self._steps = steps
+
+    @property
+    def node(self) -> Node:
+        return self._node
+
+    def step(self, tokens: int = 0) -> None:
+        """``Node.step`` from the worker thread: blocks it until the step is done. Raises
+        ``NodeFailed`` once a task of the node has failed, and the event loop's cancellation
+        exception once the task that called ``run_in_thread`` is cancelled otherwise; either
+        ends the training loop (let it propagate)."""
+        steps = self._steps
+        steps.raise_failure()
+        try:
+            anyio.from_thread.check_cancelled()
+            if not steps.step_quietly(tokens):
+                anyio.from_thread.run(steps.step, tokens)
+        except BaseException:
+            # A node's failure cancels the block's body: say so rather than "cancelled".
+            steps.raise_failure()
+            raise
 
 
 async def _dispatch(bus: EventBus, *, task_status: TaskStatus[None]) -> None:
@@ -420,83 +395,55 @@ async def node(
     next checkpoint and the block raises it, unless the body raised an exception of its
     own, which then propagates as itself. See the module docstring for the lifecycle.
     """
-    keys.check_learner(learner)
-    options = options if options is not None else NodeOptions()
-    if not isinstance(options, NodeOptions):
-        raise TypeError(f"options must be a NodeOptions, got {type(options).__name__}")
-    if config is not None and not isinstance(config, RunConfig):
-        raise TypeError(f"config must be a RunConfig or None, got {type(config).__name__}")
-    link = link_of(group, options.group_timeout, model=model is not None)
-    named = named_parameters(model, sharded=link is not None)
-    if named is None and not options.syncer:
-        raise ValueError("a node without a model must be a syncer (options.syncer=True)")
-    layout = None
-    if link is not None and named is not None:
-        found = shards(named, link.rank, link.world)
-        if found is not None:
-            layout = Layout(
-                {name: shard.local for (name, _), shard in zip(named, found, strict=True)},
-                {
-                    name: (shard.start, shard.end)
-                    for (name, _), shard in zip(named, found, strict=True)
-                },
-            )
-    clock = clock if clock is not None else MonotonicClock()
-    if run_key is None:
-        key = RunKey.from_env()
-    else:
-        key = run_key if isinstance(run_key, RunKey) else RunKey(run_key)
-    if options.learner_key is not None and key is None:
-        raise ValueError("a node with options.learner_key needs the run key too (run_key=...)")
-    bus = EventBus(sinks, learner=learner)
-    async with AsyncExitStack() as stack:
-        box: Mailbox
-        if isinstance(mailbox, str):
-            box = await stack.enter_async_context(open_mailbox(mailbox))
-        else:
-            box = mailbox
-        store = Store(
-            box,
-            clock=clock,
-            max_retry_delay=options.max_retry_delay,
-            run_key=key,
-            learner_key=options.learner_key,
-        )
-        async with _running(
-            bus, store, learner, named, config, options, clock, link, layout
-        ) as node_:
-            yield node_
+    spec = node_spec(
+        model,
+        mailbox,
+        learner=learner,
+        config=config,
+        options=options,
+        sinks=sinks,
+        clock=clock,
+        run_key=run_key,
+        group=group,
+    )
+    async with running(spec) as (node_, _):
+        yield node_
 
 
 @asynccontextmanager
-async def _running(
-    bus: EventBus,
-    store: Store,
-    learner: str,
-    named: list[tuple[str, Tensor]] | None,
-    config: RunConfig | None,
-    options: NodeOptions,
-    clock: Clock,
-    link: GroupLink | None,
-    layout: Layout | None,
-) -> AsyncIterator[Node]:
-    """The event bus around joining and the node's task group (see ``_supervise``). Every
-    failure leaves as one exception, never an ``ExceptionGroup`` of one."""
+async def running(spec: NodeSpec) -> AsyncIterator[tuple[Node, Steps]]:
+    """``gradientmail.node`` for a checked ``spec``: the node and its step path (``Steps``,
+    which ``sync.Node`` steps through). Opens the mailbox when ``spec`` names a URL and
+    closes it after the node."""
+    bus = EventBus(spec.sinks, learner=spec.learner)
+    async with AsyncExitStack() as stack:
+        box: Mailbox
+        if isinstance(spec.mailbox, str):
+            box = await stack.enter_async_context(open_mailbox(spec.mailbox))
+        else:
+            box = spec.mailbox
+        async with _entered(spec, bus, spec.store(box)) as node_:
+            yield node_, node_._steps
+
+
+@asynccontextmanager
+async def _entered(spec: NodeSpec, bus: EventBus, store: Store) -> AsyncIterator[Node]:
+    """The event bus around entering the run and the node's task group (see
+    ``_supervise``). Every failure leaves as one exception, never an ``ExceptionGroup`` of
+    one."""
     error: BaseException | None = None
     async with anyio.create_task_group() as events_tg:
         await events_tg.start(_dispatch, bus)
         try:
-            entered = await enter(
-                store, learner, named, config, options, clock, bus.emit, link, layout
-            )
+            entered = await enter(spec, store, bus.emit)
             sharded = None
-            if layout is not None and link is not None:
-                rows = layout.fragment_rows(entered.rt.manifest)
-                sharded = ShardedRank(link.rank, link.world, rows)
-            node_ = Node(entered.rt, bus, entered.start, entered.params, entered.member, sharded)
+            if spec.layout is not None and spec.link is not None:
+                rows = spec.layout.fragment_rows(entered.rt.manifest)
+                sharded = ShardedRank(spec.link.rank, spec.link.world, rows)
+            node_ = Node(entered, bus, sharded)
             try:
-                async with anyio.create_task_group() as tg, _supervise(node_, tg) as running:
-                    yield running
+                async with anyio.create_task_group() as tg, _supervise(node_, tg) as supervised:
+                    yield supervised
             except ExceptionGroup as group:
                 error = block_error(group)
         except Exception as exc:
@@ -518,7 +465,7 @@ async def _supervise(node_: Node, tg: TaskGroup) -> AsyncIterator[Node]:
         yield node_
     except BaseException as exc:
         node_._rt.emit(Closing(node_.learner, flushing=False))
-        if node_._failure is not None:
+        if node_._steps.failure is not None:
             detail = "the node failed"
         elif isinstance(exc, Exception):
             detail = "closed by an exception"
