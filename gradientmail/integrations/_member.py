@@ -1,19 +1,14 @@
 """What both callbacks share: one blocking node held open across a framework's hooks."""
 
 import atexit
-from collections.abc import Sequence
-from contextlib import ExitStack
-from typing import Any, Literal
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any, Protocol
 
 import torch
 
 from gradientmail import sync
-from gradientmail._node import NodeOptions
-from gradientmail.events import Sink
-from gradientmail.protocol.records import RunConfig
-from gradientmail.protocol.signing import RunKey
 
-__all__ = ["Member", "missing_extra"]
+__all__ = ["Member", "OpenNode", "missing_extra"]
 
 
 def missing_extra(module: str, extra: str) -> ImportError:
@@ -53,34 +48,23 @@ def learner_group(world_size: int, framework: str) -> Any:
     return dist.new_group(backend="gloo")
 
 
-class Member:
-    """A ``gradientmail.sync.node`` opened by ``join`` and closed by ``close`` (with flush)
-    or ``abandon`` (without). A member still open when the interpreter exits (a training
-    that raised past the framework's end hook) is abandoned then, which releases its lease.
-    All methods run on the training thread."""
+class OpenNode(Protocol):
+    """How a ``Member`` opens its node: ``gradientmail.sync.node`` with the callback's
+    arguments bound (``functools.partial``), given the model and the learner group."""
 
-    def __init__(
-        self,
-        mailbox: str,
-        *,
-        learner: str,
-        config: RunConfig | None,
-        options: NodeOptions | None,
-        sinks: Sequence[Sink],
-        run_key: RunKey | str | bytes | None,
-        backend: Literal["asyncio", "trio"],
-        handle_signals: bool,
-    ) -> None:
-        self._arguments = {
-            "mailbox": mailbox,
-            "learner": learner,
-            "config": config,
-            "options": options,
-            "sinks": sinks,
-            "run_key": run_key,
-            "backend": backend,
-            "handle_signals": handle_signals,
-        }
+    def __call__(
+        self, model: torch.nn.Module, *, group: Any
+    ) -> AbstractContextManager[sync.Node]: ...
+
+
+class Member:
+    """A ``gradientmail.sync.node`` (``open_node``) opened by ``join`` and closed by
+    ``close`` (with flush) or ``abandon`` (without). A member still open when the
+    interpreter exits (a training that raised past the framework's end hook) is abandoned
+    then, which releases its lease. All methods run on the training thread."""
+
+    def __init__(self, open_node: OpenNode) -> None:
+        self._open_node = open_node
         self._stack: ExitStack | None = None
         self.node: sync.Node | None = None
 
@@ -90,7 +74,7 @@ class Member:
         if self._stack is not None:
             raise RuntimeError("this callback's node is already open: one training at a time")
         stack = ExitStack()
-        node = sync.node(model, group=group, **self._arguments)  # type: ignore[arg-type]
+        node = self._open_node(model, group=group)
         self.node = stack.enter_context(node)
         self._stack = stack
         atexit.register(self._at_exit)

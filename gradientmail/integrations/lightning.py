@@ -14,10 +14,12 @@ list, of ``batch["input_ids"]`` for a mapping). The Trainer must run one process
 """
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import torch
 
+from gradientmail import sync
 from gradientmail._node import NodeOptions
 from gradientmail.events import Sink
 from gradientmail.integrations._member import Member, missing_extra, refuse_processes
@@ -68,14 +70,17 @@ class GradientmailCallback(Callback):  # type: ignore[misc]
         tokens_of: Callable[[Any], int] = count_tokens,
     ) -> None:
         self._member = Member(
-            mailbox,
-            learner=learner,
-            config=config,
-            options=options,
-            sinks=sinks,
-            run_key=run_key,
-            backend=backend,
-            handle_signals=handle_signals,
+            partial(
+                sync.node,
+                mailbox=mailbox,
+                learner=learner,
+                config=config,
+                options=options,
+                sinks=sinks,
+                run_key=run_key,
+                backend=backend,
+                handle_signals=handle_signals,
+            )
         )
         self._tokens_of = tokens_of
         self._tokens = 0

@@ -15,8 +15,10 @@ token count is already the sum over its processes); see ``docs/integrations.md``
 """
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Literal
 
+from gradientmail import sync
 from gradientmail._node import NodeOptions
 from gradientmail.events import Sink
 from gradientmail.integrations._member import Member, learner_group, missing_extra
@@ -58,14 +60,17 @@ class GradientmailCallback(TrainerCallback):  # type: ignore[misc]
         ):
             raise ValueError(f"tokens_per_step must be a non-negative int, got {tokens_per_step!r}")
         self._member = Member(
-            mailbox,
-            learner=learner,
-            config=config,
-            options=options,
-            sinks=sinks,
-            run_key=run_key,
-            backend=backend,
-            handle_signals=handle_signals,
+            partial(
+                sync.node,
+                mailbox=mailbox,
+                learner=learner,
+                config=config,
+                options=options,
+                sinks=sinks,
+                run_key=run_key,
+                backend=backend,
+                handle_signals=handle_signals,
+            )
         )
         self._tokens_per_step = tokens_per_step
         self._seen = 0
