@@ -105,7 +105,7 @@ async def _follow(spec: NodeSpec, link: GroupLink, store: Store, emit: Emit) -> 
 
 def _whole(spec: NodeSpec) -> Whole | None:
     """How a sharded group's leader reads parameters whole to create the run: gathered
-    from its ranks (``group.gather_whole``); None when its parameters are its own."""
+    from its ranks (``group_entry.gather_whole``); None when its parameters are its own."""
     link, named = spec.link, spec.named
     if spec.layout is None or link is None or named is None:
         return None
