@@ -18,7 +18,14 @@ from gradientmail.events import Closing, Event
 
 def show(event: Event) -> None:
     flushing = event.flushing if isinstance(event, Closing) else ""
-    print(f"event {type(event).__name__} {flushing}", flush=True)
+    _line(f"event {type(event).__name__} {flushing}")
+
+
+def _line(text: str) -> None:
+    """One write per line: the sink's thread and the loop print at once, and ``print``
+    writes a line's text and its end apart, which could interleave two lines."""
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
 
 
 directory, backend, ending = sys.argv[1:]
@@ -39,7 +46,7 @@ while True:
     # One reading per pass: "training" is printed before any ending, however fast rounds come.
     committed = node.state.rounds_committed
     if not announced and committed > 0:
-        print("training", flush=True)
+        _line("training")
         announced = True
     if ending != "signal" and committed >= 3:
         break
