@@ -151,9 +151,16 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
     pytest.importorskip("torchft")
     results, docs = tmp_path / "results", tmp_path / "docs"
     quick = ("bench_text.py", "--size", "quick", "--results", str(results))
-    run_benchmark(*quick, "--only", "dp", "gm-fp32-H10", "--overlap", "none")
+    # The pair run in one invocation is timed.
+    run_benchmark(*quick, "--only", "dp", "gm-fp32-H10", "torchft-fp32-H10", "--overlap", "none")
     path = results / "text-quick.json"
     first = json.loads(path.read_text(encoding="utf-8"))
+    versus = first["figures"]["versus_torchft"]["10"]
+    gm, ft = first["figures"]["arms"]["gm-fp32-H10"], first["figures"]["arms"]["torchft-fp32-H10"]
+    assert versus["measured_together"] is True
+    assert versus["wall_ratio"] == gm["wall_seconds"] / ft["wall_seconds"]
+
+    # One arm of the pair run again: the other runs are kept, and the pair is not timed.
     run_benchmark(*quick, "--keep", "--only", "torchft-fp32-H10")
     second = json.loads(path.read_text(encoding="utf-8"))
     arms = second["figures"]["arms"]
@@ -166,6 +173,7 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
             "overlap": None,
         }
     assert arms["torchft-fp32-H10"]["measured"]["overlap"] == RunConfig().overlap
+    assert arms["torchft-fp32-H10"]["measured"]["date"] == second["date"]
     versus = second["figures"]["versus_torchft"]["10"]
     assert versus["measured_together"] is False
     assert versus["wall_ratio"] is None
@@ -190,21 +198,13 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
     assert wall[2] == "not measured: its arms come from two invocations"
     assert wall[3] == _page.verdict(None)
 
-    # The pair run again in one invocation is timed; the kept dp run stays.
-    run_benchmark(*quick, "--keep", "--only", "gm-fp32-H10", "torchft-fp32-H10")
-    third = json.loads(path.read_text(encoding="utf-8"))
-    versus = third["figures"]["versus_torchft"]["10"]
-    gm, ft = third["figures"]["arms"]["gm-fp32-H10"], third["figures"]["arms"]["torchft-fp32-H10"]
-    assert versus["wall_ratio"] == gm["wall_seconds"] / ft["wall_seconds"]
-    assert third["figures"]["arms"]["dp"]["measured"]["date"] == first["date"]
-
     # Runs of another task are not kept.
-    changed = third | {"parameters": third["parameters"] | {"steps": 7}}
+    changed = second | {"parameters": second["parameters"] | {"steps": 7}}
     path.write_text(json.dumps(changed), encoding="utf-8")
     import bench_text
 
     with pytest.raises(SystemExit, match=r"measured another task \(steps differ\)"):
-        bench_text.kept(path, third["parameters"], ["dp"])
+        bench_text.kept(path, second["parameters"], ["dp"])
 
 
 def test_rerun_rows_and_the_spread_of_excesses_that_share_a_sign() -> None:
