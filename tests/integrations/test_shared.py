@@ -26,6 +26,7 @@ START_LIMIT = 120.0
 BARRIER = """
 import sys
 import gradientmail.sync
+sys.stdin.readline()
 barrier = gradientmail.sync.Barrier(sys.argv[1], sys.argv[2], poll_interval=0.02)
 print(sorted(barrier.wait("go", parties=2)), flush=True)
 """
@@ -136,9 +137,11 @@ def test_sync_barrier_holds_two_processes_until_both_arrived(tmp_path: Path) -> 
     env = os.environ | {"PYTHONPATH": str(TESTS.parent)}
 
     def start(learner: str) -> subprocess.Popen[str]:
+        # Each waits for a line on its standard input before it arrives: both start (and
+        # import) at once, and "b" arrives only once "a" is seen waiting.
         return subprocess.Popen(
             [sys.executable, "-c", BARRIER, str(tmp_path), learner],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -149,16 +152,21 @@ def test_sync_barrier_holds_two_processes_until_both_arrived(tmp_path: Path) -> 
         async with LocalMailbox(tmp_path) as mailbox:
             return list(await mailbox.list("barriers/go/"))
 
-    first = start("a")
-    second = None
+    first, second = start("a"), start("b")
     try:
+        assert first.stdin is not None
+        first.stdin.write("\n")
+        first.stdin.flush()
         wait_for(lambda: first.poll() is not None or anyio.run(arrived) != [], START_LIMIT)
         assert first.poll() is None, first.communicate()
-        second = start("b")
+        assert second.poll() is None, second.communicate()
+        assert second.stdin is not None
+        second.stdin.write("\n")
+        second.stdin.flush()
         outputs = [p.communicate(timeout=START_LIMIT) for p in (first, second)]
     finally:
         for process in (first, second):
-            if process is not None and process.poll() is None:
+            if process.poll() is None:
                 process.kill()
                 process.wait()
     assert [p.returncode for p in (first, second)] == [0, 0], outputs
