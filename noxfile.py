@@ -20,8 +20,10 @@ SOURCES = ["gradientmail", "tests", "benchmarks", "docs/examples", "noxfile.py"]
 @nox.session
 def tests(session: nox.Session) -> None:
     """The test suite (both event loops, every mailbox backend), on two xdist workers, one
-    per core of CI's machine (``nox -s tests -- -n 0`` runs it in one process)."""
-    session.run(PYTHON, "-m", "pytest", "-q", "-n", "2", *session.posargs)
+    per core of CI's machine; a worker out of tests takes the other's last ones
+    (``worksteal``), so a slow test near the end leaves no core idle. ``nox -s tests --
+    -n 0`` runs it in one process."""
+    session.run(PYTHON, "-m", "pytest", "-q", "-n", "2", "--dist", "worksteal", *session.posargs)
 
 
 @nox.session
