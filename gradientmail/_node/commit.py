@@ -6,8 +6,8 @@ refused when not finite), writes the update blob (and at a
 checkpoint, ``protocol.checkpoint``, the θ and outer-state blobs), and the record last
 (``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing);
 each participant with when this syncer first listed its snapshot (``Participant.arrived``).
-``load`` rebuilds a fragment's θ and momentum through ``RunReader.rebuild`` when they are not
-held (after a recovery, or a round another syncer committed).
+``load_fragment`` rebuilds a fragment's θ and momentum through ``RunReader.rebuild`` when
+they are not held (after a recovery, or a round another syncer committed).
 ``collect_garbage`` then deletes what ``garbage.collectable`` decides: by reference from
 committed, verified records and snapshots, a blob going only when nothing retained names it.
 
@@ -29,7 +29,7 @@ from gradientmail._node.runtime import Runtime
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import garbage, keys
-from gradientmail.protocol.aggregation import Aggregate, Candidate, counted
+from gradientmail.protocol.aggregation import Aggregate, Candidate, counted_snapshots
 from gradientmail.protocol.checkpoint import is_checkpoint
 from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
 from gradientmail.protocol.outcome import outcome
@@ -46,7 +46,7 @@ from gradientmail.protocol.signing import Problem
 from gradientmail.protocol.sizes import delta_problem
 from gradientmail.reader import Rebuilt, RunReader
 
-__all__ = ["FragmentState", "SyncerState", "collect_garbage", "commit", "load"]
+__all__ = ["FragmentState", "SyncerState", "collect_garbage", "commit", "load_fragment"]
 
 _log = logging.getLogger("gradientmail.syncer")
 
@@ -95,7 +95,7 @@ class SyncerState:
         return replace(self, next_round=record.round + 1, fragments=tuple(fragments), recent=recent)
 
 
-async def load(rt: Runtime, fragment: int, state: FragmentState) -> FragmentState:
+async def load_fragment(rt: Runtime, fragment: int, state: FragmentState) -> FragmentState:
     """``state`` with θ and the momentum of its version: held, or rebuilt from the store
     (``RunReader.rebuild``: the checkpoint below it, or the older version held, and the
     rounds after it). Raises ``CorruptBlob`` when a blob the rebuild needs is gone or
@@ -124,7 +124,7 @@ async def commit(
     started = rt.clock.now()
     fragment = keys.fragment_of(round, config.fragments)
     version = keys.version_of(round, config.fragments)
-    current = await load(rt, fragment, state.fragments[fragment])
+    current = await load_fragment(rt, fragment, state.fragments[fragment])
     loaded = current.loaded
     if current.version != version - 1 or loaded is None:
         raise RecordError(
@@ -141,7 +141,7 @@ async def commit(
         loaded.version,
         loaded.theta,
         loaded.momentum,
-        counted(candidates, step.missing),
+        counted_snapshots(candidates, step.missing),
         spec,
         config,
     )

@@ -3,7 +3,7 @@
 ``open_run`` returns the run's manifest and the newest committed θ of every fragment:
 
 - No manifest: take ``create/0000`` (``CreateClaim``). Only the claims numbered contiguously
-  from 0 count (``protocol.rounds.counted``): one planted after a gap is ignored. The holder
+  from 0 count (``protocol.rounds.counted_claims``): one planted after a gap is ignored. The holder
   uploads Θ⁰, this model's current weights, fragment by fragment (the blob, then its
   ``init`` marker), then writes the manifest (``CreatingRun``). Everyone else waits
   (``AwaitingCreator``); when no init marker lands for ``creation_timeout`` seconds on the
@@ -34,13 +34,13 @@ from gradientmail.errors import RunMismatch
 from gradientmail.events.kinds import AwaitingCreator, CreatingRun, TookOverCreation
 from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.creation import (
-    Claim,
+    ClaimCreation,
     Count,
     Create,
     CreationAction,
     CreationState,
     CreationView,
-    TakeOver,
+    TakeOverCreation,
     decide_creation,
 )
 from gradientmail.protocol.fragments import signature, window
@@ -127,11 +127,11 @@ async def _attempt(store: Store, learner: str, action: CreationAction, emit: Emi
     """The attempt this node creates the run as after ``action``, once its claim is won;
     None when there is nothing to create now (waiting, or another node won the claim)."""
     match action:
-        case Claim(k):
+        case ClaimCreation(k):
             return k if await store.claim_creation(k, learner) else None
         case Create(attempt):
             return attempt
-        case TakeOver(k, waited, claim):
+        case TakeOverCreation(k, waited, claim):
             if claim and not await store.claim_creation(k, learner):
                 return None
             emit(TookOverCreation(learner, waited))

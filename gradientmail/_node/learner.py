@@ -13,7 +13,7 @@ the pure input computes, so no input loses or reorders another. The ``Learner`` 
 changes only in this class; every input goes through ``feed`` (logged for a sharded group's
 ranks once ``record`` was called), which carries out the actions it answered on the
 event-loop thread: ``Apply`` (``merge.merge_into`` on the live parameters,
-``FragmentAligned``), ``Snapshot`` (a CPU copy, pinned with a CUDA event on a GPU, handed
+``FragmentAligned``), ``TakeSnapshot`` (a CPU copy, pinned with a CUDA event on a GPU, handed
 back through ``Learner.took``), ``Publish`` (to the publisher), and events for
 ``Recorded``, ``Resolved``, ``Dropped`` and ``Unavailable``. The receive task asks
 ``state.downloads()`` itself.
@@ -52,7 +52,7 @@ from gradientmail.protocol.learner import (
     Publish,
     Recorded,
     Resolved,
-    Snapshot,
+    TakeSnapshot,
     Unavailable,
 )
 from gradientmail.protocol.learner_inputs import (
@@ -222,7 +222,7 @@ class LearnerDriver:
         match action:
             case Apply():
                 self._apply(action)
-            case Snapshot(fragment=fragment):
+            case TakeSnapshot(fragment=fragment):
                 snapshot, ready = self._copy_out(fragment)
                 with self._lock:
                     self._state, publish = self._state.took(fragment, snapshot)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from gradientmail.protocol.records import Manifest, ParamSpec
 
-__all__ = ["Shard", "by_fragment", "named_parameters", "shards"]
+__all__ = ["LocalShard", "by_fragment", "named_parameters", "shards"]
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ def named_parameters(
 
 
 @dataclass(frozen=True, slots=True)
-class Shard:
+class LocalShard:
     """This rank's part of one parameter: ``local``, the rows ``[start, end)`` of its first
     dimension (a 0-dimensional parameter is one row), as a tensor written in place."""
 
@@ -65,8 +65,8 @@ class Shard:
     end: int
 
 
-def shards(named: Sequence[tuple[str, Tensor]], rank: int, world: int) -> list[Shard] | None:
-    """Each parameter's ``Shard`` on this rank when the parameters are sharded (``DTensor``,
+def shards(named: Sequence[tuple[str, Tensor]], rank: int, world: int) -> list[LocalShard] | None:
+    """Each parameter's ``LocalShard`` on this rank when the parameters are sharded (``DTensor``,
     FSDP2's ``fully_shard``), None when none is. Every sharded parameter must be cut as
     ``fully_shard`` cuts it: ``Shard(0)`` on a one-dimensional mesh of the group's ``world``
     ranks, ``ceil(rows / world)`` rows per rank in rank order. Raises ``TypeError`` naming
@@ -93,7 +93,7 @@ def _is_dtensor(param: Tensor) -> bool:
     return isinstance(param, DTensor)
 
 
-def _shard(name: str, param: Tensor, rank: int, world: int) -> Shard:
+def _shard(name: str, param: Tensor, rank: int, world: int) -> LocalShard:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import Shard as Placement
 
@@ -120,4 +120,4 @@ def _shard(name: str, param: Tensor, rank: int, world: int) -> Shard:
             f"parameter {name!r}: this rank holds {tuple(local.shape)}, not rows "
             f"[{start}, {end}) of {tuple(param.shape)} as fully_shard cuts them"
         )
-    return Shard(local, start, end)
+    return LocalShard(local, start, end)

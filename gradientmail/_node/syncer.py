@@ -11,7 +11,7 @@ that verify count.
 
 ``run_syncer`` rebuilds the state (θ and outer momentum of every fragment) from the store on
 start and after every failure (``Recovered``; each fragment's rebuild happens at its next
-commit, ``commit.load``). ``MailboxUnavailable``, ``RecordError`` and ``CorruptBlob`` while
+commit, ``commit.load_fragment``). ``MailboxUnavailable``, ``RecordError`` and ``CorruptBlob`` while
 recovering or on a round are reported (``RecoveryFailed``, ``RoundFailed``) and retried with
 backoff; anything else fails the node (``SyncerStopped``, then ``NodeFailed``):
 ``StoreAccessError`` at once, any other exception as a bug.
@@ -44,7 +44,7 @@ from gradientmail.protocol.rounds import (
     Claim,
     Commit,
     Follow,
-    Observation,
+    RoundObservation,
     RoundState,
     TakeOver,
     Wait,
@@ -67,7 +67,7 @@ create-once, so each is read once."""
 
 async def recover(rt: Runtime) -> SyncerState:
     """The syncer's state from the store: the newest record of every fragment (θ and the
-    momentum rebuilt lazily, ``commit.load``) and the next round to run."""
+    momentum rebuilt lazily, ``commit.load_fragment``) and the next round to run."""
     fragments_count = rt.config.fragments
     rounds = await rt.store.record_rounds()
     next_round = rounds[-1] + 1 if rounds else 0
@@ -161,7 +161,7 @@ async def _run_round(
                 raise AssertionError(f"round {held.round}: unexpected step {step!r}")
 
 
-def _claimed(rt: Runtime, round: int, step: Claim | TakeOver, view: Observation) -> None:
+def _claimed(rt: Runtime, round: int, step: Claim | TakeOver, view: RoundObservation) -> None:
     if isinstance(step, Claim):
         rt.emit(RoundClaimed(rt.learner, round))
         return
@@ -172,7 +172,7 @@ def _claimed(rt: Runtime, round: int, step: Claim | TakeOver, view: Observation)
 
 def _adopt(rt: Runtime, state: SyncerState, record: RoundRecord) -> SyncerState:
     """``state`` after another syncer's ``record``; the state held of its fragment stays as
-    the start of the next rebuild (``commit.load``)."""
+    the start of the next rebuild (``commit.load_fragment``)."""
     check_record(record, state.next_round, rt.config)
     held = state.fragments[record.fragment].held
     fragment = FragmentState(version=record.version, record=record, held=held)
@@ -181,14 +181,14 @@ def _adopt(rt: Runtime, state: SyncerState, record: RoundRecord) -> SyncerState:
 
 async def _observe(
     rt: Runtime, held: RoundState, watch: LeaseWatch, verified: Verified, fresh: bool
-) -> tuple[Observation, LeaseWatch]:
+) -> tuple[RoundObservation, LeaseWatch]:
     """One look at ``held.round``: what ``observed`` needs, and nothing more (nothing past a
     record, no claims while closing it, no snapshots before anyone claimed it, later rounds
     only while it is empty and held)."""
     record = await rt.store.record(held.round)
     if record is not None:
         now = rt.clock.now()
-        return Observation(record, (), frozenset(), frozenset(), frozenset(), now, now), watch
+        return RoundObservation(record, (), frozenset(), frozenset(), frozenset(), now, now), watch
     claims = () if held.closing else tuple(await rt.store.round_claims(held.round))
     published: frozenset[str] = frozenset()
     if held.closing or claims:
@@ -203,7 +203,7 @@ async def _observe(
         for ahead in range(held.round + 1, held.round + rt.config.fragments):
             later |= await _published(rt, ahead, verified)
     assert watch.looked is not None
-    view = Observation(
+    view = RoundObservation(
         record=None,
         claims=claims,
         snapshots=published,

@@ -47,7 +47,7 @@ from gradientmail.protocol.records import BlobRef, Manifest, RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.reader import Observation, RunReader, open_mailbox
 
-__all__ = ["arrivals", "console_for", "desync", "document", "render", "status"]
+__all__ = ["arrival_spreads", "console_for", "desync", "document", "render", "status"]
 
 _PIPED_WIDTH = 160
 """Columns of a table written to a pipe or file when ``$COLUMNS`` does not say."""
@@ -103,7 +103,7 @@ def document(
         "totals": _totals(ordered, count),
         "finished": not observation.leases,
         "desync": desync(observation, live),
-        "arrivals": arrivals(rounds),
+        "arrivals": arrival_spreads(rounds),
         "learners": paces(ordered),
         "verified": observation.verified,
         "problems": list(observation.problems),
@@ -207,7 +207,7 @@ def _last_in(record: RoundRecord) -> dict[str, Any]:
     }
 
 
-def arrivals(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def arrival_spreads(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Over the ``rounds`` of a status document that carry a spread: how many, their median
     spread, and the learner last in most of them with how often (pure; None and 0 when no
     round carries a spread, or no round had one learner last)."""

@@ -56,7 +56,7 @@ from gradientmail.demo.settings import (
     run_config,
     session_path,
 )
-from gradientmail.demo.view import Board, EvalPoint, line, plot, render, summary
+from gradientmail.demo.view import Board, EvalPoint, line, plot, render_board, session_summary
 from gradientmail.errors import NoRun, UsageError
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
@@ -318,7 +318,7 @@ class _Session:
         while True:
             await anyio.to_thread.run_sync(self.read_news)
             if live is not None:
-                live.update(render(self.board), refresh=True)
+                live.update(render_board(self.board), refresh=True)
             elif self._elapsed() - printed >= _PLAIN_EVERY:
                 printed = self._elapsed()
                 self.console.print(line(self.board), highlight=False, soft_wrap=True)
@@ -395,7 +395,7 @@ async def _run(settings: DemoSettings, console: Console) -> int:
                 ):
                     await session.evaluate_now(reader)
                 if live is not None:
-                    live.update(render(session.board), refresh=True)
+                    live.update(render_board(session.board), refresh=True)
     finally:
         with anyio.CancelScope(shield=True):
             for process in session.processes:
@@ -417,7 +417,7 @@ async def _finish(session: _Session, console: Console) -> int:
                 plot, board.history, plot_path, floor=board.floor, unigram=board.unigram
             )
         )
-    console.print(summary(board, session.rounds, plot_path))
+    console.print(session_summary(board, session.rounds, plot_path))
     failed = {
         learner_name(i): process.returncode
         for i, process in enumerate(session.processes)

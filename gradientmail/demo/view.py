@@ -19,7 +19,7 @@ from rich.text import Text
 
 from gradientmail.demo.settings import DemoSettings, Progress
 
-__all__ = ["Board", "EvalPoint", "line", "notice", "plot", "render", "summary"]
+__all__ = ["Board", "EvalPoint", "line", "notice", "plot", "render_board", "session_summary"]
 
 _NOTICES = 5
 
@@ -136,7 +136,7 @@ def _eval_text(board: Board) -> Text:
     )
 
 
-def render(board: Board) -> RenderableType:
+def render_board(board: Board) -> RenderableType:
     """The live board: a bar per learner, the newest round, the global model, notices."""
     s = board.settings
     head = Text.assemble(
@@ -172,7 +172,7 @@ def line(board: Board) -> str:
     return f"[{board.elapsed:6.1f}s] {learners} | round {round_} | eval loss {loss}"
 
 
-def summary(board: Board, rounds: int, plot_path: Path | None) -> RenderableType:
+def session_summary(board: Board, rounds: int, plot_path: Path | None) -> RenderableType:
     """The end-of-session table: per learner, then the run's rounds and losses."""
     learners = Table(title="learners", title_justify="left")
     for column in ("learner", "phase", "steps", "tokens", "published", "downloaded", "commits"):

@@ -13,7 +13,7 @@ from pathlib import Path
 from gradientmail.mailbox._local_layout import FILE_MARK, entry_key, key_path, unescape
 from gradientmail.mailbox._local_reads import open_subdirectory
 
-__all__ = ["list_keys"]
+__all__ = ["list_local_keys"]
 
 
 def _may_hold(partial: str, prefix: str, after: str) -> bool:
@@ -116,7 +116,7 @@ def _walk(directory: int, key_so_far: str, prefix: str, after: str, keys: list[s
     keys.extend(_file_keys(files, key_so_far, prefix, after))
 
 
-def list_keys(objects: Path, prefix: str, after: str) -> list[str]:
+def list_local_keys(objects: Path, prefix: str, after: str) -> list[str]:
     """The keys below ``objects`` that start with ``prefix`` and sort after ``after``, in
     UTF-8 byte order; empty when ``objects`` does not exist."""
     # Every key that starts with the prefix's whole segments lies below their

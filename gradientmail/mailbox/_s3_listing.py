@@ -8,10 +8,10 @@ from typing import Any
 
 import anyio
 
-__all__ = ["list_keys"]
+__all__ = ["list_s3_keys"]
 
 
-async def list_keys(
+async def list_s3_keys(
     client: Any,
     limiter: anyio.CapacityLimiter,
     *,

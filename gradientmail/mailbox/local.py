@@ -40,7 +40,7 @@ from gradientmail.errors import MailboxUnavailable, StoreAccessError
 from gradientmail.mailbox import _local_writes
 from gradientmail.mailbox._base import check_key, check_max_bytes, check_prefix, check_range
 from gradientmail.mailbox._local_layout import key_of, key_path
-from gradientmail.mailbox._local_listing import list_keys
+from gradientmail.mailbox._local_listing import list_local_keys
 from gradientmail.mailbox._local_reads import open_for_range, read_in_chunks, read_object
 from gradientmail.mailbox._local_writes import Writer
 
@@ -245,7 +245,7 @@ class LocalMailbox:
         return open_for_range(self._objects, key, names)
 
     def _list(self, prefix: str, after: str) -> builtins.list[str]:
-        return list_keys(self._objects, prefix, after)
+        return list_local_keys(self._objects, prefix, after)
 
     def _delete(self, paths: builtins.list[tuple[str, ...]]) -> None:
         self._writer.delete(paths)

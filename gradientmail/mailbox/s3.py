@@ -47,7 +47,7 @@ from gradientmail.mailbox._s3_errors import (
     error_code,
     shown_endpoint,
 )
-from gradientmail.mailbox._s3_listing import list_keys
+from gradientmail.mailbox._s3_listing import list_s3_keys
 from gradientmail.mailbox._s3_parts import MIN_PART_BYTES
 from gradientmail.mailbox._s3_reads import get_object, get_range
 from gradientmail.mailbox._s3_writes import put_in_parts, put_once
@@ -366,7 +366,7 @@ class S3Mailbox:
         check_prefix(prefix)
         client, limiter = self._open()
         with self._boundary(f"list {prefix!r}"):
-            return await list_keys(
+            return await list_s3_keys(
                 client, limiter, bucket=self._bucket, root=self._prefix, prefix=prefix, after=after
             )
 

@@ -49,7 +49,7 @@ __all__ = [
     "Candidate",
     "Delta",
     "aggregate",
-    "counted",
+    "counted_snapshots",
     "l2_norm",
     "refused",
     "weighted_mean",
@@ -360,7 +360,7 @@ def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) ->
     return [entry for entry in kept if entry[2] <= limit]
 
 
-def counted(candidates: Sequence[Candidate], missing: frozenset[str]) -> list[Candidate]:
+def counted_snapshots(candidates: Sequence[Candidate], missing: frozenset[str]) -> list[Candidate]:
     """The snapshots a round is made of. Final snapshots (closing learners' last,
     ``Snapshot.final``) make a final round only when nothing else is in it and no live
     learner is ``missing``; otherwise they are left out (they carry no steps), so a learner

@@ -5,17 +5,18 @@ A node entering a run without a manifest holds a ``CreationState`` and feeds it 
 view, now)`` answers ``(state', action)``; the node's shell (``_node/creation.py``) only lists,
 claims, uploads and sleeps as ``action`` says:
 
-- no claim: ``Claim(0)`` (a node that cannot create, a syncer-only one, ``Wait``\\ s);
+- no claim: ``ClaimCreation(0)`` (a node that cannot create, a syncer-only one,
+  ``WaitForCreation``\\ s);
 - the last claim is this node's (a restart): ``Create`` the run as that attempt;
 - another node's claim is the last: ``Count`` its init markers (``announce``: this node has
-  just begun waiting for that claimant), then, fed the count, ``Wait`` while markers keep
-  landing, and ``TakeOver`` (the next claim) once no marker has landed for ``timeout``
+  just begun waiting for that claimant), then, fed the count, ``WaitForCreation`` while markers keep
+  landing, and ``TakeOverCreation`` (the next claim) once no marker has landed for ``timeout``
   seconds on this node's clock, or at once when the claim names nobody (malformed, or
   unverified in a signed run: there is no creator to wait for).
 
-Only the claims numbered contiguously from 0 count (``rounds.counted``): one planted after a
+Only the claims numbered contiguously from 0 count (``rounds.counted_claims``): one planted after a
 gap is ignored. When every claim number is taken (only a hostile writer takes them all) a
-node that takes over creates without a claim (``TakeOver.claim`` False): the manifest is
+node that takes over creates without a claim (``TakeOverCreation.claim`` False): the manifest is
 create-once, so racing creators still make one run.
 
 Pure: no I/O, no clock; the caller passes ``now``.
@@ -24,17 +25,17 @@ Pure: no I/O, no clock; the caller passes ``now``.
 from dataclasses import dataclass, replace
 from typing import TypeAlias
 
-from gradientmail.protocol.rounds import MAX_CLAIMS, counted
+from gradientmail.protocol.rounds import MAX_CLAIMS, counted_claims
 
 __all__ = [
-    "Claim",
+    "ClaimCreation",
     "Count",
     "Create",
     "CreationAction",
     "CreationState",
     "CreationView",
-    "TakeOver",
-    "Wait",
+    "TakeOverCreation",
+    "WaitForCreation",
     "decide_creation",
 ]
 
@@ -64,7 +65,7 @@ class CreationView:
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
+class ClaimCreation:
     """Nobody claimed creation: take claim ``k`` (0) and create as attempt ``k`` if won."""
 
     k: int
@@ -88,7 +89,7 @@ class Count:
 
 
 @dataclass(frozen=True, slots=True)
-class TakeOver:
+class TakeOverCreation:
     """The creator of the last claim failed: take claim ``k`` and create as attempt ``k``
     (``claim`` False: every claim number is taken, create as ``k`` without a claim).
     ``waited``: seconds since the last progress this node saw."""
@@ -99,11 +100,11 @@ class TakeOver:
 
 
 @dataclass(frozen=True, slots=True)
-class Wait:
+class WaitForCreation:
     """Nothing to do now: look again after the poll interval."""
 
 
-CreationAction: TypeAlias = Claim | Create | Count | TakeOver | Wait
+CreationAction: TypeAlias = ClaimCreation | Create | Count | TakeOverCreation | WaitForCreation
 
 
 def decide_creation(
@@ -111,9 +112,9 @@ def decide_creation(
 ) -> tuple[CreationState, CreationAction]:
     """The next state and action of a node entering a run without a manifest, after
     ``view`` taken at ``now`` (see the module docstring)."""
-    claims = counted(view.claims)
+    claims = counted_claims(view.claims)
     if not claims:
-        return state, Claim(0) if state.can_create else Wait()
+        return state, ClaimCreation(0) if state.can_create else WaitForCreation()
     last, claimant = claims[-1]
     if claimant == state.me and state.can_create:
         return state, Create(last)
@@ -124,10 +125,10 @@ def decide_creation(
     if view.markers is None:
         return state, Count(last, announce)
     if view.markers != state.markers and claimant:
-        return replace(state, markers=view.markers, since=now), Wait()
+        return replace(state, markers=view.markers, since=now), WaitForCreation()
     if state.can_create and (not claimant or now - state.since >= state.timeout):
         waited = now - state.since
         if last + 1 >= MAX_CLAIMS:
-            return state, TakeOver(last, waited, claim=False)
-        return state, TakeOver(last + 1, waited)
-    return state, Wait()
+            return state, TakeOverCreation(last, waited, claim=False)
+        return state, TakeOverCreation(last + 1, waited)
+    return state, WaitForCreation()

@@ -9,10 +9,10 @@ weights started from), the snapshot it published, and the version being prepared
 
 ``Stepped(tokens, now)``
     One local step: ``Apply`` every prepared version (``merge.merge_into``), ``Dropped`` for
-    steps a rejection reset, then ``Snapshot`` for the fragment due, unless a snapshot of it
+    steps a rejection reset, then ``TakeSnapshot`` for the fragment due, unless a snapshot of it
     is unresolved or a version of it pending. With ``RunConfig.overlap`` a round's version
     is applied ``overlap`` steps after its snapshot, no earlier (``wait_until``).
-``took(fragment, snapshot)`` (the reply to ``Snapshot``, not an input) / ``PublishEnded``
+``took(fragment, snapshot)`` (the reply to ``TakeSnapshot``, not an input) / ``PublishEnded``
     The ``Publish`` for the fragment's next round after the newest record applied; a failed
     publish forgets the snapshot, its steps going out with the fragment's next one.
 ``RecordSeen(record, now)``
@@ -58,18 +58,18 @@ from gradientmail.protocol.learner_state import LearnerState
 from gradientmail.protocol.learner_values import (
     Action,
     Apply,
-    Closing,
     Download,
     Dropped,
     Failure,
+    FlushingClose,
     Publish,
     Published,
     Ready,
     Recorded,
     Resolved,
     Slot,
-    Snapshot,
     Stage,
+    TakeSnapshot,
     Tensors,
     Unavailable,
 )
@@ -95,9 +95,9 @@ __all__ = [
     "Recorded",
     "Resolved",
     "Slot",
-    "Snapshot",
     "Stage",
     "Stepped",
+    "TakeSnapshot",
     "Unavailable",
     "VersionReady",
 ]
@@ -137,7 +137,7 @@ class Learner(LearnerState):
         assert_never(input)
 
     def took(self, fragment: int, snapshot: Tensors) -> tuple["Learner", Publish]:
-        """The copy for the ``Snapshot`` of ``fragment`` just answered (not an input: see
+        """The copy for the ``TakeSnapshot`` of ``fragment`` just answered (not an input: see
         the module docstring)."""
         slot = self.slots[fragment]
         published = slot.published
@@ -196,7 +196,7 @@ class Learner(LearnerState):
             raise ValueError(f"a run of {self.config.fragments} fragments needs one model each")
         fragments = self.config.fragments
         nxt = max(keys.round_of(f, s.version + 1, fragments) for f, s in enumerate(self.slots))
-        closing = Closing(tuple(tuple(m) for m in models), max(nxt, self.seen_round))
+        closing = FlushingClose(tuple(tuple(m) for m in models), max(nxt, self.seen_round))
         return replace(self, closing=closing)
 
     def _finalize(self) -> tuple["Learner", list[Action]]:
@@ -207,7 +207,7 @@ class Learner(LearnerState):
         closing) more than ``F`` rounds past the rounds it was in when closing began (its
         model is behind theirs). A fragment whose final round committed without it
         publishes it again, for its next round, once that round's θ is applied (how often:
-        ``Closing``). They carry no steps, so the ledger is untouched whatever the rounds
+        ``FlushingClose``). They carry no steps, so the ledger is untouched whatever the rounds
         do."""
         if self.closing is None or not self.settled or not self.step:
             return self, []
@@ -276,7 +276,7 @@ class Learner(LearnerState):
         published = Published(round=round, step=self.step, at=now, stood=self.stood)
         state = replace(self, ledger=self.ledger.published(fragment, round))
         state = state.with_slot(fragment, replace(slot, published=published, in_flight=True))
-        return state, [Snapshot(fragment, round)]
+        return state, [TakeSnapshot(fragment, round)]
 
     def _apply_ready(self, *, holding: bool = True) -> tuple["Learner", list[Action]]:
         """Apply every prepared version; with ``holding`` and ``RunConfig.overlap``, the

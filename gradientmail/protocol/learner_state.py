@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Self
 
 from gradientmail.protocol import keys
-from gradientmail.protocol.learner_values import Closing, Download, Slot, Tensors
+from gradientmail.protocol.learner_values import Download, FlushingClose, Slot, Tensors
 from gradientmail.protocol.merge import Ledger
 from gradientmail.protocol.pace import Pace
 from gradientmail.protocol.records import RoundRecord, RunConfig
@@ -47,7 +47,7 @@ class LearnerState:
     stood: int = 0
     position: int = 0
     pace: Pace = _STILL
-    closing: Closing | None = None
+    closing: FlushingClose | None = None
 
     @classmethod
     def start(

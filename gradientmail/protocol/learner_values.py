@@ -14,18 +14,18 @@ from gradientmail.protocol.records import RoundRecord
 __all__ = [
     "Action",
     "Apply",
-    "Closing",
     "Download",
     "Dropped",
     "Failure",
+    "FlushingClose",
     "Publish",
     "Published",
     "Ready",
     "Recorded",
     "Resolved",
     "Slot",
-    "Snapshot",
     "Stage",
+    "TakeSnapshot",
     "Tensors",
     "Unavailable",
 ]
@@ -56,7 +56,7 @@ class Apply:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class TakeSnapshot:
     """Copy ``fragment``'s live weights to the CPU and hand them to ``Learner.took``; the
     snapshot is for ``round``."""
 
@@ -121,7 +121,7 @@ class Unavailable:
 
 
 Action: TypeAlias = (
-    Apply | Snapshot | Publish | Download | Recorded | Resolved | Dropped | Unavailable
+    Apply | TakeSnapshot | Publish | Download | Recorded | Resolved | Dropped | Unavailable
 )
 
 
@@ -176,7 +176,7 @@ class Slot:
 
 
 @dataclass(frozen=True, slots=True)
-class Closing:
+class FlushingClose:
     """A close with flush (``BeganClosing``, docs/protocol.md "The last round of a
     run"): ``models`` the live model when it began (one tuple per fragment), ``round`` the
     newest round it was in then, ``went_on`` the newest round folded since that holds a
@@ -199,7 +199,7 @@ class Closing:
     missed: frozenset[int] = frozenset()
     again: frozenset[int] = frozenset()
 
-    def folded(self, record: RoundRecord, name: str) -> "Closing":
+    def folded(self, record: RoundRecord, name: str) -> "FlushingClose":
         """``record`` was folded: note whether others trained on in it, and a final round of
         this learner's that left it out."""
         state = self
@@ -224,7 +224,7 @@ class Closing:
             for slot, round in zip(slots, self.finals, strict=False)
         )
 
-    def jobs(self, slots: tuple[Slot, ...]) -> tuple["Closing", list[Publish]]:
+    def jobs(self, slots: tuple[Slot, ...]) -> tuple["FlushingClose", list[Publish]]:
         """The final snapshots to publish now (the ``Finalized`` input of ``Learner.handle``)."""
         fragments = len(slots)
         if not self.finals:

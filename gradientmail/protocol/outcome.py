@@ -64,8 +64,8 @@ def outcome(
 ) -> Outcome:
     """The outcome of the round that takes fragment ``spec.index`` from ``version`` (θ
     ``theta``, outer momentum ``momentum``; None: no step yet) to ``version + 1``, from the
-    round's ``candidates`` (``aggregation.counted``). Inputs are never modified. Raises what
-    ``aggregate`` raises for the caller's bugs."""
+    round's ``candidates`` (``aggregation.counted_snapshots``). Inputs are never modified.
+    Raises what ``aggregate`` raises for the caller's bugs."""
     final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
     result = aggregate(version, candidates, spec, config, theta=theta, momentum=momentum)
     committed = _numerics(theta, momentum, result.mean, spec, config, final=final)

@@ -1,7 +1,7 @@
 """The syncer's round as a pure state machine: what to do next about one round.
 
 For round ``r`` a syncer holds a ``RoundState`` (its timers are values in it) and feeds it
-one ``Observation`` per look at the store (the record, the claims, who published, the
+one ``RoundObservation`` per look at the store (the record, the claims, who published, the
 leases). ``observed(state, view, now, config)`` answers ``(state', step)``; the node's shell
 (``_node/syncer.py``) only lists, reads, writes and sleeps as ``step`` says: ``Adopt`` a
 record, ``Claim`` or ``TakeOver`` a claim, ``Follow``, ``Wait`` (``due=True``: at the due
@@ -34,15 +34,15 @@ __all__ = [
     "Commit",
     "Expectation",
     "Follow",
-    "Observation",
     "Resume",
     "RoundAction",
+    "RoundObservation",
     "RoundState",
     "RoundView",
     "Step",
     "TakeOver",
     "Wait",
-    "counted",
+    "counted_claims",
     "decide_close",
     "decide_round",
     "due_for",
@@ -143,7 +143,7 @@ MAX_CLAIMS = 10_000
 """Claim numbers are four digits (``protocol.keys.round_claim``, ``keys.create_claim``)."""
 
 
-def counted(claims: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
+def counted_claims(claims: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
     """The claims that count: the contiguous run numbered from 0. Honest nodes only ever take
     the claim after the last one, so a claim after a gap (say one planted at ``9999``) is
     someone else's object, ignored."""
@@ -171,7 +171,7 @@ def decide_round(view: RoundView) -> RoundAction:
     create-once, so closers racing for it still commit one outcome."""
     if view.has_record:
         return Adopt()
-    claims = counted(view.claims)
+    claims = counted_claims(view.claims)
     if not claims:
         return Claim(0)
     k, claimant = claims[-1]
@@ -286,7 +286,7 @@ def decide_close(view: CloseView, config: RunConfig) -> Literal["waiting", "grac
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class RoundObservation:
     """One look at a round: its ``record`` (None: none yet), its ``claims`` in order, the
     learners with a snapshot in it (in a signed run, only snapshots that verify), the
     learners with a snapshot in one of the next ``fragments - 1`` rounds (``later``; None
@@ -348,7 +348,7 @@ class RoundState:
 
 
 def observed(
-    state: RoundState, view: Observation, now: float, config: RunConfig
+    state: RoundState, view: RoundObservation, now: float, config: RunConfig
 ) -> tuple[RoundState, Step]:
     """The next state and step of the round after ``view``, taken at ``now``."""
     if view.record is not None and state.closing:
@@ -358,7 +358,7 @@ def observed(
     return _deciding(state, view, now)
 
 
-def _deciding(state: RoundState, view: Observation, now: float) -> tuple[RoundState, Step]:
+def _deciding(state: RoundState, view: RoundObservation, now: float) -> tuple[RoundState, Step]:
     first = state.first_snapshot_at
     if first is None and view.snapshots:
         first = now
@@ -390,7 +390,7 @@ def _deciding(state: RoundState, view: Observation, now: float) -> tuple[RoundSt
 
 
 def _closing(
-    state: RoundState, view: Observation, now: float, config: RunConfig
+    state: RoundState, view: RoundObservation, now: float, config: RunConfig
 ) -> tuple[RoundState, Step]:
     learners = quorum_learners(view.live, view.learners)
     if state.expected is not None:

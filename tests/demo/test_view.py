@@ -6,7 +6,15 @@ from pathlib import Path
 from rich.console import Console
 
 from gradientmail.demo.settings import DemoSettings, Progress
-from gradientmail.demo.view import Board, EvalPoint, line, notice, plot, render, summary
+from gradientmail.demo.view import (
+    Board,
+    EvalPoint,
+    line,
+    notice,
+    plot,
+    render_board,
+    session_summary,
+)
 
 
 def _board() -> Board:
@@ -79,7 +87,7 @@ def test_render_line_and_summary_show_the_session() -> None:
     board = dataclasses.replace(
         board, progress={"learner-0": progress}, history=history, elapsed=12.0
     )
-    live = _text(render(board))
+    live = _text(render_board(board))
     assert "learner-0" in live
     assert "12/40 steps" in live
     assert "1,234 tok/s · loss 2.500" in live
@@ -89,7 +97,7 @@ def test_render_line_and_summary_show_the_session() -> None:
     )
     assert "eval loss 2.000 after 768 committed tokens (start 4.200, floor 1.100)" in live
     assert line(board) == "[  12.0s] learner-0 12/40 loss 2.500 | round 4 | eval loss 2.000"
-    table = _text(summary(board, rounds=5, plot_path=Path("p.png")))
+    table = _text(session_summary(board, rounds=5, plot_path=Path("p.png")))
     for text in ("3.0 MiB", "2.0 KiB", "rounds committed", "4.200", "2.000", "1.100", "3.900",
                  "plot of eval loss against tokens: p.png"):  # fmt: skip
         assert text in table, text

@@ -23,8 +23,8 @@ from gradientmail.protocol.rounds import (
     Commit,
     Expectation,
     Follow,
-    Observation,
     Resume,
+    RoundObservation,
     RoundState,
     RoundView,
     TakeOver,
@@ -185,7 +185,7 @@ def test_a_claim_after_a_gap_is_foreign_and_the_claim_space_ends_without_an_exce
     assert decide_round(view(claims=taken)) == Resume()
 
 
-def look(**changes: object) -> Observation:
+def look(**changes: object) -> RoundObservation:
     base: dict[str, object] = {
         "record": None,
         "claims": (),
@@ -196,7 +196,7 @@ def look(**changes: object) -> Observation:
         "leases_at": 0.0,
     }
     base.update(changes)
-    return Observation(**base)  # type: ignore[arg-type]
+    return RoundObservation(**base)  # type: ignore[arg-type]
 
 
 def test_the_machine_claims_closes_on_quorum_and_grace_then_commits() -> None:

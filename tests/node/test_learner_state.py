@@ -22,7 +22,7 @@ from gradientmail.protocol.learner import (
     Publish,
     Recorded,
     Resolved,
-    Snapshot,
+    TakeSnapshot,
     Unavailable,
 )
 from gradientmail.protocol.learner_inputs import (
@@ -99,10 +99,10 @@ def fresh(name: str = "me") -> Learner:
 
 
 def take(learner: Learner, actions: list[object]) -> tuple[Learner, list[Publish]]:
-    """Carry out the ``Snapshot`` actions as the driver does: hand over a copy."""
+    """Carry out the ``TakeSnapshot`` actions as the driver does: hand over a copy."""
     jobs = []
     for action in actions:
-        if isinstance(action, Snapshot):
+        if isinstance(action, TakeSnapshot):
             learner, job = learner.took(action.fragment, (torch.ones(2),))
             jobs.append(job)
     return learner, jobs
@@ -113,7 +113,7 @@ def test_a_snapshot_targets_the_round_after_its_base_and_blocks_until_aligned() 
     learner, actions = learner.handle(Stepped(10, now=0.0))
     assert actions == []
     learner, actions = learner.handle(Stepped(10, now=1.0))
-    assert actions == [Snapshot(0, 0)]
+    assert actions == [TakeSnapshot(0, 0)]
     learner, jobs = take(learner, actions)
     assert [(j.fragment, j.round, j.steps, j.tokens) for j in jobs] == [(0, 0, 2, 20)]
     assert learner.slots[0].blocked
@@ -378,7 +378,7 @@ def test_a_learner_that_missed_a_round_moves_its_schedule_into_the_others_rounds
     due = []
     for t in range(5, 9):
         learner, actions = learner.handle(Stepped(1, now=float(t)))
-        due += [(learner.step, a.fragment) for a in actions if isinstance(a, Snapshot)]
+        due += [(learner.step, a.fragment) for a in actions if isinstance(a, TakeSnapshot)]
     assert due == [(3, 0), (5, 1)]  # without the move: (4, 1), (6, 0)
     learner, actions = learner.handle(Stepped(1, now=9.0))
     learner, _ = take(learner, actions)
@@ -404,7 +404,7 @@ def due_steps(learner: Learner, start: int, end: int) -> list[tuple[int, int]]:
     due = []
     for t in range(start, end):
         learner, actions = learner.handle(Stepped(1, now=float(t)))
-        due += [(learner.step, a.fragment) for a in actions if isinstance(a, Snapshot)]
+        due += [(learner.step, a.fragment) for a in actions if isinstance(a, TakeSnapshot)]
         learner, _ = take(learner, actions)
     return due
 
@@ -485,7 +485,7 @@ def test_with_overlap_a_version_is_applied_exactly_overlap_steps_after_its_snaps
         for t in range(3, 7):
             learner, actions = learner.handle(Stepped(1, now=float(t)))
         kinds = [type(a) for a in actions if getattr(a, "fragment", None) == 0]
-        assert kinds == [Apply, Snapshot]
+        assert kinds == [Apply, TakeSnapshot]
 
 
 def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the_grace() -> None:
@@ -545,7 +545,7 @@ def test_a_learner_that_joins_mid_run_takes_the_rounds_in_order_from_the_next(
     for step in range(1, 2 * sync_every + 1):
         learner, actions = learner.handle(Stepped(1, now=float(step)))
         for action in actions:
-            if isinstance(action, Snapshot):
+            if isinstance(action, TakeSnapshot):
                 rounds.append((action.round, step))
                 learner, _ = learner.took(action.fragment, zero)
                 learner, _ = learner.handle(PublishEnded(action.fragment, action.round, True))
@@ -572,7 +572,7 @@ def test_a_joiner_takes_the_round_after_the_newest_record_seen_by_its_first_step
     if prepared:
         learner, _ = learner.handle(VersionReady(1, 7, zero))
     learner, actions = learner.handle(Stepped(1, now=1.0))
-    snapshots = [a for a in actions if isinstance(a, Snapshot)]
+    snapshots = [a for a in actions if isinstance(a, TakeSnapshot)]
     assert [(a.fragment, a.round) for a in snapshots] == [(0, 8)]
 
 
@@ -611,7 +611,7 @@ class LearnerMachine(RuleBasedStateMachine):
 
     def _carry(self, actions: list[object]) -> None:
         for action in actions:
-            if isinstance(action, Snapshot):
+            if isinstance(action, TakeSnapshot):
                 slot = self.learner.slots[action.fragment]
                 assert action.round == keys.round_of(action.fragment, slot.version + 1, 2)
                 self.learner, job = self.learner.took(action.fragment, (torch.ones(2),))

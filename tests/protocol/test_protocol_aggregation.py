@@ -12,7 +12,7 @@ from gradientmail.protocol.aggregation import (
     MAX_DELTA_RATIO,
     Candidate,
     aggregate,
-    counted,
+    counted_snapshots,
     l2_norm,
     refused,
 )
@@ -362,9 +362,9 @@ def test_final_snapshots_make_a_round_only_alone_and_with_no_live_learner_missin
     def names(candidates: list[Candidate]) -> list[str]:
         return [c.snapshot.learner for c in candidates]
 
-    assert names(counted(finals, frozenset())) == ["a", "b"]
-    assert names(counted(finals, frozenset({"c"}))) == []  # c goes on: not a final round
-    assert names(counted([*finals, good("c")], frozenset())) == ["c"]
+    assert names(counted_snapshots(finals, frozenset())) == ["a", "b"]
+    assert names(counted_snapshots(finals, frozenset({"c"}))) == []  # c goes on: not a final round
+    assert names(counted_snapshots([*finals, good("c")], frozenset())) == ["c"]
     result = aggregate(VERSION, finals, SPEC, CONFIG, theta=delta(0.0))
     assert reasons(result) == {}
     assert [p.weight for p in result.participants] == [0.5, 0.5]  # no tokens: equal weights

@@ -5,14 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gradientmail.protocol.creation import (
-    Claim,
+    ClaimCreation,
     Count,
     Create,
     CreationAction,
     CreationState,
     CreationView,
-    TakeOver,
-    Wait,
+    TakeOverCreation,
+    WaitForCreation,
     decide_creation,
 )
 from gradientmail.protocol.rounds import MAX_CLAIMS
@@ -35,8 +35,8 @@ def look(
 
 
 def test_nobody_claimed_a_learner_claims_and_a_syncer_waits() -> None:
-    assert decide_creation(LEARNER, CreationView(()), 0.0)[1] == Claim(0)
-    assert decide_creation(SYNCER, CreationView(()), 0.0)[1] == Wait()
+    assert decide_creation(LEARNER, CreationView(()), 0.0)[1] == ClaimCreation(0)
+    assert decide_creation(SYNCER, CreationView(()), 0.0)[1] == WaitForCreation()
 
 
 def test_our_own_last_claim_is_created_but_not_by_a_node_without_a_model() -> None:
@@ -48,11 +48,11 @@ def test_our_own_last_claim_is_created_but_not_by_a_node_without_a_model() -> No
 def test_a_waiter_announces_once_and_waits_while_markers_land() -> None:
     claims = ((0, "b"),)
     state, action, counted = look(LEARNER, claims, 0, 0.0)
-    assert (counted, action) == (Count(0, ("b",)), Wait())
+    assert (counted, action) == (Count(0, ("b",)), WaitForCreation())
     for step in range(1, 5):
         now = step * TIMEOUT * 0.9
         state, action, counted = look(state, claims, step, now)
-        assert (counted, action) == (Count(0, None), Wait())
+        assert (counted, action) == (Count(0, None), WaitForCreation())
     assert state.since == 4 * TIMEOUT * 0.9
 
 
@@ -60,21 +60,21 @@ def test_no_marker_for_the_timeout_takes_the_next_claim() -> None:
     claims = ((0, "b"),)
     state, _, _ = look(LEARNER, claims, 2, 10.0)
     state, action, _ = look(state, claims, 2, 10.0 + TIMEOUT - 0.1)
-    assert action == Wait()
+    assert action == WaitForCreation()
     _, action, _ = look(state, claims, 2, 10.0 + TIMEOUT)
-    assert action == TakeOver(1, TIMEOUT)
+    assert action == TakeOverCreation(1, TIMEOUT)
 
 
 def test_a_claim_naming_nobody_is_taken_over_at_once() -> None:
     _, action, counted = look(LEARNER, ((0, ""),), 3, 5.0)
     assert counted == Count(0, ("",))
-    assert action == TakeOver(1, 0.0)
+    assert action == TakeOverCreation(1, 0.0)
 
 
 def test_a_node_without_a_model_never_takes_over() -> None:
     state, _, _ = look(SYNCER, ((0, ""),), 0, 0.0)
     _, action, _ = look(state, ((0, ""),), 0, 10 * TIMEOUT)
-    assert action == Wait()
+    assert action == WaitForCreation()
 
 
 def test_a_claim_after_a_gap_is_ignored() -> None:
@@ -88,7 +88,7 @@ def test_when_every_claim_number_is_taken_the_waiter_creates_without_one() -> No
     claims = tuple((k, "b") for k in range(MAX_CLAIMS))
     state, _, _ = look(LEARNER, claims, 1, 0.0)
     _, action, _ = look(state, claims, 1, TIMEOUT)
-    assert action == TakeOver(MAX_CLAIMS - 1, TIMEOUT, claim=False)
+    assert action == TakeOverCreation(MAX_CLAIMS - 1, TIMEOUT, claim=False)
 
 
 PLANTED = 1000
@@ -131,9 +131,9 @@ def test_a_waiter_takes_over_exactly_when_its_creator_stalled(
         honest = [claim for claim in claims if claim[0] < PLANTED]
         state, action, counted = look(state, claims, markers, now)
         if not can_create:
-            assert isinstance(action, Wait)
+            assert isinstance(action, WaitForCreation)
         if not honest:
-            assert action == (Claim(0) if can_create else Wait())
+            assert action == (ClaimCreation(0) if can_create else WaitForCreation())
             continue
         last, claimant = honest[-1]
         if claimant == "a" and can_create:
@@ -151,6 +151,6 @@ def test_a_waiter_takes_over_exactly_when_its_creator_stalled(
             start -= 1
         stalled_since = seen[start][0] if claimant else seen[0][0]
         if can_create and (not claimant or now - stalled_since >= TIMEOUT):
-            assert action == TakeOver(last + 1, now - stalled_since)
+            assert action == TakeOverCreation(last + 1, now - stalled_since)
         else:
-            assert action == Wait()
+            assert action == WaitForCreation()

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradientmail.protocol.learner import Learner, Snapshot
+from gradientmail.protocol.learner import Learner, TakeSnapshot
 from gradientmail.protocol.learner_inputs import (
     PublishEnded,
     Stepped,
@@ -71,7 +71,7 @@ def fragments_due(learner: Learner, step_time: float, steps: int) -> list[int]:
         now += step_time
         learner, actions = learner.handle(Stepped(1, now))
         for action in actions:
-            if isinstance(action, Snapshot):
+            if isinstance(action, TakeSnapshot):
                 learner, _ = learner.took(action.fragment, (torch.ones(1),))
                 learner, _ = learner.handle(PublishEnded(action.fragment, action.round, True))
                 out.append(action.fragment)

@@ -54,7 +54,7 @@ from gradientmail.protocol.rounds import (
     Claim,
     Commit,
     Follow,
-    Observation,
+    RoundObservation,
     RoundState,
     TakeOver,
     Wait,
@@ -226,7 +226,7 @@ class ProtocolModel(RuleBasedStateMachine):
                 beats.setdefault(parsed[0], {})[parsed[1]] = parsed[2]
         return beats
 
-    def _observe(self, syncer: SyncerModel, held: RoundState, lag: int) -> Observation:
+    def _observe(self, syncer: SyncerModel, held: RoundState, lag: int) -> RoundObservation:
         """``_node.syncer._observe``: one look at the round, through a lagging listing."""
         round = held.round
         record = self._record(round)
@@ -241,7 +241,7 @@ class ProtocolModel(RuleBasedStateMachine):
                 for ahead in range(round + 1, round + CONFIG.fragments)
                 for learner in self._published(ahead, lag)
             )
-        return Observation(
+        return RoundObservation(
             record=record,
             claims=claims,
             snapshots=published or frozenset(),
