@@ -1,5 +1,5 @@
-"""Entering a run: creating or joining it (``_node.creation``), loading the newest committed
-weights into the model, and a learner group's entry (``_node.group``: its leader joins and
+"""Entering a run: creating or joining it (``_node.run_creation``), loading the newest committed
+weights into the model, and a learner group's entry (``_node.group_member``: its leader joins and
 brings its followers in; the followers take the leader's manifest and weights, or in a
 sharded group read their own rows of the leader's versions: ``_node.group_entry``). A
 sharded group's leader that creates the run gathers Θ⁰ from its ranks one fragment at a
@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from gradientmail._node.creation import Whole, load_newest, open_run
-from gradientmail._node.group import GroupMember, Params, fragment_params
 from gradientmail._node.group_entry import follow, gather_whole, lead, refuse
 from gradientmail._node.group_link import GroupLink
+from gradientmail._node.group_member import GroupMember, Params, fragment_params
 from gradientmail._node.lease import Emit
+from gradientmail._node.run_creation import Whole, load_newest, open_run
 from gradientmail._node.runtime import Runtime
 from gradientmail._node.sharded import Layout
 from gradientmail._node.spec import NodeSpec

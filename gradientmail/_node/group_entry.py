@@ -1,4 +1,4 @@
-"""A learner group's entry (``_node.group``): the leader, once it has joined the run, sends
+"""A learner group's entry (``_node.group_member``): the leader, once it has joined the run, sends
 its manifest and decision (``lead``) or why it could not join (``refuse``); a follower
 checks its model against them and takes the leader's parameters or loads its own rows
 (``follow``); a sharded leader creating the run gathers each fragment whole from its ranks
@@ -11,8 +11,8 @@ import anyio
 import anyio.to_thread
 from torch import Tensor
 
-from gradientmail._node.group import GroupMember, Params, fragment_params
 from gradientmail._node.group_link import GroupLink
+from gradientmail._node.group_member import GroupMember, Params, fragment_params
 from gradientmail.errors import GroupFailed, RunMismatch
 from gradientmail.protocol.group import Decision, Message
 from gradientmail.protocol.records import Manifest, decode, encode

@@ -1,4 +1,4 @@
-"""This rank's end of a learner group (``_node.group``): the checks of the process group a
+"""This rank's end of a learner group (``_node.group_member``): the checks of the process group a
 node is given (``link_of``) and the collectives between its ranks (``GroupLink``), each
 bounded by ``NodeOptions.group_timeout`` or the process group's own timeout. Its methods
 block: they run in ``anyio.to_thread`` worker threads only, never on the event-loop

@@ -1,16 +1,16 @@
 """``gradientmail.node(...)``: one member of a run, as an async context manager.
 
 The user's facade and the supervisor of the node's tasks; the learner's decisions are the
-pure ``protocol.learner.Learner``'s, carried out by ``_node.learner.LearnerDriver``.
+pure ``protocol.learner.Learner``'s, carried out by ``_node.learner_driver.LearnerDriver``.
 
 Entering checks the arguments once (``_node.spec.node_spec``: the ``NodeSpec`` the rest
 takes), opens the mailbox (when given a URL), starts the event bus, creates or joins the
-run (``_node.creation``), then starts the node's tasks in one task group: the lease, for a
+run (``_node.run_creation``), then starts the node's tasks in one task group: the lease, for a
 learner the receive loop and the publisher, and the syncer unless ``options.syncer`` is
 False. The block's body runs in that task group's scope: when a task fails, the body is
 cancelled at its next checkpoint and the block raises ``NodeFailed`` (the task's exception
 chained), unless the body raised an exception of its own, which propagates as itself. With
-``group=`` the ranks of a process group are one learner (``_node.group``). ``Node.step`` is
+``group=`` the ranks of a process group are one learner (``_node.group_member``). ``Node.step`` is
 the one place the training meets the node: ``_node.stepping.Steps``, which ``StepHandle``
 and ``sync.Node`` step through too.
 
@@ -39,7 +39,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from torch import Tensor
 
 from gradientmail._node.entry import Entered, enter
-from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.learner_driver import LearnerDriver
 from gradientmail._node.lease import run_lease
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.receive import Receiver
@@ -50,7 +50,7 @@ from gradientmail._node.spec import NodeSpec, node_spec
 from gradientmail._node.state import NodeState
 from gradientmail._node.stepping import Steps
 from gradientmail._node.supervision import block_error
-from gradientmail._node.syncer import run_syncer
+from gradientmail._node.syncer_task import run_syncer
 from gradientmail._node.ticks import Ticks
 from gradientmail.clock import Clock
 from gradientmail.errors import GroupFailed, NodeFailed
@@ -387,7 +387,7 @@ async def node(
     signed run, signs everything it writes and ignores objects that do not verify; a node
     joins only a run signed with its key, or an unsigned run when it has none. ``group``: a
     gloo ``torch.distributed`` process group whose ranks all enter with the same arguments
-    and form this one learner (``_node.group``; docs/node.md, "Learner groups").
+    and form this one learner (``_node.group_member``; docs/node.md, "Learner groups").
 
     Raises ``RunMismatch`` (before anything is written) when the model or config contradict
     the run, ``ValueError``/``TypeError`` for bad arguments, and ``NodeFailed`` (itself, the

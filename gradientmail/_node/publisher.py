@@ -1,4 +1,4 @@
-"""A learner's publisher task (``_node.learner``): it takes the ``Publish`` actions of the
+"""A learner's publisher task (``_node.learner_driver``): it takes the ``Publish`` actions of the
 pure learner off its stream, in order, encodes ``S − B`` in a worker thread, uploads the
 blob and then the snapshot, and reports how each publish ended (``PublishEnded``, fed back
 to the learner). Under the ``topk`` delta encoding it encodes ``S − B`` plus the fragment's

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import anyio.to_thread
 from torch import Tensor
 
-from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.learner_driver import LearnerDriver
 from gradientmail._node.runtime import Nudge, Runtime
 from gradientmail._node.sharded import ShardedRank
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError

@@ -6,7 +6,7 @@ Every rank of a sharded group runs its own ``protocol.learner.Learner`` over its
 the leader's learner takes the inputs and every follower replays them from the leader's log
 (``protocol.group``). A ``ShardedRank`` is used on its node's event-loop thread only: by the
 receive task (``prepare``), the publisher (``report``, ``gathered``) and the group's tick,
-whose collectives run in a worker thread and whose two ends (``_node.group.Ticks``) hop
+whose collectives run in a worker thread and whose two ends (``_node.ticks.Ticks``) hop
 back onto the loop.
 """
 
@@ -18,7 +18,7 @@ import anyio
 import msgspec
 from torch import Tensor
 
-from gradientmail._node.model import by_fragment
+from gradientmail._node.model_parameters import by_fragment
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.protocol.group import Gathered, PartReport
 from gradientmail.protocol.layout import Rows
@@ -130,7 +130,7 @@ def squares(norm: float | None) -> float | None:
 @dataclass(frozen=True, slots=True)
 class Layout:
     """A sharded rank's model: each parameter's local rows (``local``, written in place)
-    and which rows of the whole they are (``rows``), by name (``_node.model.shards``)."""
+    and which rows of the whole they are (``rows``), by name (``_node.model_parameters.shards``)."""
 
     local: dict[str, Tensor]
     rows: dict[str, tuple[int, int]]

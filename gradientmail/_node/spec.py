@@ -15,7 +15,7 @@ from torch import Tensor
 
 from gradientmail._node.group_link import GroupLink, link_of
 from gradientmail._node.lease import Emit
-from gradientmail._node.model import named_parameters, shards
+from gradientmail._node.model_parameters import named_parameters, shards
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.runtime import Runtime
 from gradientmail._node.sharded import Layout

@@ -4,8 +4,8 @@ which every step raises once a task of the node has failed."""
 
 import anyio.lowlevel
 
-from gradientmail._node.group import GroupMember
-from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.group_member import GroupMember
+from gradientmail._node.learner_driver import LearnerDriver
 from gradientmail.errors import NodeFailed
 from gradientmail.protocol.group import Decision
 

@@ -1,11 +1,11 @@
-"""The two ends of a sharded learner group's tick on one rank (``_node.group``): what the
+"""The two ends of a sharded learner group's tick on one rank (``_node.group_member``): what the
 rank brings to the control exchange (``Outgoing``) and what it does with the outcome
 (``Ticks``), on its node's event-loop thread."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.learner_driver import LearnerDriver
 from gradientmail._node.sharded import ShardedRank
 from gradientmail.protocol.group import (
     Decision,

@@ -91,7 +91,7 @@ def _syncer(args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from gradientmail.cli.identities import keygen
+    from gradientmail.cli.identity_commands import keygen
 
     print(keygen(args.path))
     return 0
@@ -100,7 +100,7 @@ def _keygen(args: argparse.Namespace) -> int:
 def _admit(args: argparse.Namespace) -> int:
     import anyio
 
-    from gradientmail.cli.identities import admit_at
+    from gradientmail.cli.identity_commands import admit_at
 
     anyio.run(admit_at, args.url, args.learner, args.public_key)
     print(f"admitted {args.public_key} for {args.learner}")
@@ -110,7 +110,7 @@ def _admit(args: argparse.Namespace) -> int:
 def _revoke(args: argparse.Namespace) -> int:
     import anyio
 
-    from gradientmail.cli.identities import revoke_at
+    from gradientmail.cli.identity_commands import revoke_at
 
     anyio.run(revoke_at, args.url, args.public_key)
     print(f"revoked {args.public_key}")

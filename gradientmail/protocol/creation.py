@@ -2,7 +2,7 @@
 
 A node entering a run without a manifest holds a ``CreationState`` and feeds it one
 ``CreationView`` after another (what one look at ``create/`` showed). ``decide_creation(state,
-view, now)`` answers ``(state', action)``; the node's shell (``_node/creation.py``) only lists,
+view, now)`` answers ``(state', action)``; the node's shell (``_node/run_creation.py``) only lists,
 claims, uploads and sleeps as ``action`` says:
 
 - no claim: ``ClaimCreation(0)`` (a node that cannot create, a syncer-only one,

@@ -11,7 +11,7 @@ for bit (``x̂ + e' = x``; ``protocol.sparse`` sends an element only where that 
 keeps ``θ_local − B``) and go out with its next delta, and a rejected one's are dropped, so in
 both cases the residual stays ``e``, and nothing is counted twice or lost by the merge.
 
-The residuals live with the learner only, in its driver (``_node.learner``): they are not
+The residuals live with the learner only, in its driver (``_node.learner_driver``): they are not
 in the store, and a learner that restarts or joins starts from zeros. What it loses is what
 its deltas had not yet sent (each element below its chunk's selection), the same kind of loss
 as the local steps a restart drops.

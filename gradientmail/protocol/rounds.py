@@ -3,7 +3,7 @@
 For round ``r`` a syncer holds a ``RoundState`` (its timers are values in it) and feeds it
 one ``RoundObservation`` per look at the store (the record, the claims, who published, the
 leases). ``observed(state, view, now, config)`` answers ``(state', step)``; the node's shell
-(``_node/syncer.py``) only lists, reads, writes and sleeps as ``step`` says: ``Adopt`` a
+(``_node/syncer_task.py``) only lists, reads, writes and sleeps as ``step`` says: ``Adopt`` a
 record, ``Claim`` or ``TakeOver`` a claim, ``Follow``, ``Wait`` (``due=True``: at the due
 pace, for ``due_for`` seconds after the first snapshot), ``Again`` (``fresh=True``: on a
 lease listing taken now) or ``Commit``.

@@ -1,5 +1,5 @@
 """One rank of ``test_fsdp_shards.py``: a model cut by ``fully_shard`` on a CPU mesh of two ranks,
-its rows read by ``_node.model.shards``; writes what it found to ``OUT/RANK.json``."""
+its rows read by ``_node.model_parameters.shards``; writes what it found to ``OUT/RANK.json``."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from gradientmail._node.model import named_parameters, shards
+from gradientmail._node.model_parameters import named_parameters, shards
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
-"""A sharded learner's rows (``_node.model.shards``) on a real ``fully_shard`` model of two
-gloo ranks on the CPU: every rank finds the rows ``fully_shard`` gave it (``torch.chunk``'s
-cut: 17 + 16 rows of a 33-row weight, 1 + 0 of a 1-row bias), writable in place; a node
-without ``sharded`` refuses the model, naming the parameter."""
+"""A sharded learner's rows (``_node.model_parameters.shards``) on a real ``fully_shard``
+model of two gloo ranks on the CPU: every rank finds the rows ``fully_shard`` gave it
+(``torch.chunk``'s cut: 17 + 16 rows of a 33-row weight, 1 + 0 of a 1-row bias), writable in
+place; a node without ``sharded`` refuses the model, naming the parameter."""
 
 import json
 from pathlib import Path

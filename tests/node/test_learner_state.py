@@ -39,7 +39,7 @@ from gradientmail.protocol.learner_inputs import (
 from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord, RunConfig
 
 node_module = importlib.import_module("gradientmail._node.node")
-driver_module = importlib.import_module("gradientmail._node.learner")
+driver_module = importlib.import_module("gradientmail._node.learner_driver")
 receive_module = importlib.import_module("gradientmail._node.receive")
 CONFIG = RunConfig(fragments=2, sync_every=4, grace=1.0, overlap=None)
 """Unpaced: the schedule rules that react to the timing are what most tests here check; the

@@ -8,8 +8,8 @@ import torch
 from node_helpers import CONFIG, FAST, Trainer, tiny_model, train
 
 from gradientmail._node import node as open_node
-from gradientmail._node.group import fragment_params
-from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.group_member import fragment_params
+from gradientmail._node.learner_driver import LearnerDriver
 from gradientmail._node.runtime import Runtime
 from gradientmail.clock import MonotonicClock
 from gradientmail.events import Event

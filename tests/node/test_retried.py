@@ -15,13 +15,13 @@ from torch import nn
 
 from gradientmail._node import node as open_node
 from gradientmail._node.commit import FragmentState, SyncerState, collect_garbage
-from gradientmail._node.creation import load_newest
-from gradientmail._node.group import fragment_params
-from gradientmail._node.learner import LearnerDriver
+from gradientmail._node.group_member import fragment_params
+from gradientmail._node.learner_driver import LearnerDriver
 from gradientmail._node.lease import release
 from gradientmail._node.receive import Receiver
+from gradientmail._node.run_creation import load_newest
 from gradientmail._node.runtime import Runtime
-from gradientmail._node.syncer import run_syncer
+from gradientmail._node.syncer_task import run_syncer
 from gradientmail.clock import MonotonicClock
 from gradientmail.errors import MailboxUnavailable, StoreAccessError
 from gradientmail.events import (

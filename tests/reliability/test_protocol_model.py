@@ -227,7 +227,7 @@ class ProtocolModel(RuleBasedStateMachine):
         return beats
 
     def _observe(self, syncer: SyncerModel, held: RoundState, lag: int) -> RoundObservation:
-        """``_node.syncer._observe``: one look at the round, through a lagging listing."""
+        """``_node.syncer_task._observe``: one look at the round, through a lagging listing."""
         round = held.round
         record = self._record(round)
         claims = () if held.closing else self._claims(round, lag)

@@ -33,7 +33,7 @@ import anyio.to_thread
 from torch import Tensor
 
 from gradientmail._node.group_link import GroupLink
-from gradientmail._node.model import by_fragment
+from gradientmail._node.model_parameters import by_fragment
 from gradientmail._node.state import NodeState
 from gradientmail._node.ticks import Ticks
 from gradientmail.errors import GroupFailed
