@@ -1,5 +1,5 @@
-"""The basics (layer 0 of ``docs/architecture.md``) import nothing else of gradientmail, so
-every layer above may import them."""
+"""The layers of ``docs/architecture.md`` hold: the basics (layer 0) import nothing else of
+gradientmail, and every module imports only from its own layer and the layers below."""
 
 import ast
 from pathlib import Path
@@ -57,3 +57,38 @@ def test_the_basics_import_only_the_basics() -> None:
         if _imported(PACKAGE / f"{name}.py") - set(basics)
     }
     assert beyond == {}
+
+
+def _layers() -> dict[str, int]:
+    """Every top-level module or package of gradientmail by the layer of the doc's table
+    whose row names it (backticked, ``protocol/keys`` naming ``protocol``), at any depth."""
+    tops = {path.stem for path in PACKAGE.glob("*.py")} | {
+        path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()
+    }
+    layers = {}
+    for line in DOC.read_text().splitlines():
+        if line.startswith("| ") and line[2].isdigit() and ". " in line[:6]:
+            number = int(line[2])
+            for name in line.split("|")[2].split("`")[1::2]:
+                top = name.split("/")[0]
+                if top in tops:
+                    layers.setdefault(top, number)
+    return layers
+
+
+def test_every_import_runs_down_the_layers() -> None:
+    layers = _layers()
+    modules = [
+        path
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] not in ("__init__.py", "__main__.py")
+    ]
+    unplaced = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in modules}
+    assert unplaced - set(layers) == set()
+    upward = {}
+    for path in modules:
+        own = layers[path.relative_to(PACKAGE).parts[0].removesuffix(".py")]
+        above = {name for name in _imported(path) if layers.get(name, -1) > own}
+        if above:
+            upward[str(path.relative_to(PACKAGE))] = sorted(above)
+    assert upward == {}
