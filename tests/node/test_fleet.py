@@ -132,13 +132,17 @@ async def test_a_pausing_learner_holds_the_others_rounds_at_most_once_for_its_pa
     the repeatable mode no round commits during the pause.)"""
     seen_by_a: list[tuple[float, RoundRecord]] = []
     pause: list[float] = []
+    # a and b train on until c has taken its 200 steps, so rounds after c's pause have
+    # learners to close them with c whatever the load does to the step times.
+    c_done = anyio.Event()
 
     def seen(event: Event) -> None:
         if isinstance(event, RoundRecorded) and event.learner == "a":
             seen_by_a.append((anyio.current_time(), event.record))
 
     async def train(name: str, node: Node, trainer: Trainer) -> None:
-        for step in range(200):
+        step = 0
+        while step < 200 or (name != "c" and not c_done.is_set()):
             trainer.step()
             await node.step(tokens=16)
             await anyio.sleep(TICK)
@@ -146,6 +150,9 @@ async def test_a_pausing_learner_holds_the_others_rounds_at_most_once_for_its_pa
                 pause.append(anyio.current_time())
                 await anyio.sleep(PAUSED)
                 pause.append(anyio.current_time())
+            step += 1
+        if name == "c":
+            c_done.set()
 
     await run_fleet(CONFIG, seen, train)
     began, ended = pause
