@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,8 +44,12 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+MOTO_SERVER = Path(__file__).with_name("moto_server.py")
+
+
 class MotoServer:
-    """A ``python -m moto.server`` subprocess on 127.0.0.1 (state lives in its memory)."""
+    """A moto server subprocess on 127.0.0.1 (state lives in its memory), its conditional
+    PUTs atomic as S3's are (``moto_server.py``)."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port if port is not None else _free_port()
@@ -54,7 +59,7 @@ class MotoServer:
     def start(self, timeout: float = 30.0) -> None:
         """Start the server and wait until it accepts connections."""
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
