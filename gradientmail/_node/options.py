@@ -12,6 +12,11 @@ __all__ = ["NodeOptions"]
 class NodeOptions:
     """How one node paces itself. Every duration is in seconds on the node's clock.
 
+    Most nodes set none: the defaults serve a node on S3 or a shared directory. A learner
+    that never closes rounds sets ``syncer=False``; a run with learner identities sets
+    ``learner_key``; tests and single-machine runs shorten ``poll_interval`` and the
+    lease's timings.
+
     poll_interval
         How often the receive loop lists new round records and the syncer re-reads the
         round it is closing or following. A snapshot of the node's own learner landing in

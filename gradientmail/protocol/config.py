@@ -28,6 +28,23 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     A node joining a run with a config passes it to check it (``RunMismatch`` names the first
     field that differs); a node that passes none takes the manifest's.
 
+    The few a run sets first; every other field has a measured default
+    (docs/protocol.md, "Recommended settings"):
+
+    - ``sync_every`` and ``fragments``: how many local steps between a fragment's rounds,
+      and how many fragments share them (fewer bytes at once, more rounds);
+    - ``delta_encoding`` and ``update_encoding``: the bytes each round moves (``int8``,
+      ``topk`` for the fewest);
+    - ``overlap``: None for fleets of unequal machines, ``RunConfig.repeatable()`` for
+      the same model from the same batches;
+    - ``robust``: for fleets whose key holders are not all trusted.
+
+    Then, by concern: the outer step (``outer_lr``, ``outer_momentum``), the rounds
+    (``quorum_min``, ``quorum_fraction``, ``grace``), what a round rejects and how it
+    weighs (``weighting``, ``max_staleness``, ``outlier_factor``,
+    ``max_tokens_per_step``), the encodings' details (``block_size``, ``topk_*``), the
+    merge (``merge``, ``alpha``) and the store (``checkpoint_every``, ``keep_*``).
+
     fragments, sync_every, pattern
         The model is split into ``fragments`` groups of parameters (``pattern``; the default,
         ``even``, balances them by size and splits a large tensor by rows); each is
