@@ -2,7 +2,6 @@
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 import anyio
@@ -89,11 +88,8 @@ async def test_a_stuck_sink_delays_neither_the_producer_nor_another_sink() -> No
     bus = EventBus([stuck, healthy.append], buffer=buffer)
     async with anyio.create_task_group() as tg:
         await tg.start(bus.run)
-        spent = 0.0
         for i in range(total):
-            started = time.perf_counter()
             bus.emit(Closed("a", i))
-            spent += time.perf_counter() - started
             if i % 32 == 0:
                 await anyio.lowlevel.checkpoint()
         # The producer is done while the stuck sink still sits on its first event.
@@ -101,7 +97,6 @@ async def test_a_stuck_sink_delays_neither_the_producer_nor_another_sink() -> No
         assert rounds(stuck_got) == [0]
         await until(lambda: len(healthy) == total)
         assert rounds(healthy) == list(range(total))
-        assert spent / total < 50e-6, f"emit took {spent / total * 1e6:.1f} µs on average"
         stuck_stats, healthy_stats = bus.statistics().sinks
         lost = total - 1 - buffer
         assert (stuck_stats.dropped, healthy_stats.dropped) == (lost, 0)
