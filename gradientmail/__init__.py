@@ -1,8 +1,14 @@
-"""gradientmail: train one PyTorch model on many machines that share nothing but a bucket."""
+"""gradientmail: train one PyTorch model on many machines that share nothing but a bucket.
 
-from gradientmail import events, sync
-from gradientmail._node import Node, NodeOptions, NodeState, StepHandle, node
-from gradientmail.admission import admit, revoke
+The names that need torch (the node, ``sync``, the patterns, ``load``, ``preview``) are
+imported on first use, so that the command line's read and identity commands start
+without it.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from gradientmail import events
 from gradientmail.errors import (
     CorruptBlob,
     GradientmailError,
@@ -15,11 +21,17 @@ from gradientmail.errors import (
     StoreAccessError,
     StoreTampered,
 )
-from gradientmail.patterns import Barrier, shared_queue
-from gradientmail.protocol.fragments import preview
 from gradientmail.protocol.identities import LearnerKey
 from gradientmail.protocol.records import RunConfig
-from gradientmail.reader import load
+
+if TYPE_CHECKING:
+    from gradientmail import sync
+    from gradientmail._node import Node, NodeOptions, NodeState, StepHandle
+    from gradientmail._node.node import node
+    from gradientmail.admission import admit, revoke
+    from gradientmail.patterns import Barrier, shared_queue
+    from gradientmail.protocol.fragments import preview
+    from gradientmail.reader import load
 
 __all__ = [
     "Barrier",
@@ -48,3 +60,32 @@ __all__ = [
     "shared_queue",
     "sync",
 ]
+
+_LAZY = {
+    "Barrier": "gradientmail.patterns",
+    "Node": "gradientmail._node",
+    "NodeOptions": "gradientmail._node",
+    "NodeState": "gradientmail._node",
+    "StepHandle": "gradientmail._node",
+    "admit": "gradientmail.admission",
+    "load": "gradientmail.reader",
+    "node": "gradientmail._node",
+    "preview": "gradientmail.protocol.fragments",
+    "revoke": "gradientmail.admission",
+    "shared_queue": "gradientmail.patterns",
+}
+"""Each name imported on first use, by the module it comes from (``sync`` is a submodule)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "sync":
+        return importlib.import_module("gradientmail.sync")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gradientmail' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,31 +12,36 @@ signed run (``RunMismatch``) unless it was opened ``unverified``, and then says 
 
 Runs in the caller's task; blob decoding goes to a worker thread. Transient store failures
 are retried a few times (``attempts``) and then propagate as ``MailboxUnavailable``;
-cancellation stops the reads in flight and leaves the reader usable.
+cancellation stops the reads in flight and leaves the reader usable. Reading records and
+leases (``manifest``, ``observe``) does not import torch; rebuilding θ does.
 """
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 import msgspec
-import torch
-from torch import Tensor, nn
 
 from gradientmail import mailbox as mailboxes
-from gradientmail._rebuild import Rebuilder, Rebuilt
 from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.errors import CorruptBlob, NoRun, RecordError, RunMismatch, UsageError
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.local import LocalMailbox
-from gradientmail.protocol import checkpoint, keys
-from gradientmail.protocol.codec import Rows
-from gradientmail.protocol.fragments import mismatch, signature
+from gradientmail.protocol import keys
+from gradientmail.protocol.checkpoint import check_record
 from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from gradientmail._rebuild import Rebuilder, Rebuilt
+    from gradientmail.protocol.codec import Rows
 
 __all__ = [
     "Newest",
@@ -65,7 +70,7 @@ class Newest:
 
     round: int
     versions: tuple[int, ...]
-    thetas: tuple[tuple[Tensor, ...], ...]
+    thetas: tuple[tuple["Tensor", ...], ...]
     records: tuple[RoundRecord | None, ...]
 
     def sources(self, manifest: Manifest) -> list["Source"]:
@@ -83,8 +88,10 @@ class Newest:
             )
         ]
 
-    def state_dict(self, manifest: Manifest) -> dict[str, Tensor]:
+    def state_dict(self, manifest: Manifest) -> dict[str, "Tensor"]:
         """Every parameter by name, cast back to its dtype in the model."""
+        import torch
+
         parts: dict[str, list[tuple[int, Tensor]]] = {}
         for spec, thetas in zip(manifest.fragments, self.thetas, strict=True):
             for param, theta in zip(spec.params, thetas, strict=True):
@@ -142,7 +149,12 @@ class RunReader:
         self.store = store
         self._manifest: Manifest | None = None
         self._records: dict[int, RoundRecord] = {}
-        self._rebuilder = Rebuilder(store, self._need)
+
+    @functools.cached_property
+    def _rebuilder(self) -> "Rebuilder":
+        from gradientmail._rebuild import Rebuilder
+
+        return Rebuilder(self.store, self._need)
 
     @classmethod
     def of(
@@ -198,7 +210,7 @@ class RunReader:
         clock: Clock | None = None,
         poll: float = 0.05,
         tries: int | None = _RELIST,
-        rows: Sequence[Rows] | None = None,
+        rows: Sequence["Rows"] | None = None,
     ) -> Newest:
         """The newest committed θ of every fragment (with ``initial``: Θ⁰).
 
@@ -226,7 +238,7 @@ class RunReader:
         )
 
     async def _newest_once(
-        self, manifest: Manifest, initial: bool, rows: Sequence[Rows] | None
+        self, manifest: Manifest, initial: bool, rows: Sequence["Rows"] | None
     ) -> Newest | int:
         """The newest θ; else (a blob is gone) the newest round listed."""
         fragments = manifest.config.fragments
@@ -250,8 +262,8 @@ class RunReader:
         )
 
     async def rebuild_all(
-        self, manifest: Manifest, versions: Sequence[int], rows: Sequence[Rows] | None = None
-    ) -> list[Rebuilt] | None:
+        self, manifest: Manifest, versions: Sequence[int], rows: Sequence["Rows"] | None = None
+    ) -> list["Rebuilt"] | None:
         """``rebuild`` of every fragment at ``versions`` (with ``rows``, one ``codec.Rows``
         per fragment: ``rebuild_rows``), two at a time (``_rebuild``; one's reads
         overlap another's decoding, and replays run on two cores); None when a blob is
@@ -264,9 +276,9 @@ class RunReader:
         version: int,
         *,
         momentum: bool = False,
-        start: Rebuilt | None = None,
+        start: "Rebuilt | None" = None,
         manifest: Manifest | None = None,
-    ) -> Rebuilt | None:
+    ) -> "Rebuilt | None":
         """Version ``version`` of ``fragment`` (and with ``momentum`` its outer momentum)
         from the store: the newest checkpoint at or below it (Θ⁰ for 0), or ``start`` when
         that is between the checkpoint ``checkpoint.base`` guarantees and ``version`` (and
@@ -284,7 +296,7 @@ class RunReader:
             manifest, fragment, version, momentum=momentum, start=start
         )
 
-    async def rows(self, ref: BlobRef, spec: FragmentSpec, rows: Rows) -> list[Tensor] | None:
+    async def rows(self, ref: BlobRef, spec: FragmentSpec, rows: "Rows") -> list["Tensor"] | None:
         """``rows`` of each parameter of the blob ``ref`` of ``spec`` (the tensors of
         ``codec.part_spec``), read by ranges (``Store.blob_ranges``: its header, then the
         bytes of those rows) and decoded in a worker thread; a ``topk`` blob, whose rows
@@ -293,8 +305,8 @@ class RunReader:
         return await self._rebuilder.rows(ref, spec, rows)
 
     async def rebuild_rows(
-        self, fragment: int, version: int, rows: Rows, *, manifest: Manifest | None = None
-    ) -> Rebuilt | None:
+        self, fragment: int, version: int, rows: "Rows", *, manifest: Manifest | None = None
+    ) -> "Rebuilt | None":
         """``rows`` of θ of ``fragment`` at ``version`` (``rebuild`` without the momentum,
         each blob read by ranges: ``rows``): the same bits as those rows of ``rebuild``'s
         θ. None when a blob it needs is gone; raises as ``rebuild`` does."""
@@ -309,7 +321,7 @@ class RunReader:
             record = await self.store.record(round)
             if record is None:
                 return None
-            checkpoint.check_record(record, round, manifest.config)
+            check_record(record, round, manifest.config)
             self._records[round] = record
         return record
 
@@ -362,7 +374,7 @@ class RunReader:
 
 
 async def load(
-    source: str | Mailbox, model: nn.Module, *, run_key: RunKey | str | None = None
+    source: str | Mailbox, model: "nn.Module", *, run_key: RunKey | str | None = None
 ) -> list[Source]:
     """Load the newest committed weights of the run at ``source`` (a URL, a directory or an
     open ``Mailbox``) into ``model``'s parameters, in place, and return where each fragment
@@ -385,6 +397,8 @@ async def load(
         named = list(model.named_parameters())
         check_model(manifest, named)
         newest = await reader.newest(manifest)
+    import torch
+
     by_name = dict(named)
     with torch.no_grad():
         for name, value in newest.state_dict(manifest).items():
@@ -392,9 +406,11 @@ async def load(
     return newest.sources(manifest)
 
 
-def check_model(manifest: Manifest, named: Sequence[tuple[str, Tensor]]) -> None:
+def check_model(manifest: Manifest, named: Sequence[tuple[str, "Tensor"]]) -> None:
     """Raise ``RunMismatch`` naming the first difference when the named parameters are not
     the model of ``manifest``'s run."""
+    from gradientmail.protocol.fragments import mismatch, signature
+
     config = manifest.config
     try:
         ours = signature(named, config.fragments, config.pattern)
@@ -431,3 +447,12 @@ async def open_mailbox(url: str, *, must_exist: bool) -> AsyncIterator[Mailbox]:
         raise UsageError(f"{url}: no such directory, so no run there")
     async with box:
         yield box
+
+
+def __getattr__(name: str) -> Any:
+    """``Rebuilt`` is ``gradientmail._rebuild``'s, imported on first use (it needs torch)."""
+    if name != "Rebuilt":
+        raise AttributeError(f"module 'gradientmail.reader' has no attribute {name!r}")
+    from gradientmail._rebuild import Rebuilt
+
+    return Rebuilt

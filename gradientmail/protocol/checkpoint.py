@@ -15,20 +15,23 @@ through the functions the round itself ran (``aggregation.weighted_mean``, ``ste
 too is exact: the snapshots of the rounds after a fragment's checkpoint are kept until the
 next one (``retained``).
 
-Pure: no I/O; runs on whatever thread calls it (the node uses worker threads).
+Pure: no I/O; runs on whatever thread calls it (the node uses worker threads). Importing it
+does not import torch (a record's check serves readers that never touch a tensor); the
+functions over tensors import it.
 """
+
+from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from gradientmail.errors import RecordError
 from gradientmail.protocol import keys
-from gradientmail.protocol.aggregation import weighted_mean
-from gradientmail.protocol.outer import apply_update, final_step, outer_step
 from gradientmail.protocol.records import FragmentSpec, RoundRecord, RunConfig, Snapshot
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "Retained",
@@ -89,6 +92,10 @@ def step(
     before it (None: no step yet) and the round's ``mean`` delta (None: it accepted none,
     and θ' = θ_v with the momentum unchanged, zeros if there was none). A ``final`` round is
     ``outer.final_step``'s, any other ``outer.outer_step``'s."""
+    import torch
+
+    from gradientmail.protocol.outer import final_step, outer_step
+
     if mean is None:
         kept = list(momentum) if momentum is not None else [torch.zeros_like(t) for t in theta]
         return list(theta), kept
@@ -105,6 +112,8 @@ def mean_of(
     """The mean delta of ``record``'s round again, and whether the round was final, from the
     decoded deltas of its participants' ``snapshots`` (any order; others are ignored).
     Raises ``RecordError`` naming a participant whose snapshot is missing."""
+    from gradientmail.protocol.aggregation import weighted_mean
+
     by_learner = {snapshot.learner: (snapshot, delta) for snapshot, delta in snapshots}
     chosen = []
     for participant in record.participants:
@@ -135,6 +144,8 @@ def replayed(
     round's ``update`` blob and ``mean`` (``mean_of``'s answer; None: the momentum is not
     wanted, and None comes back). Raises ``CodecError`` for a malformed update and
     ``ValueError`` for one of another shape."""
+    from gradientmail.protocol.outer import apply_update
+
     theta_next = apply_update(theta, update, spec)
     if mean is None:
         return theta_next, None

@@ -65,13 +65,17 @@ from gradientmail.protocol.pieces import (
     target,
 )
 from gradientmail.protocol.records import (
+    INDEX_CHUNK,
     Encoding,
     FragmentSpec,
     Snapshot,
+    chunk_index,
+    chunks_of,
 )
 
 # HEAD_BYTES, Rows, blob_layout, decode_rows, row_spans and part_spec are protocol.layout's,
-# importable here too for the readers that take them with the codec.
+# and INDEX_CHUNK, chunk_index and chunks_of protocol.records', importable here too for the
+# readers that take them with the codec.
 __all__ = [
     "ENCODINGS",
     "FRAGMENT_FORMAT",
@@ -118,26 +122,6 @@ def verify(data: bytes, sha256: str) -> bytes:
             "the store holds damaged or foreign content under that key"
         )
     return data
-
-
-INDEX_CHUNK: Final = 1 << 16
-"""The bytes each digest of a blob's index covers (``chunk_index``): a ranged read fetches
-at most one chunk's worth more than it needs at each end of a range."""
-
-
-def chunk_index(data: bytes) -> bytes:
-    """The index of a blob: the raw sha256 of each ``INDEX_CHUNK`` bytes of ``data`` (the
-    last chunk shorter), concatenated; empty for empty ``data``."""
-    view = memoryview(data)
-    return b"".join(
-        hashlib.sha256(view[at : at + INDEX_CHUNK]).digest()
-        for at in range(0, len(data), INDEX_CHUNK)
-    )
-
-
-def chunks_of(size: int) -> int:
-    """The chunks of the index of a blob of ``size`` bytes."""
-    return -(-size // INDEX_CHUNK)
 
 
 def _check_tensors(tensors: Sequence[Tensor], spec: FragmentSpec) -> None:

@@ -13,6 +13,7 @@ blobs it references, and it is never rewritten; it binds the record before it
 Pure: no I/O.
 """
 
+import hashlib
 import math
 from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar
 
@@ -24,6 +25,7 @@ from gradientmail.protocol.config import Encoding, RunConfig
 __all__ = [
     "DECODE_FAILURES",
     "FORMAT_VERSION",
+    "INDEX_CHUNK",
     "MAX_MANIFEST_BYTES",
     "MAX_PARTS",
     "MAX_RECORD_BYTES",
@@ -47,6 +49,8 @@ __all__ = [
     "Sha256",
     "Snapshot",
     "SnapshotPart",
+    "chunk_index",
+    "chunks_of",
     "decode",
     "decode_failure",
     "encode",
@@ -96,14 +100,34 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True):
     """A content-addressed payload: ``blobs/{sha256}``, ``size`` bytes, in ``encoding``.
 
     ``index`` (θ and update blobs, which ranks of a sharded learner read in ranges) names
-    the blob ``blobs/{index}`` holding the sha256 of every ``codec.INDEX_CHUNK`` bytes of
-    this one, 32 raw bytes each, in order (``codec.chunk_index``): a range is checked chunk
+    the blob ``blobs/{index}`` holding the sha256 of every ``INDEX_CHUNK`` bytes of
+    this one, 32 raw bytes each, in order (``chunk_index``): a range is checked chunk
     by chunk, since the address covers the whole blob. Absent (not encoded) otherwise."""
 
     sha256: Sha256
     size: Count
     encoding: str
     index: Sha256 | msgspec.UnsetType = msgspec.UNSET
+
+
+INDEX_CHUNK: Final = 1 << 16
+"""The bytes each digest of a blob's index covers (``chunk_index``): a ranged read fetches
+at most one chunk's worth more than it needs at each end of a range."""
+
+
+def chunk_index(data: bytes) -> bytes:
+    """The index of a blob: the raw sha256 of each ``INDEX_CHUNK`` bytes of ``data`` (the
+    last chunk shorter), concatenated; empty for empty ``data``."""
+    view = memoryview(data)
+    return b"".join(
+        hashlib.sha256(view[at : at + INDEX_CHUNK]).digest()
+        for at in range(0, len(data), INDEX_CHUNK)
+    )
+
+
+def chunks_of(size: int) -> int:
+    """The chunks of the index of a blob of ``size`` bytes."""
+    return -(-size // INDEX_CHUNK)
 
 
 class ParamSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,8 +19,7 @@ import msgspec
 from gradientmail.errors import CorruptBlob
 from gradientmail.mailbox import ObjectRefused, ObjectTooLarge
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import INDEX_CHUNK, chunk_index, chunks_of
-from gradientmail.protocol.records import BlobRef, Snapshot
+from gradientmail.protocol.records import INDEX_CHUNK, BlobRef, Snapshot, chunk_index, chunks_of
 from gradientmail.store._requests import Requests
 
 __all__ = ["Blobs", "hashed", "sha256"]
