@@ -33,8 +33,9 @@ _PUBLIC_KEY = "ab" * 32
         (["keygen", "{tmp}/key.pem"], 0),
         (["admit", "{run}", "b", _PUBLIC_KEY], 1),
         (["revoke", "{run}", _PUBLIC_KEY], 1),
+        (["report", "{run}", "--out", "{tmp}/report.html"], 0),
     ],
-    ids=["help", "status-help", "status-json", "status", "keygen", "admit", "revoke"],
+    ids=["help", "status-help", "status-json", "status", "keygen", "admit", "revoke", "report"],
 )
 def test_read_and_identity_commands_do_not_import_torch(
     written_run: WrittenRun, tmp_path: Path, argv: list[str], code: int
