@@ -1,14 +1,13 @@
 """gradientmail: train one PyTorch model on many machines that share nothing but a bucket.
 
-The names that need torch (the node, ``sync``, the patterns, ``load``, ``preview``) are
-imported on first use, so that the command line's read and identity commands start
-without it.
+The names that need torch (the node, ``sync``, the patterns, ``load``, ``preview``) and
+``events`` are imported on first use, so that the command line's read and identity commands
+start without them.
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gradientmail import events
 from gradientmail.errors import (
     CorruptBlob,
     GradientmailError,
@@ -25,7 +24,7 @@ from gradientmail.protocol.identities import LearnerKey
 from gradientmail.protocol.records import RunConfig
 
 if TYPE_CHECKING:
-    from gradientmail import sync
+    from gradientmail import events, sync
     from gradientmail._node import Node, NodeOptions, NodeState, StepHandle
     from gradientmail._node.node import node
     from gradientmail.admission import admit, revoke
@@ -74,12 +73,14 @@ _LAZY = {
     "revoke": "gradientmail.admission",
     "shared_queue": "gradientmail.patterns",
 }
-"""Each name imported on first use, by the module it comes from (``sync`` is a submodule)."""
+"""Each name imported on first use, by the module it comes from (``_SUBMODULES`` are
+imported as they are)."""
+_SUBMODULES = frozenset({"events", "sync"})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "sync":
-        return importlib.import_module("gradientmail.sync")
+    if name in _SUBMODULES:
+        return importlib.import_module(f"gradientmail.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'gradientmail' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)
