@@ -8,7 +8,7 @@ reading commands are tested against known content; the demo tests cover runs mad
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,9 @@ from gradientmail.protocol.records import (
 )
 
 FRAGMENTS = 3
+
+InProcess = Callable[..., subprocess.CompletedProcess[str]]
+"""The ``in_process`` fixture's runner: ``cli``'s arguments, ``cli.main`` in this process."""
 
 
 @dataclass(frozen=True)

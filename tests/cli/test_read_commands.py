@@ -1,4 +1,5 @@
-"""``status`` and ``export`` as subprocesses against a run of known content, and their errors."""
+"""``status`` and ``export`` against a run of known content, and their errors: each command
+and exit status at least once as a subprocess, the rest through ``cli.main`` in-process."""
 
 import dataclasses
 import io
@@ -18,7 +19,7 @@ import pytest
 import safetensors
 import safetensors.torch
 import torch
-from cli_helpers import FRAGMENTS, WrittenRun, cli
+from cli_helpers import FRAGMENTS, InProcess, WrittenRun, cli
 from rich.console import Console
 
 import gradientmail
@@ -107,8 +108,8 @@ def test_status_json_matches_the_records(written_run: WrittenRun) -> None:
     assert len(manifest.fragments) == FRAGMENTS
 
 
-def test_status_table_shows_the_run(written_run: WrittenRun) -> None:
-    result = cli("status", str(written_run.directory))
+def test_status_table_shows_the_run(written_run: WrittenRun, in_process: InProcess) -> None:
+    result = in_process("status", str(written_run.directory))
     assert result.returncode == 0, result.stderr
     for text in (
         "created by alpha",
@@ -149,35 +150,37 @@ def test_export_loads_into_the_model_and_equals_the_newest_versions(
     ]
 
 
-def test_a_store_without_a_run_is_exit_1_with_a_message(tmp_path: Path) -> None:
-    for args in (
-        ("status", str(tmp_path)),
-        ("status", str(tmp_path / "nowhere")),
-        ("export", str(tmp_path), "--out", str(tmp_path / "m.safetensors")),
-        ("status", "memory://"),
+def test_a_store_without_a_run_is_exit_1_with_a_message(
+    tmp_path: Path, in_process: InProcess
+) -> None:
+    for run, args in (
+        (cli, ("status", str(tmp_path))),
+        (in_process, ("status", str(tmp_path / "nowhere"))),
+        (cli, ("export", str(tmp_path), "--out", str(tmp_path / "m.safetensors"))),
+        (in_process, ("status", "memory://")),
     ):
-        result = cli(*args)
+        result = run(*args)
         assert result.returncode == 1, (args, result)
         assert "no run" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
     assert not (tmp_path / "nowhere").exists(), "status must not create a store"
 
 
-def test_a_bad_url_is_exit_1_and_debug_shows_the_traceback(tmp_path: Path) -> None:
-    result = cli("status", "ftp://example.com/x")
+def test_a_bad_url_is_exit_1_and_debug_shows_the_traceback(in_process: InProcess) -> None:
+    result = in_process("status", "ftp://example.com/x")
     assert result.returncode == 1
     assert "malformed mailbox URL" in result.stderr
     assert "Traceback" not in result.stderr
-    debug = cli("--debug", "status", "ftp://example.com/x")
+    debug = in_process("--debug", "status", "ftp://example.com/x")
     assert debug.returncode == 1
     assert "Traceback" in debug.stderr
 
 
-def test_usage_errors_are_exit_2() -> None:
+def test_usage_errors_are_exit_2(in_process: InProcess) -> None:
     assert cli().returncode == 2
-    assert cli("status").returncode == 2
-    assert cli("export", "somewhere").returncode == 2
-    assert cli("demo", "--learners", "0").returncode == 2
+    assert in_process("status").returncode == 2
+    assert in_process("export", "somewhere").returncode == 2
+    assert in_process("demo", "--learners", "0").returncode == 2
 
 
 def test_status_watch_refreshes_and_judges_liveness_over_time(written_run: WrittenRun) -> None:
@@ -205,11 +208,13 @@ def test_status_watch_refreshes_and_judges_liveness_over_time(written_run: Writt
     assert all(doc["totals"]["rounds"] == 5 for doc in docs)
 
 
-def test_s3_without_a_run_or_without_the_bucket_is_exit_1(moto_server: str, s3_bucket: str) -> None:
-    empty = cli("status", f"s3://{s3_bucket}/runs/a?endpoint_url={moto_server}")
+def test_s3_without_a_run_or_without_the_bucket_is_exit_1(
+    moto_server: str, s3_bucket: str, in_process: InProcess
+) -> None:
+    empty = in_process("status", f"s3://{s3_bucket}/runs/a?endpoint_url={moto_server}")
     assert empty.returncode == 1, empty.stderr
     assert "no run here" in empty.stderr
-    missing = cli("status", f"s3://no-such-bucket-here/a?endpoint_url={moto_server}")
+    missing = in_process("status", f"s3://no-such-bucket-here/a?endpoint_url={moto_server}")
     assert missing.returncode == 1, missing.stderr
     assert "NoSuchBucket" in missing.stderr
     for result in (empty, missing):
@@ -217,7 +222,7 @@ def test_s3_without_a_run_or_without_the_bucket_is_exit_1(moto_server: str, s3_b
 
 
 def test_status_shows_that_a_run_is_signed_and_by_which_key_id(
-    written_run: WrittenRun, tmp_path: Path
+    written_run: WrittenRun, tmp_path: Path, in_process: InProcess
 ) -> None:
     run_key = RunKey("a secret of at least sixteen bytes")
     signed = tmp_path / "signed"
@@ -232,12 +237,12 @@ def test_status_shows_that_a_run_is_signed_and_by_which_key_id(
                 await box.put_if_absent(key, data)
 
     anyio.run(sign)
-    result = cli("status", str(signed), "--json")
+    result = in_process("status", str(signed), "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["manifest"]["signed"] is True
     assert doc["manifest"]["key_id"] == run_key.key_id
-    table = cli("status", str(signed))
+    table = in_process("status", str(signed))
     assert table.returncode == 0, table.stderr
     assert f"signed (key id {run_key.key_id})" in table.stdout
     assert "a secret of at least sixteen bytes" not in table.stdout + result.stdout
@@ -278,7 +283,7 @@ def _signed_copy(written_run: WrittenRun, target: Path) -> str:
 
 
 def test_status_and_export_of_a_signed_run_verify_under_the_key(
-    written_run: WrittenRun, tmp_path: Path
+    written_run: WrittenRun, tmp_path: Path, in_process: InProcess
 ) -> None:
     """Status and export read through the one read path, which checks what it reads:
     with the key, the keyless record is skipped (and
@@ -287,25 +292,25 @@ def test_status_and_export_of_a_signed_run_verify_under_the_key(
     forged = _signed_copy(written_run, signed)
     keyed = {"GRADIENTMAIL_RUN_KEY": SECRET}
 
-    doc = json.loads(cli("status", str(signed), "--json", env_extra=keyed).stdout)
+    doc = json.loads(in_process("status", str(signed), "--json", env_extra=keyed).stdout)
     assert doc["verified"] is True
     assert doc["totals"]["rounds"] == 5
     assert [f["round"] for f in doc["fragments"]] == [3, 4, 2]
     assert any(keys.record(5) in problem for problem in doc["problems"])
 
-    bare = cli("status", str(signed), "--json")
+    bare = in_process("status", str(signed), "--json")
     assert bare.returncode == 0, bare.stderr
     assert json.loads(bare.stdout)["verified"] is False
-    table = cli("status", str(signed))
+    table = in_process("status", str(signed))
     assert "UNVERIFIED" in table.stdout
 
     out = tmp_path / "m.safetensors"
-    refused = cli("export", str(signed), "--out", str(out))
+    refused = in_process("export", str(signed), "--out", str(out))
     assert refused.returncode == 1
     assert "signed" in refused.stderr
     assert "GRADIENTMAIL_RUN_KEY" in refused.stderr
     assert not out.exists()
-    done = cli("export", str(signed), "--out", str(out), env_extra=keyed)
+    done = in_process("export", str(signed), "--out", str(out), env_extra=keyed)
     assert done.returncode == 0, done.stderr
     tensors = safetensors.torch.load_file(str(out))
     for name, value in written_run.newest.items():
