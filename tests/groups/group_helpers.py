@@ -1,13 +1,21 @@
 """Launching the group tests' worker processes (``group_worker.py``), as torchrun would:
 one process per rank, each told its rank, the group's size and its rendezvous port; and the
-checks the DDP and FSDP2 tests share."""
+checks the DDP and FSDP2 tests share.
+
+The ranks are real processes, forked from a server that imported torch and gradientmail once
+(``multiprocessing``'s forkserver): a fresh interpreter per rank would import them again, for
+seconds of CPU each, before the rank's own work began.
+"""
 
 import json
+import multiprocessing
 import os
+import runpy
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +23,7 @@ from typing import Any
 
 import anyio
 import safetensors.torch
+import torch
 from node_helpers import assert_holds_committed, assert_steps_accounted, records, tiny_model
 from torch import nn
 
@@ -24,6 +33,70 @@ from gradientmail.protocol.records import RoundRecord
 
 WORKER = Path(__file__).with_name("group_worker.py")
 TESTS = Path(__file__).parents[1]
+
+
+PRELOADED = [
+    "torch",
+    "torch.distributed",
+    "torch.distributed.device_mesh",
+    "torch.distributed.fsdp",
+    "torch.nn.parallel",
+    "safetensors.torch",
+    "trio",
+    "anyio",
+    "gradientmail",
+    "gradientmail.sync",
+    "gradientmail.mailbox.faults",
+]
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(PRELOADED)
+
+
+def _run_script(script: str, arguments: list[str], env: dict[str, str], stderr: str) -> None:
+    """In a process forked from the server: what ``python script arguments`` does with
+    ``env`` as its environment, its standard error to the file ``stderr``."""
+    os.environ.clear()
+    os.environ.update(env)
+    # What OMP_NUM_THREADS=1 does at a fresh import of torch.
+    torch.set_num_threads(1)
+    with open(stderr, "wb") as error, open(os.devnull, "r+b") as null:
+        os.dup2(error.fileno(), 2)
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 0)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [str(Path(script).parent), *paths]
+    sys.argv = [script, *arguments]
+    runpy.run_path(script, run_name="__main__")
+
+
+class Forked:
+    """A process running ``script`` (forked from the server), waited on as a ``Popen``."""
+
+    def __init__(self, script: Path, arguments: list[str], env: dict[str, str], stderr: Path):
+        self.process = FORKS.Process(
+            target=_run_script, args=(str(script), arguments, env, str(stderr))
+        )
+        self.process.start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(str(self.process.name), timeout or 0.0)
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        assert self.process.pid is not None
+        os.kill(self.process.pid, signum)
+
+    def kill(self) -> None:
+        self.process.kill()
 
 
 def free_port() -> int:
@@ -52,6 +125,45 @@ def torchrun(script: Path, *arguments: str, env: dict[str, str] | None = None) -
     )
 
 
+def launch(
+    script: Path, *arguments: str, world: int = 2, env: dict[str, str] | None = None
+) -> list[tuple[int, str]]:
+    """Run ``script`` as ``world`` ranks started at once with the environment torchrun gives
+    them (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the rendezvous address), without
+    torchrun's own process; each rank's exit status and standard error, once all exited."""
+    port = str(free_port())
+    with tempfile.TemporaryDirectory() as errors:
+        processes = [
+            Forked(
+                script,
+                list(arguments),
+                {
+                    **(env if env is not None else os.environ),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": port,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(world),
+                },
+                Path(errors) / f"{rank}.stderr",
+            )
+            for rank in range(world)
+        ]
+        deadline = time.monotonic() + 240
+        try:
+            codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in processes]
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        return [
+            (code, (Path(errors) / f"{rank}.stderr").read_text(errors="replace"))
+            for rank, code in enumerate(codes)
+        ]
+
+
 @dataclass
 class Ranks:
     """The worker processes of one test, by ``learner.rank``."""
@@ -62,7 +174,7 @@ class Ranks:
         self.run = self.tmp / "run"
         self.out = self.tmp / "out"
         self.out.mkdir(exist_ok=True)
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.processes: dict[str, Forked] = {}
 
     def start(
         self,
@@ -85,27 +197,23 @@ class Ranks:
         }
         for rank in range(world):
             name = f"{learner}.{rank}"
-            # A file rather than a pipe: nobody reads a pipe while another process is awaited.
-            with (self.tmp / f"{name}.stderr").open("wb") as stderr:
-                self.processes[name] = subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(WORKER),
-                        str(self.run),
-                        learner,
-                        str(rank),
-                        str(world),
-                        port,
-                        how,
-                        scenario,
-                        str(self.out),
-                        str(parties),
-                        str(until),
-                    ],
-                    env=environment,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                )
+            self.processes[name] = Forked(
+                WORKER,
+                [
+                    str(self.run),
+                    learner,
+                    str(rank),
+                    str(world),
+                    port,
+                    how,
+                    scenario,
+                    str(self.out),
+                    str(parties),
+                    str(until),
+                ],
+                environment,
+                self.tmp / f"{name}.stderr",
+            )
 
     def train_together(
         self,

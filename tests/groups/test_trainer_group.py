@@ -1,5 +1,6 @@
-"""A Hugging Face Trainer under torchrun (two DDP processes on the CPU) is one learner: its
-ranks end on the same committed weights, the follower never touches the store."""
+"""A Hugging Face Trainer in two DDP processes on the CPU, started as torchrun starts them,
+is one learner: its ranks end on the same committed weights, the follower never touches the
+store."""
 
 import json
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 import safetensors.torch
-from group_helpers import TESTS, torchrun
+from group_helpers import TESTS, launch
 from node_helpers import assert_holds_committed, records
 
 from gradientmail.mailbox import LocalMailbox
@@ -28,10 +29,9 @@ def test_a_ddp_trainer_is_one_learner(tmp_path: Path) -> None:
         "PYTHONPATH": os.pathsep.join(
             (str(TESTS / "integrations"), str(TESTS / "node"), str(TESTS), str(TESTS.parent))
         ),
-        "OMP_NUM_THREADS": "1",
     }
-    result = torchrun(WORKER, str(run), "hf", str(out), env=env)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
+    for code, stderr in launch(WORKER, str(run), "hf", str(out), env=env):
+        assert code == 0, stderr[-6000:]
     leader, follower = (json.loads((out / f"hf.{r}.json").read_text()) for r in range(2))
     assert leader["world"] == follower["world"] == 2
     for key in ("steps", "tokens", "versions", "round"):
