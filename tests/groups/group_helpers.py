@@ -2,15 +2,12 @@
 one process per rank, each told its rank, the group's size and its rendezvous port; and the
 checks the DDP and FSDP2 tests share.
 
-The ranks are real processes, forked from a server that imported torch and gradientmail once
-(``multiprocessing``'s forkserver): a fresh interpreter per rank would import them again, for
-seconds of CPU each, before the rank's own work began.
+The ranks are real processes forked from a server that imported torch and gradientmail once
+(``forked``).
 """
 
 import json
-import multiprocessing
 import os
-import runpy
 import signal
 import socket
 import subprocess
@@ -23,7 +20,7 @@ from typing import Any
 
 import anyio
 import safetensors.torch
-import torch
+from forked import Forked
 from node_helpers import assert_holds_committed, assert_steps_accounted, records, tiny_model
 from torch import nn
 
@@ -33,70 +30,6 @@ from gradientmail.protocol.records import RoundRecord
 
 WORKER = Path(__file__).with_name("group_worker.py")
 TESTS = Path(__file__).parents[1]
-
-
-PRELOADED = [
-    "torch",
-    "torch.distributed",
-    "torch.distributed.device_mesh",
-    "torch.distributed.fsdp",
-    "torch.nn.parallel",
-    "safetensors.torch",
-    "trio",
-    "anyio",
-    "gradientmail",
-    "gradientmail.sync",
-    "gradientmail.mailbox.faults",
-]
-FORKS = multiprocessing.get_context("forkserver")
-FORKS.set_forkserver_preload(PRELOADED)
-
-
-def _run_script(script: str, arguments: list[str], env: dict[str, str], stderr: str) -> None:
-    """In a process forked from the server: what ``python script arguments`` does with
-    ``env`` as its environment, its standard error to the file ``stderr``."""
-    os.environ.clear()
-    os.environ.update(env)
-    # What OMP_NUM_THREADS=1 does at a fresh import of torch.
-    torch.set_num_threads(1)
-    with open(stderr, "wb") as error, open(os.devnull, "r+b") as null:
-        os.dup2(error.fileno(), 2)
-        os.dup2(null.fileno(), 1)
-        os.dup2(null.fileno(), 0)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:0] = [str(Path(script).parent), *paths]
-    sys.argv = [script, *arguments]
-    runpy.run_path(script, run_name="__main__")
-
-
-class Forked:
-    """A process running ``script`` (forked from the server), waited on as a ``Popen``."""
-
-    def __init__(self, script: Path, arguments: list[str], env: dict[str, str], stderr: Path):
-        self.process = FORKS.Process(
-            target=_run_script, args=(str(script), arguments, env, str(stderr))
-        )
-        self.process.start()
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
-
-    def poll(self) -> int | None:
-        return self.process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self.process.join(timeout)
-        if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired(str(self.process.name), timeout or 0.0)
-        return self.process.exitcode
-
-    def send_signal(self, signum: int) -> None:
-        assert self.process.pid is not None
-        os.kill(self.process.pid, signum)
-
-    def kill(self) -> None:
-        self.process.kill()
 
 
 def free_port() -> int:

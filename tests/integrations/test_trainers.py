@@ -1,17 +1,18 @@
 """The Hugging Face and Lightning callbacks: two learners, each a real ``Trainer`` in its own
 process on one ``LocalMailbox``, train a tiny GPT-2 built from a config (no download), with
 gradient accumulation; rounds are committed with both, and each ends holding committed
-weights."""
+weights. (The processes are forked from a server that imported torch and gradientmail once:
+``forked``.)"""
 
 import json
 import os
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
+from forked import Forked
 from sync_support import check_holds_committed, committed, leases
 
 WORKER = Path(__file__).with_name("trainer_worker.py")
@@ -28,25 +29,25 @@ def _run_pair(framework: str, tmp_path: Path) -> None:
     }
     run = tmp_path / "run"
     workers = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), framework, str(run), learner, str(seed), str(tmp_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            text=True,
+        Forked(
+            WORKER,
+            [framework, str(run), learner, str(seed), str(tmp_path)],
+            env,
+            tmp_path / f"{learner}.log",
         )
         for seed, learner in enumerate(LEARNERS)
     ]
+    deadline = time.monotonic() + LIMIT
     try:
-        outputs = [worker.communicate(timeout=LIMIT)[0] for worker in workers]
+        for worker in workers:
+            worker.wait(max(1.0, deadline - time.monotonic()))
     finally:
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-    for learner, worker, output in zip(LEARNERS, workers, outputs, strict=True):
-        assert worker.returncode == 0, f"{learner} failed:\n{output[-4000:]}"
+    for learner, worker in zip(LEARNERS, workers, strict=True):
+        assert worker.returncode == 0, f"{learner} failed:\n{worker.read()[-4000:]}"
     records = committed(run)
     assert len(records) >= 4
     together = [r for r in records if {p.learner for p in r.participants} == set(LEARNERS)]

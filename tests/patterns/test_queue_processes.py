@@ -1,53 +1,37 @@
 """shared_queue and Barrier across real processes on one LocalMailbox directory, with consumers
-under asyncio and trio side by side, and a real SIGKILL of one of them mid-unit."""
+under asyncio and trio side by side, and a real SIGKILL of one of them mid-unit. (The
+processes are forked from a server that imported gradientmail once: ``forked``.)"""
 
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import msgspec
+from forked import Forked
 
 WORKER = Path(__file__).with_name("_queue_worker.py")
 UNITS = 200
 TIMEOUT = 60.0
 
 
-def start(
-    store: Path, learner: str, out: Path, backend: str, *extra: str
-) -> subprocess.Popen[bytes]:
+def start(store: Path, learner: str, out: Path, backend: str, *extra: str) -> Forked:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(WORKER),
-            str(store),
-            learner,
-            "--units",
-            str(UNITS),
-            "--out",
-            str(out),
-            "--backend",
-            backend,
-            *extra,
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
+    arguments = [str(store), learner, "--units", str(UNITS), "--out", str(out)]
+    arguments += ["--backend", backend, *extra]
+    return Forked(WORKER, arguments, env, out.with_name(out.name + ".log"))
 
 
-def finish(process: subprocess.Popen[bytes]) -> None:
+def finish(process: Forked) -> None:
     try:
-        _, stderr = process.communicate(timeout=TIMEOUT)
+        process.wait(TIMEOUT)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert process.returncode == 0, stderr.decode()
+    assert process.returncode == 0, process.read()
 
 
 def lines(out: Path) -> list[tuple[str, int]]:
@@ -127,12 +111,12 @@ def test_a_consumer_killed_mid_unit_leaves_it_claimed_and_the_others_finish(tmp_
         )
         assert victim.poll() is None
         victim.send_signal(signal.SIGKILL)
-        victim.communicate(timeout=TIMEOUT)
+        victim.wait(TIMEOUT)
         assert victim.returncode == -signal.SIGKILL
     finally:
         if victim.poll() is None:
             victim.kill()
-        victim.communicate()
+        victim.wait()
     for process in processes:
         finish(process)
 
