@@ -63,9 +63,10 @@ def launch(
 ) -> list[tuple[int, str]]:
     """Run ``script`` as ``world`` ranks started at once with the environment torchrun gives
     them (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the rendezvous address), without
-    torchrun's own process; each rank's exit status and standard error, once all exited."""
+    torchrun's own process; each rank's exit status and output (standard output and error),
+    once all exited."""
     port = str(free_port())
-    with tempfile.TemporaryDirectory() as errors:
+    with tempfile.TemporaryDirectory() as outputs:
         processes = [
             Forked(
                 script,
@@ -79,7 +80,7 @@ def launch(
                     "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(world),
                 },
-                Path(errors) / f"{rank}.stderr",
+                Path(outputs) / f"{rank}.output",
             )
             for rank in range(world)
         ]
@@ -92,7 +93,7 @@ def launch(
                     process.kill()
                     process.wait()
         return [
-            (code, (Path(errors) / f"{rank}.stderr").read_text(errors="replace"))
+            (code, (Path(outputs) / f"{rank}.output").read_text(errors="replace"))
             for rank, code in enumerate(codes)
         ]
 
@@ -145,7 +146,7 @@ class Ranks:
                     str(until),
                 ],
                 environment,
-                self.tmp / f"{name}.stderr",
+                self.tmp / f"{name}.output",
             )
 
     def train_together(
@@ -172,8 +173,8 @@ class Ranks:
         report."""
         process = self.processes[name]
         process.wait(timeout=max(1.0, deadline - time.monotonic()))
-        stderr = (self.tmp / f"{name}.stderr").read_text(errors="replace")
-        assert process.returncode == 0, f"{name}: {stderr[-4000:]}"
+        output = (self.tmp / f"{name}.output").read_text(errors="replace")
+        assert process.returncode == 0, f"{name}: {output[-4000:]}"
         report: dict[str, Any] = json.loads((self.out / f"{name}.json").read_text())
         return report
 
@@ -183,8 +184,8 @@ class Ranks:
             for name, process in self.processes.items():
                 code = process.poll()
                 if code is not None and code != 0:
-                    stderr = (self.tmp / f"{name}.stderr").read_text(errors="replace")
-                    raise AssertionError(f"{name} exited {code}: {stderr[-4000:]}")
+                    output = (self.tmp / f"{name}.output").read_text(errors="replace")
+                    raise AssertionError(f"{name} exited {code}: {output[-4000:]}")
             time.sleep(0.02)
 
     def kill_all(self) -> None:

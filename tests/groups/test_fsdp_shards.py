@@ -12,8 +12,8 @@ WORKER = Path(__file__).with_name("shard_worker.py")
 
 
 def test_each_rank_finds_the_rows_fully_shard_gave_it(tmp_path: Path) -> None:
-    for code, stderr in launch(WORKER, str(tmp_path)):
-        assert code == 0, stderr[-3000:]
+    for code, output in launch(WORKER, str(tmp_path)):
+        assert code == 0, output[-3000:]
     found = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     assert [r["rank"] for r in found] == [0, 1]
     for result in found:

@@ -30,8 +30,8 @@ def test_a_ddp_trainer_is_one_learner(tmp_path: Path) -> None:
             (str(TESTS / "integrations"), str(TESTS / "node"), str(TESTS), str(TESTS.parent))
         ),
     }
-    for code, stderr in launch(WORKER, str(run), "hf", str(out), env=env):
-        assert code == 0, stderr[-6000:]
+    for code, output in launch(WORKER, str(run), "hf", str(out), env=env):
+        assert code == 0, output[-6000:]
     leader, follower = (json.loads((out / f"hf.{r}.json").read_text()) for r in range(2))
     assert leader["world"] == follower["world"] == 2
     for key in ("steps", "tokens", "versions", "round"):
