@@ -78,30 +78,22 @@ async def test_a_learner_that_fell_behind_rejoins_the_others_rounds_within_n_rou
     )
 
 
-RESTART = RunConfig(fragments=4, sync_every=128, grace=0.4, keep_versions=1000, keep_rounds=1000)
-"""Paced (the default overlap, 2); a fragment comes due every 32 steps (``INTERVAL``)."""
+RESTART = RunConfig(fragments=4, sync_every=64, grace=0.4, keep_versions=1000, keep_rounds=1000)
+"""The adaptive schedule (the default overlap, None); a fragment comes due every 16 steps
+(``INTERVAL``: 0.64 s of steps, longer than the grace)."""
 INTERVAL = RESTART.sync_every // RESTART.fragments
-SURVIVOR_LIMIT = 0.3
-"""Seconds ``a`` may wait in all from ``b``'s restart to the end of the checked rounds: a
-round's close or two (measured: 0.0 s). With the restarted learner due an interval after
-it joined, ``a`` waited 1.24 s when ``b`` restarted just before ``a``'s round came due."""
-JOINER_LIMIT = INTERVAL * TICK + RESTART.grace
-"""Seconds ``b`` may wait in all: its lead, at most an interval of steps, and a grace for
-the closes (measured: 1.19 s restarting just after ``a``'s round, 0.01 s just before)."""
 
 
-@pytest.mark.parametrize("restart_at", [66, 94], ids=["after-a-round", "before-a-round"])
-async def test_a_restarted_learner_rejoins_the_paced_rounds_in_step(restart_at: int) -> None:
+@pytest.mark.parametrize(
+    "restart_at", [2 * INTERVAL + 2, 3 * INTERVAL - 2], ids=["after-a-round", "before-a-round"]
+)
+async def test_a_restarted_learner_rejoins_the_rounds_in_step(restart_at: int) -> None:
     """``b`` crashes (its node cancelled mid-training, as in ``test_membership``) and
     restarts at once with a fresh model while ``a`` is at step ``restart_at`` of its
-    period: just after fragment 1's round (due at 64) committed and ``a`` applied it (at
-    66), or just before fragment 2's comes due (at 96). Paced learners never move their
-    schedule: ``b`` takes the next round at its first step (``fragments.joined_phase``), so
-    that it is ahead of ``a`` by at most an interval and waits that out itself, every round
-    from its ``N``-th has both learners, and ``a`` never waits for ``b``. Before the joined
-    phase its first snapshot went to round 8 of a run at round 5 (out of step by 64 steps)
-    and the learners waited 4.3 s in all; due an interval after joining, ``b`` was behind
-    ``a`` by up to an interval, and ``a`` waited for it."""
+    period: two steps after fragment 1's round came due, or two steps before fragment 2's
+    does. ``b`` takes the next round at its first step (``fragments.joined_phase``): its
+    first snapshot after the restart goes to the round after the newest it joined at, and
+    every round from its ``N``-th on has both learners (``CHECKED`` of them are checked)."""
     box = MemoryMailbox()
     period = RESTART.sync_every
     a_ready = anyio.Event()
@@ -109,8 +101,6 @@ async def test_a_restarted_learner_rejoins_the_paced_rounds_in_step(restart_at: 
     restart = anyio.Event()
     stop = anyio.Event()
     rejoined: list[int] = []
-    restarted: list[Node] = []
-    waits: list[tuple[float, float]] = []
 
     async def a() -> None:
         model = tiny_model(1)
@@ -123,9 +113,6 @@ async def test_a_restarted_learner_rejoins_the_paced_rounds_in_step(restart_at: 
                 await anyio.sleep(TICK)
                 if crashed.is_set() and node.state.steps % period == restart_at:
                     restart.set()
-                if restarted:
-                    now = (node.state.waited_seconds, restarted[0].state.waited_seconds)
-                    waits.append(now)
                 if rejoined and node.state.round >= rejoined[0] + N + CHECKED:
                     stop.set()
 
@@ -146,7 +133,6 @@ async def test_a_restarted_learner_rejoins_the_paced_rounds_in_step(restart_at: 
         trainer = Trainer(model, 3)
         async with open_node(model, box, learner="b", options=FAST) as node:
             rejoined.append(node.state.round)
-            restarted.append(node)
             while not stop.is_set():
                 trainer.step()
                 await node.step(tokens=16)
@@ -167,8 +153,3 @@ async def test_a_restarted_learner_rejoins_the_paced_rounds_in_step(restart_at: 
     )
     b_first = min(r.round for r in history if r.round > rejoined[0] and "b" in seen[r.round])
     assert b_first == rejoined[0] + 1, seen
-    (a_before, b_before), (a_after, b_after) = waits[0], waits[-1]
-    assert a_after - a_before < SURVIVOR_LIMIT, (
-        f"a waited {a_after - a_before:.2f} s for b's rounds from b's restart on"
-    )
-    assert b_after - b_before < JOINER_LIMIT, f"b waited {b_after - b_before:.2f} s"
