@@ -3,6 +3,7 @@ behind a relay on 127.0.0.1 that injects the faults for a number of requests and
 every other request unchanged: each operation raises ``MailboxUnavailable`` (the store's
 error chained), ``retrying`` outlasts the burst, and a node rides through it and commits."""
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -46,18 +47,44 @@ async def test_every_operation_reports_a_burst_as_unavailable(
     moto_server: str, s3_bucket: str
 ) -> None:
     burst = Burst([SLOW_DOWN])
-    async with faulty_relay(moto_server, burst) as (endpoint, _), quick(endpoint, s3_bucket) as box:
-        for name, operation in operations(box).items():
-            # Exactly botocore's three attempts, each answered SlowDown.
-            burst.start(3)
-            with anyio.fail_after(30), pytest.raises(MailboxUnavailable) as caught:
-                await operation()
-            assert isinstance(caught.value.__cause__, ClientError), name
-            assert caught.value.__cause__.response["Error"]["Code"] == "SlowDown"
-            assert "SlowDown" in str(caught.value)
-            assert burst.remaining == 0, name
+    failed: dict[str, MailboxUnavailable] = {}
+
+    async def attempt(name: str, operation: Callable[[], Awaitable[object]]) -> None:
+        with pytest.raises(MailboxUnavailable) as caught:
+            await operation()
+        failed[name] = caught.value
+
+    async with (
+        faulty_relay(moto_server, burst) as (endpoint, log),
+        quick(endpoint, s3_bucket) as box,
+    ):
+        named = operations(box)
+        # Exactly botocore's three attempts of each, each answered SlowDown; all at once, so
+        # that their backoffs overlap.
+        burst.start(3 * len(named))
+        before = len(log.requests)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                for name, operation in named.items():
+                    group.start_soon(attempt, name, operation)
+        attempts = Counter(_operation_of(r) for r in log.requests[before:])
+        assert attempts == dict.fromkeys(named, 3)
+        assert burst.remaining == 0
+        for name, error in failed.items():
+            assert isinstance(error.__cause__, ClientError), name
+            assert error.__cause__.response["Error"]["Code"] == "SlowDown"
+            assert "SlowDown" in str(error)
         assert await box.put_if_absent("new", b"fresh")
         assert await box.get("new") == b"fresh"
+
+
+def _operation_of(request: Request) -> str:
+    """Which of ``operations`` sent ``request``."""
+    if request.method == "POST":
+        return "delete"
+    if request.method == "PUT":
+        return "put"
+    return "list" if "list-type" in request.target else "get"
 
 
 @pytest.mark.parametrize(
