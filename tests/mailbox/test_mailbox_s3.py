@@ -104,10 +104,6 @@ async def test_a_paused_then_stopped_server_is_unavailable_and_retrying_outlasts
     async with quick(server.endpoint, "outage") as mailbox:
         assert await mailbox.put_if_absent("k", b"before")
 
-        # Paused: the kernel still accepts connections, nothing answers (read timeouts).
-        server.pause()
-        await all_unavailable(every_operation(mailbox))
-
         failed = anyio.Event()
         outcome: list[bytes | None] = []
 
@@ -121,9 +117,13 @@ async def test_a_paused_then_stopped_server_is_unavailable_and_retrying_outlasts
         async def keep_reading() -> None:
             outcome.append(await retrying(read, max_delay=1.0))
 
+        # Paused: the kernel still accepts connections, nothing answers (read timeouts). The
+        # retried read's first attempt runs alongside the others.
+        server.pause()
         with anyio.fail_after(60):
             async with anyio.create_task_group() as group:
                 group.start_soon(keep_reading)
+                await all_unavailable(every_operation(mailbox))
                 await failed.wait()
                 server.resume()
         assert outcome == [b"before"]
