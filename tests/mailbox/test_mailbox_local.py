@@ -2,6 +2,7 @@
 durability and the temporary area."""
 
 import os
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -41,33 +42,41 @@ RACER = textwrap.dedent(
                 won = await mailbox.put_if_absent(f"race/{index}", me.encode() * 1000)
                 print(index, int(won), flush=True)
 
-    anyio.run(main)
+    anyio.run(main, backend=sys.argv[5])
     """
 )
 
 
-@pytest.mark.anyio
-async def test_racing_processes_create_each_key_exactly_once(tmp_path: Path) -> None:
+def test_racing_processes_create_each_key_exactly_once(tmp_path: Path) -> None:
+    """``RACERS`` processes, half of them on asyncio and half on trio, put the same keys at
+    once: each key is created by exactly one of them, with its bytes."""
     directory = tmp_path / "mailbox"
     go = tmp_path / "go"
     script = tmp_path / "racer.py"
     script.write_text(RACER)
-    outputs: dict[int, str] = {}
-
-    async def race(rank: int) -> None:
-        command = [sys.executable, str(script), str(directory), f"p{rank}", str(go), str(KEYS)]
-        outputs[rank] = (await anyio.run_process(command)).stdout.decode()
-
-    with anyio.fail_after(120):
-        async with anyio.create_task_group() as group:
-            for rank in range(RACERS):
-                group.start_soon(race, rank)
-            # All four wait on one signal once started, so that their puts overlap.
-            while True:
-                if len([path async for path in anyio.Path(tmp_path).glob("ready-*")]) == RACERS:
-                    break
-                await anyio.sleep(0.01)
-            await anyio.Path(go).touch()
+    racers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(directory), f"p{rank}", str(go), str(KEYS), backend],
+            stdout=subprocess.PIPE,
+        )
+        for rank, backend in zip(range(RACERS), ("asyncio", "trio") * RACERS, strict=False)
+    ]
+    try:
+        # All of them wait on one signal once started, so that their puts overlap.
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready-*"))) < RACERS:
+            assert time.monotonic() < deadline, "the racers did not start"
+            assert all(racer.poll() is None for racer in racers), "a racer exited early"
+            time.sleep(0.01)
+        go.touch()
+        outputs = {
+            rank: racer.communicate(timeout=120)[0].decode() for rank, racer in enumerate(racers)
+        }
+    finally:
+        for racer in racers:
+            racer.kill()
+            racer.wait()
+    assert all(racer.returncode == 0 for racer in racers)
 
     winners: dict[int, list[str]] = {index: [] for index in range(KEYS)}
     for rank, stdout in outputs.items():
@@ -76,12 +85,16 @@ async def test_racing_processes_create_each_key_exactly_once(tmp_path: Path) -> 
         for index, won in zip(lines[::2], lines[1::2], strict=True):
             if won == "1":
                 winners[int(index)].append(f"p{rank}")
+    anyio.run(_created_once, directory, winners)
+    assert list((directory / "tmp").iterdir()) == []
+
+
+async def _created_once(directory: Path, winners: dict[int, list[str]]) -> None:
     async with LocalMailbox(directory) as mailbox:
         for key_index, creators in winners.items():
             assert len(creators) == 1, f"key race/{key_index} created by {creators}"
             assert await mailbox.get(f"race/{key_index}") == creators[0].encode() * 1000
         assert len(await mailbox.list("race/")) == KEYS
-    assert [path async for path in anyio.Path(directory / "tmp").iterdir()] == []
 
 
 keys = st.lists(
