@@ -26,7 +26,7 @@ CONFIG = RunConfig(
     fragments=2, sync_every=16, grace=0.4, overlap=None, keep_versions=1000, keep_rounds=1000
 )
 TICK = 0.04
-ROUNDS = 24
+ROUNDS = 16
 WARM = 8
 """Rounds left out of the check while ``a`` first moves back."""
 SPREAD = 0.3
