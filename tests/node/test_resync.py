@@ -24,7 +24,7 @@ pytestmark = pytest.mark.anyio
 
 CONFIG = RunConfig(fragments=2, sync_every=32, grace=0.4, keep_versions=1000, keep_rounds=1000)
 TICK = 0.04
-SLOW_FROM, SLOW_STEPS = 40, 14
+SLOW_FROM, SLOW_STEPS = 24, 14
 N = 4
 """Rounds after the end of the slow stretch within which every round has both learners."""
 CHECKED = 4
