@@ -1,6 +1,6 @@
 """One node in its own process, that may SIGKILL itself at a chosen point.
 
-    python kill_worker.py URL LEARNER SEED UNTIL BACKEND OUT_DIR ROLE KILL
+    python kill_worker.py URL LEARNER SEED UNTIL BACKEND OUT_DIR ROLE KILL [GATE]
 
 ROLE: ``learner`` (trains and closes rounds), ``learner-only`` (trains; no syncer) or
 ``syncer`` (no model; runs until the file ``OUT_DIR/stop`` exists).
@@ -12,6 +12,8 @@ first claim on a round lands); ``blob`` (right after the first blob it writes on
 a claim); ``record`` (when it is about to write its first round record); ``init:N`` (right
 after its N-th Θ⁰ marker lands). The kill is a real ``SIGKILL`` of this process, from inside the
 mailbox call at that point, so nothing after it runs: no flush, no lease release.
+GATE: a file whose name (in OUT_DIR) the node waits for once its imports are done, so that
+a test can start a process ahead of the moment it needs the node (start-up costs seconds).
 
 On a clean exit it writes ``OUT_DIR/LEARNER.json``: its steps, tokens, versions, drops, the
 rounds it committed, claimed and took over, and when it joined.
@@ -163,6 +165,17 @@ async def main(
     (out / f"{learner}.json").write_text(json.dumps(report))
 
 
+def wait_for(gate: Path, limit: float = 200.0) -> None:
+    """Wait until ``gate`` exists (another process writes it: nothing to wait on but time)."""
+    deadline = time.monotonic() + limit
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"{gate} did not appear within {limit} s")
+        time.sleep(0.02)
+
+
 if __name__ == "__main__":
-    url, learner, seed, until, backend, out, role, kill = sys.argv[1:]
+    url, learner, seed, until, backend, out, role, kill, *gate = sys.argv[1:]
+    if gate:
+        wait_for(Path(out) / gate[0])
     anyio.run(main, url, learner, int(seed), until, Path(out), role, kill, backend=backend)

@@ -1,6 +1,8 @@
 """Real processes on a real directory (and once on a moto S3 server), killed with SIGKILL at
 the worst moments: a learner mid-training, the claimant of a round right after its claim,
 after its first blob and just before its record, and the creator after its first Θ⁰ marker.
+The processes a test needs later start with the first ones and wait at a gate, after their
+imports, until the test opens it.
 
 Each time the run goes on: another node takes over within the timeouts, every round commits
 exactly once, the killed node restarted with the same id rejoins and takes part again, and
@@ -53,8 +55,11 @@ class Cluster:
         kill: str = "none",
         seed: int = 0,
         backend: str = "asyncio",
+        gate: str | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start a worker; with ``gate``, its node waits for ``open(gate)`` after its imports."""
         args = [self.url, learner, str(seed), until, backend, str(self.out), role, kill]
+        args += [gate] if gate is not None else []
         process = subprocess.Popen(
             [sys.executable, str(WORKER), *args],
             env=self.env,
@@ -75,6 +80,9 @@ class Cluster:
 
     def report(self, learner: str) -> dict[str, Any]:
         return json.loads((self.out / f"{learner}.json").read_text())  # type: ignore[no-any-return]
+
+    def open(self, gate: str) -> None:
+        (self.out / gate).touch()
 
     def stop_syncers(self) -> None:
         (self.out / "stop").touch()
@@ -154,8 +162,9 @@ def test_a_learner_killed_mid_training_rejoins_and_resumes(cluster: Cluster) -> 
     a = cluster.start("a", until="14", seed=1)
     b = cluster.start("b", until="14", seed=2, backend="trio")
     victim = cluster.start("c", until="+1000", seed=3, kill="counted:20")
+    again = cluster.start("c", until="+6", seed=3, backend="trio", gate="again")
     cluster.killed(victim)
-    again = cluster.start("c", until="+6", seed=3, backend="trio")
+    cluster.open("again")
     for process in (a, b, again):
         cluster.finished(process)
     records = check_store(cluster.url)
@@ -192,17 +201,19 @@ def test_claimants_killed_while_closing_are_taken_over(cluster: Cluster) -> None
         point: cluster.start(f"k-{point}", role="syncer", kill=point, backend=backend)
         for point, backend in (("claim", "asyncio"), ("blob", "trio"), ("record", "asyncio"))
     }
+    survivor = cluster.start("s", role="syncer", backend="trio", gate="survivor")
+    # One of them is enough to show a restarted claimant rejoins (the other kill tests
+    # restart theirs too).
+    again = cluster.start("k-record", role="syncer", gate="again")
     for process in victims.values():
         cluster.killed(process)
     claims = _claims(cluster.url)
     names = {f"k-{point}" for point in victims}
     assert {claimant for found in claims.values() for claimant in found} == names
     stuck = max(claims)
-    survivor = cluster.start("s", role="syncer", backend="trio")
+    cluster.open("survivor")
     _wait_for_record(cluster.url, stuck, limit=60)
-    # One of them is enough to show a restarted claimant rejoins (the other kill tests
-    # restart theirs too); each restart costs a process start-up.
-    again = cluster.start("k-record", role="syncer")
+    cluster.open("again")
     for process in learners:
         cluster.finished(process)
     cluster.stop_syncers()
@@ -241,14 +252,16 @@ def _wait_for_record(url: str, round: int, limit: float) -> None:
 
 def test_the_creator_killed_after_its_first_marker_is_taken_over(cluster: Cluster) -> None:
     victim = cluster.start("v", until="10", seed=1, kill="init:1")
-    cluster.killed(victim)
     joiners = [
-        cluster.start("j1", until="10", seed=2),
-        cluster.start("j2", until="10", seed=3, backend="trio"),
+        cluster.start("j1", until="10", seed=2, gate="joiners"),
+        cluster.start("j2", until="10", seed=3, backend="trio", gate="joiners"),
     ]
+    again = cluster.start("v", until="+4", seed=1, gate="again")
+    cluster.killed(victim)
+    cluster.open("joiners")
     for process in joiners:
         cluster.finished(process)
-    again = cluster.start("v", until="+4", seed=1)
+    cluster.open("again")
     cluster.finished(again)
     records = check_store(cluster.url)
     creator = cluster.report("j1")["created_by"]
@@ -270,9 +283,10 @@ def test_a_claimant_killed_before_its_record_on_s3(
     try:
         learner = cluster.start("l1", role="learner-only", until="6", seed=1)
         victim = cluster.start("k", role="syncer", kill="record", backend="trio")
+        survivor = cluster.start("s", role="syncer", gate="survivor")
         cluster.killed(victim)
         stuck = max(_claims(url))
-        survivor = cluster.start("s", role="syncer")
+        cluster.open("survivor")
         cluster.finished(learner)
         cluster.stop_syncers()
         cluster.finished(survivor)
