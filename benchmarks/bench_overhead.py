@@ -69,7 +69,7 @@ def plan(quick: bool) -> dict[str, Any]:
             "segment_steps": 8,
             "sessions": 1,
             "idle_polls": [0.25],
-            "idle_seconds": 2.0,
+            "idle_seconds": 1.0,
         }
     return {
         "model": "medium",

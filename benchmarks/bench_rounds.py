@@ -56,8 +56,8 @@ def plan(quick: bool) -> dict[str, Any]:
             "latency_sizes": [100_000],
             "latency_rounds": 3,
             "scale_ns": [2, 4, 8],
-            "scale_seconds": 4.0,
-            "scale_warmup_s": 1.5,
+            "scale_seconds": 3.2,
+            "scale_warmup_s": 1.0,
         }
     return {
         "latency_sizes": [1_000_000, 10_000_000],

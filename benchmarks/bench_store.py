@@ -50,9 +50,9 @@ def plan(quick: bool) -> dict[str, Any]:
     if quick:
         return {
             "sizes": dict(QUICK_SIZES),
-            "ops": {"1KiB": 16, "1MiB": 4, "4MiB": 1},
+            "ops": {"1KiB": 4, "1MiB": 2, "4MiB": 1},
             "repetitions": 2,
-            "list_keys": 200,
+            "list_keys": 50,
             "list_repetitions": 2,
         }
     return {
