@@ -1,6 +1,6 @@
 """Large-object transfer: parallel parts against one stream, and against the raw client.
 
-One large blob (1 GiB with ``--large``, 128 MiB by default, 48 MiB with ``--quick``) is
+One large blob (1 GiB with ``--large``, 128 MiB by default, 12 MiB with ``--quick``) is
 put and then got, under asyncio and trio, through:
 
 - ``S3Mailbox`` on a moto server, three arms: the mailbox as configured by default
@@ -54,14 +54,19 @@ from bench_store import FilesArm
 import gradientmail.mailbox._local_reads as local_reads
 import gradientmail.mailbox._local_writes as local_writes
 from gradientmail.mailbox import LocalMailbox, S3Mailbox
-from gradientmail.mailbox._s3_parts import part_ranges
+from gradientmail.mailbox._s3_parts import MIN_PART_BYTES, part_ranges
 
 NAME = "transfer"
 BACKENDS = ("asyncio", "trio")
 # The full benchmark run's size fits its time budget; 1 GiB is ``--large``'s.
 SIZE = 128 << 20
 LARGE_SIZE = 1 << 30
-QUICK_SIZE = 48 << 20
+QUICK_SIZE = 12 << 20
+QUICK_PARTS = {"part_size": MIN_PART_BYTES, "multipart_threshold": MIN_PART_BYTES}
+QUICK_CHUNK = 4 << 20
+"""The quick variant's ``parallel`` arms: S3 parts of 5 MiB (S3's smallest) above 5 MiB and
+local chunks of 4 MiB, so that its small blob still goes in three parts and three chunks,
+as the default configuration sends a large one."""
 SWEEP_SIZE = 256 << 20
 READ_TIMEOUT = 600.0
 """Seconds per socket read or write, for every arm: one stream of 1 GiB into moto on a loaded
@@ -223,11 +228,16 @@ async def _rounds(
     return figures
 
 
-async def _s3(endpoint: str, bucket: str, data: bytes, repetitions: int) -> dict[str, Any]:
+async def _s3(
+    endpoint: str, bucket: str, data: bytes, repetitions: int, parts: dict[str, int]
+) -> dict[str, Any]:
+    """The S3 arms; ``parts`` overrides the ``parallel`` mailbox's part options."""
     from aiobotocore.session import get_session
 
     parallel = _patient(
-        S3Mailbox(bucket, endpoint_url=endpoint, region="us-east-1", read_timeout=READ_TIMEOUT)
+        S3Mailbox(
+            bucket, endpoint_url=endpoint, region="us-east-1", read_timeout=READ_TIMEOUT, **parts
+        )
     )
     single = _patient(
         S3Mailbox(
@@ -262,10 +272,11 @@ async def _s3(endpoint: str, bucket: str, data: bytes, repetitions: int) -> dict
     }
 
 
-async def _local(scratch: Path, data: bytes, repetitions: int) -> dict[str, Any]:
+async def _local(scratch: Path, data: bytes, repetitions: int, chunk: int | None) -> dict[str, Any]:
+    """The local arms; ``chunk`` (None: the mailbox's own) is the ``parallel`` arm's."""
     async with LocalMailbox(scratch / "mailbox") as mailbox:
         arms: dict[str, Any] = {
-            "parallel": MailboxArm(mailbox, len(data)),
+            "parallel": MailboxArm(mailbox, len(data), chunk=chunk),
             "single": MailboxArm(mailbox, len(data), chunk=len(data) + 1),
             "raw": FilesArm(scratch / "plain"),
         }
@@ -277,7 +288,7 @@ async def _local(scratch: Path, data: bytes, repetitions: int) -> dict[str, Any]
                 await mailbox.delete([key])
 
         figures = await _rounds(arms, data, repetitions, remove)
-    return figures | {"write_chunk": local_writes.WRITE_CHUNK}
+    return figures | {"write_chunk": chunk or local_writes.WRITE_CHUNK}
 
 
 async def _sweep(endpoint: str, bucket: str, data: bytes) -> list[dict[str, Any]]:
@@ -319,6 +330,7 @@ def run(
 ) -> Path:
     """Measure, write ``results/<name>.json`` and return its path."""
     repetitions = 1 if quick else repetitions
+    parts, chunk = (QUICK_PARTS, QUICK_CHUNK) if quick else ({}, None)
     settings = {"size_bytes": size, "repetitions": repetitions, "sweep": sweep, "warm_up": True}
     result = h.header(name, quick=quick, parameters=settings)
     data = os.urandom(size)
@@ -327,8 +339,8 @@ def run(
         bucket = h.create_bucket(endpoint)
         for backend in BACKENDS:
             with tempfile.TemporaryDirectory(prefix="gm-bench-transfer-") as scratch:
-                local = anyio.run(_local, Path(scratch), data, repetitions, backend=backend)
-            s3 = anyio.run(_s3, endpoint, bucket, data, repetitions, backend=backend)
+                local = anyio.run(_local, Path(scratch), data, repetitions, chunk, backend=backend)
+            s3 = anyio.run(_s3, endpoint, bucket, data, repetitions, parts, backend=backend)
             figures[backend] = {"local": local, "s3": s3}
             print(backend, json.dumps(_ratios({backend: figures[backend]})))
         if sweep:
@@ -359,7 +371,7 @@ def _ratios(figures: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="48 MiB, one repetition")
+    parser.add_argument("--quick", action="store_true", help="12 MiB, small parts, once")
     parser.add_argument("--large", action="store_true", help="1 GiB")
     parser.add_argument("--repetitions", type=int, default=3, help="of each arm")
     parser.add_argument("--sweep", action="store_true", help="also time part sizes/concurrency")

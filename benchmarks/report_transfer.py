@@ -21,7 +21,8 @@ def transfer(page: Page, result: dict[str, Any] | None) -> None:
         page.target("large transfers ÷ raw client", "≥ 0.9", "–", None, "not run")
         return
     p, f = result["parameters"], result["figures"]
-    s3 = next(iter(f.values()))["s3"]
+    s3, local = next(iter(f.values()))["s3"], next(iter(f.values()))["local"]["write_chunk"]
+    configured = "with smaller parts (quick)" if result["quick"] else "as configured by default"
     warm = ", after one untimed round of every arm" if p.get("warm_up") else ""
     page.add(
         provenance(result),
@@ -29,10 +30,10 @@ def transfer(page: Page, result: dict[str, Any] | None) -> None:
         f"One {binary(p['size_bytes'])} random blob put and then got, {p['repetitions']} "
         f"repetition(s) with the arms' order rotating{warm}, through `S3Mailbox` on a moto "
         "server at 127.0.0.1 and through `LocalMailbox` on a temporary directory. "
-        "`parallel` is the mailbox as configured by default (S3: parts of "
+        f"`parallel` is the mailbox {configured} (S3: parts of "
         f"{binary(s3['part_size'])}, "
         f"{s3['part_concurrency']} at once, above {binary(s3['multipart_threshold'])}; "
-        "local: 16 MiB chunks off the event loop); `single` is the same mailbox's "
+        f"local: {binary(local)} chunks off the event loop); `single` is the same mailbox's "
         "single-stream path (one PUT and one GET; one worker-thread hop); `raw` is the "
         "fastest raw client doing the same transfer (raw aiobotocore with the same parts and "
         "concurrency, into a `bytearray` it returns as is; plain files). Median MiB/s "
