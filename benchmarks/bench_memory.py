@@ -2,10 +2,11 @@
 and the latency of a round of a large fragment with learners and a syncer in separate
 processes.
 
-Memory: each point is a fresh process (``--point ROLE P``) that first builds what its role
-holds between rounds, then measures the peak resident set (``VmHWM``, reset through
-``/proc/self/clear_refs`` once the setup is done) of one operation run through the node's
-own code, above the resident set it started from (``VmRSS``):
+Memory: each point is a fresh process (``--point ROLE P``; the quick variant starts them all
+at once) that first builds what its role holds between rounds, then measures the peak
+resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` once the setup is done) of
+one operation run through the node's own code, above the resident set it started from
+(``VmRSS``):
 
 - ``publish``: a learner holding its live fragment and base B (fp32) copies the snapshot S
   out as the driver does (``LearnerDriver._copy_out`` on the CPU), encodes S − B and its
@@ -184,13 +185,22 @@ def _point(role: str, size: int) -> None:
     print(json.dumps(figures))
 
 
-def measure(role: str, size: int) -> dict[str, Any]:
-    """Run one point in a fresh process and return its figures."""
+def _start(role: str, size: int) -> subprocess.Popen[str]:
+    """One point's fresh process, started."""
     command = [sys.executable, str(Path(__file__)), "--point", role, str(size)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=h.ROOT)
-    if done.returncode != 0:
-        raise RuntimeError(f"{role} at {size}: exit {done.returncode}\n{done.stderr[-2000:]}")
-    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=h.ROOT
+    )
+
+
+def measure(role: str, size: int, process: subprocess.Popen[str] | None = None) -> dict[str, Any]:
+    """Run one point in a fresh process (or wait for ``process``, started for it) and
+    return its figures."""
+    process = process or _start(role, size)
+    out, err = process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"{role} at {size}: exit {process.returncode}\n{err[-2000:]}")
+    figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     figures["above_start_per_param"] = (figures["peak"] - figures["start"]) / size
     figures["peak_per_param"] = figures["peak"] / size
     print(f"{role:8} P={size:>11,}: {figures['above_start_per_param']:.2f} B/param above start")
@@ -203,10 +213,13 @@ def bound(role: str) -> float:
     return 4 + b if role == "publish" else 20 + (SNAPSHOTS + 1) * b
 
 
-def memory(sizes: list[int]) -> dict[str, Any]:
+def memory(sizes: list[int], at_once: bool = False) -> dict[str, Any]:
+    """Every role's points, one process after another; ``at_once`` (the quick variant, whose
+    sizes are small) starts every point's process at once: each measures its own peak."""
+    started = {(r, s): _start(r, s) for r in ("publish", "close") for s in sizes} if at_once else {}
     figures: dict[str, Any] = {}
     for role in ("publish", "close"):
-        points = {str(size): measure(role, size) for size in sizes}
+        points = {str(size): measure(role, size, started.get((role, size))) for size in sizes}
         above = [points[str(s)]["peak"] - points[str(s)]["start"] for s in sizes]
         figures[role] = {
             "points": points,
@@ -413,7 +426,7 @@ def run(results: Path, quick: bool, large: bool) -> Path:
     sizes = LARGE_SIZES if large else SIZES["quick" if quick else "full"]
     name = f"{NAME}-large" if large else NAME
     result = h.header(name, quick=quick, parameters={"sizes": sizes, "snapshots": SNAPSHOTS})
-    result["figures"] = {"memory": memory(sizes)}
+    result["figures"] = {"memory": memory(sizes, at_once=quick and not large)}
     if large or quick:
         size = 250_000_000 if large else 2_000_000
         rounds = LATENCY_ROUNDS["large" if large else "quick"]
