@@ -2,21 +2,21 @@
 learners of the same global batch, on the demo's model and language (``docs/node.md``,
 "Learner groups").
 
-Each arm is one run on its own ``LocalMailbox``: two learners (each also a syncer) train the
-demo's GPT on the synthetic Markov language for the same number of steps. In the *group*
-arm a learner is two processes (DDP over gloo, CPU), in the *fsdp* arm two processes whose
-parameters ``fully_shard`` cuts in two (a CPU mesh, gloo); each rank takes half of the batch
-the single-process learner of the *single* arm takes, drawn from the same stream, so the
-arms see the same data and the same mean gradients (up to the order of float sums). The
-arms rotate over the repetitions. Per rank it records: the time of each ``step()`` on the
-caller (in a DDP group: its control exchange and the broadcasts of the fragments that
-changed; in a sharded one: its tick), the bytes it moved through the store and through the
-group's collectives, the wall time of publishing one fragment (``SnapshotPublished.seconds``,
-the leader's: in a sharded group from its own part's encoding to the snapshot written with
-every rank's part), the bytes of the parameters it holds, and the process's peak resident
-memory; per run, the evaluation loss of each learner's final model and, read from the store
-after the run, the bytes of the snapshots each rank uploaded (a sharded learner's parts by
-rank, a single learner's whole deltas).
+Each arm is one run on its own ``LocalMailbox``: two learners (one in the quick variant;
+each also a syncer) train the demo's GPT on the synthetic Markov language for the same
+number of steps. In the *group* arm a learner is two processes (DDP over gloo, CPU), in the
+*fsdp* arm two processes whose parameters ``fully_shard`` cuts in two (a CPU mesh, gloo);
+each rank takes half of the batch the single-process learner of the *single* arm takes,
+drawn from the same stream, so the arms see the same data and the same mean gradients (up to
+the order of float sums). The arms rotate over the repetitions. Per rank it records: the
+time of each ``step()`` on the caller (in a DDP group: its control exchange and the
+broadcasts of the fragments that changed; in a sharded one: its tick), the bytes it moved
+through the store and through the group's collectives, the wall time of publishing one
+fragment (``SnapshotPublished.seconds``, the leader's: in a sharded group from its own
+part's encoding to the snapshot written with every rank's part), the bytes of the parameters
+it holds, and the process's peak resident memory; per run, the evaluation loss of each
+learner's final model and, read from the store after the run, the bytes of the snapshots
+each rank uploaded (a sharded learner's parts by rank, a single learner's whole deltas).
 
     .venv/bin/python benchmarks/bench_groups.py [--quick] [--results DIR]
 """
@@ -44,6 +44,8 @@ STEPS, QUICK_STEPS = 240, 40
 BATCH = 16  # the learner's batch; each of a group's two ranks takes half
 CONTEXT = 32
 LEARNERS = ("a", "b")
+QUICK_LEARNERS = LEARNERS[:1]
+"""The quick variant's: one learner per arm, whose ranks still take every per-rank path."""
 
 
 def _free_port() -> int:
@@ -160,7 +162,7 @@ async def _train(
     ):
         if rank == 0:
             await Barrier(mailbox, spec["learner"], poll_interval=0.02).wait(
-                "start", parties=len(LEARNERS), timeout=300.0
+                "start", parties=spec["learners"], timeout=300.0
             )
 
         for _ in range(spec["steps"]):
@@ -183,14 +185,14 @@ async def _train(
 # -- the benchmark ---------------------------------------------------------------------------
 
 
-def _run_arm(arm: str, steps: int, work: Path) -> dict[str, Any]:
-    """One run of ``arm`` (``group``, ``fsdp`` or ``single``); every rank's figures and the
-    wall time."""
+def _run_arm(arm: str, steps: int, work: Path, learners: tuple[str, ...]) -> dict[str, Any]:
+    """One run of ``arm`` (``group``, ``fsdp`` or ``single``) with ``learners``; every rank's
+    figures and the wall time."""
     world = 1 if arm == "single" else 2
     run = work / "run"
     processes = []
     began = time.perf_counter()
-    for learner in LEARNERS:
+    for learner in learners:
         port = _free_port()
         for rank in range(world):
             spec = {
@@ -201,6 +203,7 @@ def _run_arm(arm: str, steps: int, work: Path) -> dict[str, Any]:
                 "port": port,
                 "run": str(run),
                 "steps": steps,
+                "learners": len(learners),
                 "out": str(work / f"{learner}.{rank}.json"),
             }
             processes.append(
@@ -215,7 +218,7 @@ def _run_arm(arm: str, steps: int, work: Path) -> dict[str, Any]:
     seconds = time.perf_counter() - began
     ranks = {
         f"{learner}.{rank}": json.loads((work / f"{learner}.{rank}.json").read_text())
-        for learner in LEARNERS
+        for learner in learners
         for rank in range(world)
     }
     for name, (uploaded, count) in anyio.run(_snapshot_bytes, run).items():
@@ -325,6 +328,7 @@ def main() -> None:
         _rank_main(json.loads(args.rank))
         return
     steps = QUICK_STEPS if args.quick else STEPS
+    learners = QUICK_LEARNERS if args.quick else LEARNERS
     repetitions = 1 if args.quick else 3
     result = h.header(
         "groups",
@@ -334,7 +338,7 @@ def main() -> None:
             "context": CONTEXT,
             "learner_batch": BATCH,
             "steps": steps,
-            "learners": len(LEARNERS),
+            "learners": len(learners),
             "group_world": 2,
             "fragments": 2,
             "sync_every": 20,
@@ -346,7 +350,7 @@ def main() -> None:
     for rep in range(repetitions):
         for arm in arms[rep % 3 :] + arms[: rep % 3]:
             with tempfile.TemporaryDirectory() as work:
-                runs[arm].append(_run_arm(arm, steps, Path(work)))
+                runs[arm].append(_run_arm(arm, steps, Path(work), learners))
                 print(f"{arm}: {runs[arm][-1]['seconds']:.0f} s", flush=True)
     result["figures"] = _figures(runs)
     print(f"wrote {h.write_result(args.results, 'groups', result)}")

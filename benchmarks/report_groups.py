@@ -62,6 +62,10 @@ def _sharded(f: dict[str, Any]) -> list[str]:
     ]
 
 
+TRAIN = {1: "One learner trains", 2: "Two learners train"}
+"""The section's opening words, by the learners of a run (one in the quick variant)."""
+
+
 def groups(page: Page, result: dict[str, Any] | None) -> None:
     """Learner groups: a 2-rank DDP learner (and, when measured, a 2-rank FSDP2 learner)
     against a 1-process learner of the same batch."""
@@ -79,7 +83,7 @@ def groups(page: Page, result: dict[str, Any] | None) -> None:
     page.add(
         provenance(result),
         "",
-        f"Two learners train the demo's model ({p['model']}, context {p['context']}) on its "
+        f"{TRAIN[p['learners']]} the demo's model ({p['model']}, context {p['context']}) on its "
         f"synthetic language for {p['steps']} steps of a {p['learner_batch']}-sequence "
         f"batch each (F={p['fragments']}, H={p['sync_every']}, `LocalMailbox`, each "
         "learner also a syncer): in the *group* arm each learner is 2 processes (DDP over "

@@ -1,6 +1,6 @@
-"""The learner-groups benchmark at its quick size, end to end: two learners of two DDP ranks,
-of two FSDP2 ranks and of one process each train the demo's model; the result file's
-per-rank figures, and the generated page's section for them.
+"""The learner-groups benchmark at its quick size, end to end: a learner of two DDP ranks, one
+of two FSDP2 ranks and one of one process train the demo's model, an arm each; the result
+file's per-rank figures, and the generated page's section for them.
 
 Results and the page go to a temporary directory. About half a minute on two idle cores.
 """
