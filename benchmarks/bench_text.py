@@ -87,9 +87,9 @@ from bench_text_task import (
     LR,
     NAME,
     SIZES,
-    K,
     arms,
     invocation,
+    learners,
     model_config,
     run_config,
 )
@@ -201,12 +201,12 @@ def _parameters(size_name: str, chosen: list[str], changes: dict[str, Any]) -> d
     from gradientmail.demo.model import GPT
 
     size = SIZES[size_name]
-    corpus = data.stdlib_corpus(shards=K, seed=0)
+    corpus = data.stdlib_corpus(shards=learners(size_name), seed=0)
     config = msgspec.structs.replace(run_config(size["kill_sync_every"], "fp32"), **changes)
     return (
         {
             "size": size_name,
-            "learners": K,
+            "learners": learners(size_name),
             "fragments": FRAGMENTS,
             "pattern": "contiguous",
             "outer_lr": config.outer_lr,

@@ -38,7 +38,7 @@ def worker_spec(size_name: str, seed: int, scratch: Path, **extra: Any) -> dict[
             "size": size_name,
             "seed": seed,
             "steps": task.SIZES[size_name]["steps"],
-            "learners": task.K,
+            "learners": task.learners(size_name),
             "scratch": str(scratch),
         }
         | task.SIZES[size_name].get("pacing", {})
@@ -66,7 +66,7 @@ def run_gradientmail(
     encoding)``), ``learners`` (instead of ``K``) and ``inner`` (the inner optimizer)."""
     size = task.SIZES[size_name]
     config = setup.get("config") or task.run_config(sync_every, encoding)
-    learners_count = setup.get("learners", task.K)
+    learners_count = setup.get("learners", task.learners(size_name))
     spec = worker_spec(
         size_name,
         seed,
@@ -168,11 +168,12 @@ def run_torchft(
             outer_momentum=outer_momentum,
         )
         launched = _launch.launch(WORKER_SCRIPT, spec, services=(), kill=_kill(size, killed))
-    learners = [launched["reports"][str(k)] for k in range(task.K)]
+    n = spec["learners"]
+    learners = [launched["reports"][str(k)] for k in range(n)]
     return _summary(launched, learners, size["eval_every"], spec, load) | {
         "outer": [outer_lr, outer_momentum],
-        "bytes_per_learner": sum(r["allreduce_bytes"] for r in learners) / task.K,
-        "allreduce_payload_bytes": sum(r["allreduce_payload_bytes"] for r in learners) / task.K,
+        "bytes_per_learner": sum(r["allreduce_bytes"] for r in learners) / n,
+        "allreduce_payload_bytes": sum(r["allreduce_payload_bytes"] for r in learners) / n,
         "syncs": [r["syncs"] for r in learners],
         "failed_syncs": [r["failed_syncs"] for r in learners],
     }

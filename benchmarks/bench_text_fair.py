@@ -127,7 +127,7 @@ def _parameters(size: str, chosen: list[int], rows: list[int]) -> dict[str, Any]
     return {
         "size": size,
         "mode": "fair",
-        "learners": task.K,
+        "learners": task.learners(size),
         "fragments": task.FRAGMENTS,
         "sync_every": chosen,
         "seeds": rows,

@@ -32,17 +32,19 @@ per byte and of its excess over ``dp``: of the excesses' magnitudes when every o
 same sign (gradientmail can end below data-parallel), None when they straddle zero or one
 is zero. The repeatability target: every row below ``single``, the excess within 1.3×.
 
-The result file is rewritten after every run, so that an interrupted mode keeps what it
-measured, and a later invocation keeps the runs of the file it does not repeat (``--only dp
-single`` first, the gradientmail arms later, gives one file; one that runs no arm, ``--only
-none``, recomputes the figures of the stored runs; the runs of an arm the mode no longer
-has are dropped); each gradientmail run records its ``RunConfig``.
+At the quick size a row's arms run at once. The result file is rewritten after every run, so
+that an interrupted mode keeps what it measured, and a later invocation keeps the runs of
+the file it does not repeat (``--only dp single`` first, the gradientmail arms later, gives
+one file; one that runs no arm, ``--only none``, recomputes the figures of the stored runs;
+the runs of an arm the mode no longer has are dropped); each gradientmail run records its
+``RunConfig``.
 """
 
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,21 @@ def run_arm(arm: str, size: str, seed: int, mode: dict[str, Any], scratch: Path)
         size, seed, 0, "fp32", scratch / f"{arm}-s{seed}", False, config=chosen, **setup
     )
     return result | {"config": msgspec.structs.asdict(chosen)}
+
+
+def _runs(
+    arms: list[str], size: str, seed: int, mode: dict[str, Any], scratch: Path
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each arm's run on ``seed``, in the order of ``arms``: one after another, but at the
+    quick size (smoke-test sizes, whose times nothing judges) all at once."""
+    if size != "quick":
+        for arm in arms:
+            yield arm, run_arm(arm, size, seed, mode, scratch)
+        return
+    with ThreadPoolExecutor(max_workers=len(arms)) as pool:
+        started = {arm: pool.submit(run_arm, arm, size, seed, mode, scratch) for arm in arms}
+        for arm in arms:
+            yield arm, started[arm].result()
 
 
 def figures(per_seed: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -243,8 +260,8 @@ def run(
         return path
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-seeds-") as scratch:
         for label, seed in rows(mode):
-            for arm in chosen:
-                result = run_arm(arm, size, seed, mode, Path(scratch) / label.replace("#", "-"))
+            where = Path(scratch) / label.replace("#", "-")
+            for arm, result in _runs(chosen, size, seed, mode, where):
                 per_seed.setdefault(label, {})[arm] = result
                 log(
                     f"  seed {label} {arm}: {result['bits_per_byte']:.4f} bits/byte, "

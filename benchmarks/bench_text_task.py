@@ -30,6 +30,7 @@ LR = 2e-3
 
 SIZES: dict[str, dict[str, Any]] = {
     "quick": {
+        "learners": 2,
         "steps": 40,
         "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "context": 32},
         "batch": 4,
@@ -88,6 +89,12 @@ SIZES: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+def learners(size_name: str) -> int:
+    """The learners of the size's distributed arms: ``K``, or two at the quick size (smoke-test
+    sizes: every path of a run, with fewer processes)."""
+    return int(SIZES[size_name].get("learners", K))
 
 
 def arms(size: dict[str, Any]) -> list[str]:

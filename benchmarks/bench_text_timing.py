@@ -111,7 +111,7 @@ def run(
     parameters = {
         "size": size_name,
         "mode": "timing",
-        "learners": task.K,
+        "learners": task.learners(size_name),
         "fragments": task.FRAGMENTS,
         "sync_every": chosen,
         "order": list(ORDER),

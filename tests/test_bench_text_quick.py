@@ -277,8 +277,9 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
     assert built["init_sync"] is False
 
     size = task.SIZES["quick"]
+    learners = task.learners("quick")
     saved = []
-    for k in range(task.K):
+    for k in range(learners):
         model = GPT(task.model_config(size), seed=k)
         saved.append({name: t.clone() for name, t in model.state_dict().items()})
 
@@ -295,7 +296,7 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
         learner |= {"allreduce_bytes": 1, "allreduce_payload_bytes": 1}
         learner |= {"syncs": 1, "failed_syncs": 0}
         syncer = {"rounds": [], "bytes_up": 0, "bytes_down": 0, "cpu_seconds": 0.0}
-        reports = {str(k): learner | {"index": k} for k in range(task.K)} | {"syncer": syncer}
+        reports = {str(k): learner | {"index": k} for k in range(learners)} | {"syncer": syncer}
         return {"reports": reports, "wall_seconds": 1.0, "events": {}, "peak_store_bytes": 0}
 
     monkeypatch.setattr(_launch, "launch", launch)
@@ -304,10 +305,10 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
 
     mean = GPT(task.model_config(size), seed=0)
     mean.load_state_dict({name: sum(s[name] for s in saved) / len(saved) for name in saved[0]})
-    corpus = bench_text_data.stdlib_corpus(shards=task.K, seed=0)
+    corpus = bench_text_data.stdlib_corpus(shards=learners, seed=0)
     expected = evaluate(mean, corpus.evaluation(*size["final_eval"], length=32))
     assert gm["final_loss"] == ft["final_loss"] == pytest.approx(expected, rel=1e-6)
-    assert gm["bits_per_byte_by_learner"] == [9.0 / math.log(2)] * task.K
+    assert gm["bits_per_byte_by_learner"] == [9.0 / math.log(2)] * learners
     assert gm["learner_spread"] == ft["learner_spread"] > 0
     assert set(gm["load"]) == set(ft["load"]) == {"start", "end"}
 
