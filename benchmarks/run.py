@@ -65,6 +65,15 @@ def _command(name: str, quick: bool) -> list[str]:
     return [*command, "--quick"] if quick else command
 
 
+def selected(only: list[str] | None, quick: bool, results: Path) -> list[str]:
+    """The benchmarks a run makes, in order: ``only``, else every one (a quick run leaves
+    ``FULL_ONLY`` out), less ``events`` unless ``results`` is ``benchmarks/results``."""
+    chosen = list(only or [b for b in BENCHMARKS if not (quick and b in FULL_ONLY)])
+    if results.resolve() != h.RESULTS.resolve():
+        chosen = [name for name in chosen if name != "events"]
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (under 2 min)")
@@ -74,10 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: Path = args.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
-    chosen = args.only or [b for b in BENCHMARKS if not (args.quick and b in FULL_ONLY)]
-    if "events" in chosen and results != h.RESULTS.resolve():
+    chosen = selected(args.only, args.quick, results)
+    if "events" in (args.only or BENCHMARKS) and "events" not in chosen:
         print("events: skipped (bench_events.py writes only to benchmarks/results/)")
-        chosen.remove("events")
     durations: dict[str, float] = {}
     failed: list[str] = []
     started = time.perf_counter()
