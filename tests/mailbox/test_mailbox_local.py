@@ -201,18 +201,15 @@ async def test_operations_work_without_entering(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_ten_thousand_keys_list_quickly(tmp_path: Path) -> None:
+async def test_ten_thousand_keys_list_from_a_marker(tmp_path: Path) -> None:
     async with LocalMailbox(tmp_path) as mailbox:
         objects = tmp_path / "objects" / "many"
         objects.mkdir(parents=True)
         # Written directly: this test is about listing, and the put path is tested above.
         for index in range(10_000):
             (objects / f"{index:05d}%").write_bytes(b"")
-        started = time.perf_counter()
         listed = await mailbox.list("many/", after="many/00099")
-        elapsed = time.perf_counter() - started
     assert listed == [f"many/{index:05d}" for index in range(100, 10_000)]
-    assert elapsed < 5.0
 
 
 tricky_segments = st.one_of(

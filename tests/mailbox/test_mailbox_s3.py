@@ -11,7 +11,6 @@ import logging
 import os
 import pickle
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, Literal
@@ -25,7 +24,7 @@ from _mailbox_fake_s3 import Request, fake_s3, response, s3_error
 from botocore.exceptions import ClientError
 
 import gradientmail.mailbox.s3 as s3_module
-from gradientmail.mailbox import MailboxUnavailable, ObjectTooLarge, S3Mailbox, retrying
+from gradientmail.mailbox import MailboxUnavailable, ObjectTooLarge, S3Mailbox, _s3_client, retrying
 from gradientmail.mailbox.s3 import S3AccessError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("aws_credentials")]
@@ -46,44 +45,41 @@ def quick(endpoint: str, bucket: str = "bucket", *, max_concurrency: int = 8) ->
     )
 
 
-async def test_a_large_put_is_as_fast_as_a_plain_http_put(moto_server: str, s3_bucket: str) -> None:
-    data = os.urandom(64 * 2**20)
-    async with httpx.AsyncClient(timeout=120) as plain:
-        started = time.perf_counter()
-        reply = await plain.put(f"{moto_server}/{s3_bucket}/baseline", content=data)
-        baseline = time.perf_counter() - started
-    assert reply.status_code == 200
-    async with S3Mailbox(s3_bucket, "run", endpoint_url=moto_server) as mailbox:
-        started = time.perf_counter()
-        assert await mailbox.put_if_absent("large", data)
-        elapsed = time.perf_counter() - started
-        assert await mailbox.get("large") == data
-    # Line-by-line sending made this about 50 times the baseline; hashing the body for
-    # the signature and the checksum costs well under 2 times.
-    print(f"64 MiB PUT: plain {baseline:.2f} s, mailbox {elapsed:.2f} s")
-    assert elapsed < 10 * baseline
+async def test_an_in_memory_body_goes_out_in_pieces_of_a_mebibyte() -> None:
+    """The request hook the S3 client's session installs hands httpx a large in-memory body
+    as pieces of ``_SEND_CHUNK`` bytes, each one socket write (the stock session's piece
+    per line of random bytes made a 64 MiB PUT crawl). What a large PUT costs next to the
+    same requests made bare is ``benchmarks/bench_transfer.py``'s ``÷ raw``."""
+    chunk = _s3_client._SEND_CHUNK
+    data = os.urandom(5 * chunk + 123)
+    # The httpx that aiobotocore sends with (its own copy, not the test's).
+    request = _s3_client.httpx.Request("PUT", "http://127.0.0.1/bucket/key", content=data)
+    await _s3_client._whole_body(request)
+    pieces = [bytes(piece) async for piece in request.stream]
+    assert [len(piece) for piece in pieces] == [chunk] * 5 + [123]
+    assert b"".join(pieces) == data
+    # Iterated again from its start, as httpcore does when it re-sends on a new connection.
+    assert b"".join([bytes(piece) async for piece in request.stream]) == data
 
 
 async def all_unavailable(operations: list[Callable[[], Awaitable[object]]]) -> None:
     """Run ``operations`` at once; each must raise MailboxUnavailable within ``BOUND``."""
-    outcomes: list[tuple[BaseException | None, float]] = []
+    outcomes: list[BaseException | None] = []
 
     async def attempt(operation: Callable[[], Awaitable[object]]) -> None:
-        started = time.monotonic()
         try:
             await operation()
         except MailboxUnavailable as exc:
-            outcomes.append((exc, time.monotonic() - started))
+            outcomes.append(exc)
         else:
-            outcomes.append((None, time.monotonic() - started))
+            outcomes.append(None)
 
     with anyio.fail_after(BOUND):
         async with anyio.create_task_group() as group:
             for operation in operations:
                 group.start_soon(attempt, operation)
     assert len(outcomes) == len(operations)
-    assert all(isinstance(error, MailboxUnavailable) for error, _ in outcomes), outcomes
-    assert all(elapsed < BOUND for _, elapsed in outcomes)
+    assert all(isinstance(error, MailboxUnavailable) for error in outcomes), outcomes
 
 
 def every_operation(mailbox: S3Mailbox) -> list[Callable[[], Awaitable[object]]]:
