@@ -133,6 +133,7 @@ async def commit(
         )
     spec = rt.specs[fragment]
     snapshots = await rt.store.snapshots(round)
+    listed = rt.clock.now()
     candidates = await gather(
         [partial(_candidate, rt, s, problem, fragment, spec) for s, problem in snapshots]
     )
@@ -146,7 +147,7 @@ async def commit(
         config,
     )
     result, theta, momentum = done.result, done.theta, done.momentum
-    draft = _draft(rt, held, result, started)
+    draft = _draft(rt, held, result, started, listed)
     rt.emit(RoundClosed(rt.learner, draft))
     if step.missing or not step.published:
         rt.emit(RoundIncomplete(rt.learner, round, tuple(sorted(step.missing)), not step.published))
@@ -161,7 +162,9 @@ async def commit(
     return await collect_garbage(rt, state, round), landed, True
 
 
-def _draft(rt: Runtime, held: RoundState, result: Aggregate, started: float) -> RoundRecordDraft:
+def _draft(
+    rt: Runtime, held: RoundState, result: Aggregate, started: float, listed: float
+) -> RoundRecordDraft:
     round, count = held.round, rt.config.fragments
     claimed = held.claimed_at if held.claimed_at is not None else started
     quorum_at = held.quorum_at if held.quorum_at is not None else started
@@ -170,7 +173,7 @@ def _draft(rt: Runtime, held: RoundState, result: Aggregate, started: float) -> 
         fragment=keys.fragment_of(round, count),
         version=keys.version_of(round, count),
         committed_by=rt.learner,
-        participants=tuple(_arrived(p, held) for p in result.participants),
+        participants=tuple(_arrived(p, held, listed) for p in result.participants),
         rejected=result.rejected,
         quorum_seconds=max(0.0, quorum_at - claimed),
         grace_seconds=max(0.0, started - quorum_at),
@@ -179,10 +182,14 @@ def _draft(rt: Runtime, held: RoundState, result: Aggregate, started: float) -> 
     )
 
 
-def _arrived(participant: Participant, held: RoundState) -> Participant:
+def _arrived(participant: Participant, held: RoundState, listed: float) -> Participant:
+    """``participant`` with when this closer first listed its snapshot: in the round's
+    observations, or else in the close's own listing (at ``listed``), which can find a
+    snapshot that landed after the last observation."""
     arrived = held.arrived(participant.learner)
     if arrived is None:
-        return participant
+        first = held.arrivals[0][1] if held.arrivals else listed
+        arrived = max(0.0, listed - first)
     return msgspec.structs.replace(participant, arrived=round(arrived, 3))
 
 
