@@ -122,7 +122,7 @@ async def test_a_restarted_learner_rejoins_the_rounds_in_step(restart_at: int) -
         trainer = Trainer(model, 2)
         with anyio.CancelScope() as scope:
             async with open_node(model, box, learner="b", options=FAST) as node:
-                for _ in range(period):
+                for _ in range(2 * INTERVAL):
                     trainer.step()
                     await node.step(tokens=16)
                     await anyio.sleep(TICK)
