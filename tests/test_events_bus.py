@@ -1,5 +1,6 @@
 """The event bus: ordering, isolation of slow sinks, exact drop accounting, threads, closing."""
 
+import collections
 import logging
 import threading
 from collections.abc import Callable
@@ -184,11 +185,19 @@ async def test_eight_threads_emitting_at_once_lose_nothing() -> None:
             for thread in range(threads):
                 producers.start_soon(anyio.to_thread.run_sync, produce, thread)
         await bus.aclose()
-    assert len(got) == threads * each
+    assert len(got) == threads * each, _surplus(got)
     for thread in range(threads):
         mine = [e.round for e in got if isinstance(e, Closed) and e.learner == f"t{thread}"]
         assert mine == list(range(each))
     assert bus.statistics().sinks[0].dropped == 0
+
+
+def _surplus(got: list[Event]) -> str:
+    """What a sink got besides one of each emitted event: the kinds of event, and those it
+    got more than once."""
+    kinds = collections.Counter(type(event).__name__ for event in got)
+    twice = [event for event, n in collections.Counter(got).items() if n > 1]
+    return f"kinds {dict(kinds)}, got more than once: {twice[:20]}"
 
 
 async def test_an_emit_from_a_thread_wakes_an_idle_dispatcher() -> None:
