@@ -21,10 +21,9 @@ SOURCES = ["gradientmail", "tests", "benchmarks", "docs/examples", "noxfile.py"]
 def tests(session: nox.Session) -> None:
     """The test suite (both event loops, every mailbox backend), on three xdist workers on
     CI's two cores: about a third of the suite's time is waiting (learners' simulated
-    compute, graces, processes starting), which a third worker fills (on two cores, a
-    clean clone: 368 s against 420–519 s with two). A worker out of tests takes another's
-    last ones (``worksteal``), so a slow test near the end leaves no core idle. ``nox -s
-    tests -- -n 0`` runs it in one process."""
+    compute, graces, processes starting), which a third worker fills. A worker out of
+    tests takes another's last ones (``worksteal``), so a slow test near the end leaves no
+    core idle. ``nox -s tests -- -n 0`` runs it in one process."""
     session.run(PYTHON, "-m", "pytest", "-q", "-n", "3", "--dist", "worksteal", *session.posargs)
 
 
