@@ -59,6 +59,7 @@ import torch
 
 from gradientmail._node.commit import _fp32_blobs
 from gradientmail._node.publisher import Job, encode_delta
+from gradientmail._rebuild import Rebuilt
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.mailbox.local import key_path
 from gradientmail.protocol import keys
@@ -67,7 +68,6 @@ from gradientmail.protocol.codec import encode_fragment, open_fragment
 from gradientmail.protocol.learner_values import Publish
 from gradientmail.protocol.outcome import outcome
 from gradientmail.protocol.records import FragmentSpec, ParamSpec, RunConfig, Snapshot
-from gradientmail.reader import Rebuilt
 from gradientmail.store import Store
 
 NAME = "memory"

@@ -20,7 +20,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
@@ -447,12 +447,3 @@ async def open_mailbox(url: str, *, must_exist: bool) -> AsyncIterator[Mailbox]:
         raise UsageError(f"{url}: no such directory, so no run there")
     async with box:
         yield box
-
-
-def __getattr__(name: str) -> Any:
-    """``Rebuilt`` is ``gradientmail._rebuild``'s, imported on first use (it needs torch)."""
-    if name != "Rebuilt":
-        raise AttributeError(f"module 'gradientmail.reader' has no attribute {name!r}")
-    from gradientmail._rebuild import Rebuilt
-
-    return Rebuilt

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from gradientmail._concurrent import gather
 from gradientmail._node.runtime import Runtime
+from gradientmail._rebuild import Rebuilt
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import garbage, keys
@@ -44,7 +45,7 @@ from gradientmail.protocol.records import (
 from gradientmail.protocol.rounds import Commit, RoundState
 from gradientmail.protocol.signing import Problem
 from gradientmail.protocol.sizes import delta_problem
-from gradientmail.reader import Rebuilt, RunReader
+from gradientmail.reader import RunReader
 
 __all__ = ["FragmentState", "SyncerState", "collect_garbage", "commit", "load_fragment"]
 

@@ -65,30 +65,23 @@ from gradientmail.protocol.pieces import (
     target,
 )
 from gradientmail.protocol.records import (
-    INDEX_CHUNK,
     Encoding,
     FragmentSpec,
     Snapshot,
-    chunk_index,
-    chunks_of,
 )
 
 # HEAD_BYTES, Rows, blob_layout, decode_rows, row_spans and part_spec are protocol.layout's,
-# and INDEX_CHUNK, chunk_index and chunks_of protocol.records', importable here too for the
-# readers that take them with the codec.
+# importable here too for the readers that take them with the codec.
 __all__ = [
     "ENCODINGS",
     "FRAGMENT_FORMAT",
     "HEAD_BYTES",
-    "INDEX_CHUNK",
     "MAX_HEADER_BYTES",
     "CodecError",
     "FragmentBlob",
     "PartedBlob",
     "Rows",
     "blob_layout",
-    "chunk_index",
-    "chunks_of",
     "decode_fragment",
     "decode_rows",
     "digest",

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import is_checkpoint, retained
-from gradientmail.protocol.codec import INDEX_CHUNK
 from gradientmail.protocol.records import (
     BlobRef,
     Participant,
@@ -35,6 +34,7 @@ from gradientmail.protocol.records import (
     RoundRecord,
     RunConfig,
     Snapshot,
+    chunks_of,
     encode,
 )
 
@@ -108,7 +108,7 @@ def _mb(size: float) -> str:
 
 
 def _index(size: int) -> int:
-    return 32 * -(-size // INDEX_CHUNK)
+    return 32 * chunks_of(size)
 
 
 def _small(learners: int) -> tuple[int, int, int]:

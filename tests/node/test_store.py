@@ -8,7 +8,7 @@ import pytest
 from gradientmail.errors import CorruptBlob, MailboxUnavailable
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import INDEX_CHUNK, chunk_index
+from gradientmail.protocol.records import INDEX_CHUNK, chunk_index
 from gradientmail.store import Store, sha256
 
 pytestmark = pytest.mark.anyio
