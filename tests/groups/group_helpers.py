@@ -92,10 +92,7 @@ def launch(
                 if process.poll() is None:
                     process.kill()
                     process.wait()
-        return [
-            (code, (Path(outputs) / f"{rank}.output").read_text(errors="replace"))
-            for rank, code in enumerate(codes)
-        ]
+        return [(code, process.read()) for code, process in zip(codes, processes, strict=True)]
 
 
 @dataclass
@@ -173,8 +170,7 @@ class Ranks:
         report."""
         process = self.processes[name]
         process.wait(timeout=max(1.0, deadline - time.monotonic()))
-        output = (self.tmp / f"{name}.output").read_text(errors="replace")
-        assert process.returncode == 0, f"{name}: {output[-4000:]}"
+        assert process.returncode == 0, f"{name}: {process.read()[-4000:]}"
         report: dict[str, Any] = json.loads((self.out / f"{name}.json").read_text())
         return report
 
@@ -184,8 +180,7 @@ class Ranks:
             for name, process in self.processes.items():
                 code = process.poll()
                 if code is not None and code != 0:
-                    output = (self.tmp / f"{name}.output").read_text(errors="replace")
-                    raise AssertionError(f"{name} exited {code}: {output[-4000:]}")
+                    raise AssertionError(f"{name} exited {code}: {process.read()[-4000:]}")
             time.sleep(0.02)
 
     def kill_all(self) -> None:
