@@ -20,7 +20,7 @@ from gradientmail._node import node as open_node
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol.records import RoundRecord, RunConfig
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.timing]
 
 CONFIG = RunConfig(
     fragments=2, sync_every=16, grace=0.4, overlap=None, keep_versions=1000, keep_rounds=1000

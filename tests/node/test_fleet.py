@@ -24,7 +24,7 @@ from gradientmail.events import WAITING_WARNING, Event, RoundRecorded, StepsDrop
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol.records import RoundRecord, RunConfig
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.timing]
 
 TICK = 0.02
 SPEEDS = {"a": 1, "b": 1, "c": 4}

@@ -246,6 +246,7 @@ async def test_a_round_closed_without_a_live_learner_is_reported() -> None:
     assert all(r.missing == ("idle",) and not r.empty for r in reports)
 
 
+@pytest.mark.timing
 async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() -> None:
     """Resynchronization: "b" steps 120 times slower than "a" for a stretch (rounds
     close without it after grace), then at the same speed again; from four rounds after the

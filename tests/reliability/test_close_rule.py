@@ -141,6 +141,7 @@ async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_ro
     assert all(p.learner == "b" and p.steps == 0 for r in finals for p in r.participants), shown
 
 
+@pytest.mark.timing
 async def test_two_learners_closing_a_few_steps_apart_end_on_the_same_model() -> None:
     """ "a" leaves after 40 steps; "b" takes its last 2 steps only once a published a final
     snapshot, so b's flush snapshots land in the rounds of a's final snapshots and leave
