@@ -54,17 +54,25 @@ class History:
         return taken.record
 
     async def linked(
-        self, record: RoundRecord, walk: Walk, junk: Container[str], claims: Claims | None
+        self,
+        record: RoundRecord,
+        walk: Walk,
+        junk: Container[str],
+        claims: Claims,
+        *,
+        verified: bool,
     ) -> tuple[RoundRecord, Stored | None]:
         """``record`` binding the record taken for the round before it (or the manifest), and
         that record. ``StoreTampered`` when that round holds no record that decodes, or when
         the round's first key is in ``junk``, a claim on the next round names its claimant
         (asked only then) and no key of the round holds a record (``chain.overwritten``):
-        committing at a successor key would fork.
-        ``claims`` None (an unsigned run, where anyone's claim counts): claims prove nothing."""
+        committing at a successor key would fork. ``verified`` False (an unsigned run, where
+        anyone can plant a claim): a claim counts only when its claimant committed or took
+        part in a round this history took, as a node of the run has; a claim naming anyone
+        else proves nothing, and the record goes to a successor key."""
         round = record.round
         first_junk = keys.record(round) in junk
-        claimed = claims is not None and first_junk and await _named(claims, round + 1)
+        claimed = first_junk and await self._claimed(claims, round + 1, verified=verified)
         # Read after the claim: a record its claimant took is in the store by then.
         held = claimed and await self._take(round, walk) is not None
         if (found := overwritten(round, first_junk, claimed, held)) is not None:
@@ -76,6 +84,16 @@ class History:
         if problem is not None:
             raise StoreTampered(problem.key, problem.why)
         return linked, before
+
+    async def _claimed(self, claims: Claims, round: int, *, verified: bool) -> bool:
+        """Whether a claim on ``round`` names its claimant (one of the run's nodes, unless
+        ``verified``)."""
+        named = {claimant for _, claimant in await claims(round) if claimant}
+        if verified or not named:
+            return bool(named)
+        taken = [stored.record for stored in self._taken.values()]
+        known = {r.committed_by for r in taken} | {p.learner for r in taken for p in r.participants}
+        return not named.isdisjoint(known)
 
     def check(self, taken: Stored, before: Stored | None) -> None:
         """Remember ``taken`` once it chains onto ``before``; ``StoreTampered`` otherwise."""
@@ -104,7 +122,3 @@ class History:
             oldest = min(self._taken)
             del self._taken[oldest]
             self._checked.discard(oldest)
-
-
-async def _named(claims: Claims, round: int) -> bool:
-    return any(claimant for _, claimant in await claims(round))

@@ -86,8 +86,13 @@ class Records:
         junk, unless the round has a record; return the round's record and whether it is this
         write's. ``RecordError``: every key is junk; ``StoreTampered``: ``History.linked``."""
         objects = self._objects
-        claims = None if objects.run_key is None else self._claims.round_claims
-        record, before = await self._history.linked(record, self.walk, objects.junk, claims)
+        record, before = await self._history.linked(
+            record,
+            self.walk,
+            objects.junk,
+            self._claims.round_claims,
+            verified=objects.run_key is not None,
+        )
         for key in (keys.record_slot(record.round, n) for n in range(keys.SLOTS)):
             if key in objects.junk:
                 continue

@@ -122,6 +122,7 @@ async def joiner_fails(directory: Path, learner: str, run_key: str | None) -> St
         ("before-newest", "junk", SECRET),
         ("before-newest", "forged", None),
         ("newest", "junk", SECRET),
+        ("newest", "junk", None),
     ],
 )
 @pytest.mark.parametrize("learner", ["a", "b"])
