@@ -20,7 +20,7 @@ from gradientmail.errors import (
     StoreAccessError,
     StoreTampered,
 )
-from gradientmail.protocol.identities import LearnerKey
+from gradientmail.protocol.identities import AdmissionKey, LearnerKey
 from gradientmail.protocol.records import RunConfig
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from gradientmail.reader import load
 
 __all__ = [
+    "AdmissionKey",
     "Barrier",
     "CorruptBlob",
     "GradientmailError",

@@ -7,6 +7,7 @@ import gradientmail
 import gradientmail.sync
 
 PUBLIC = {
+    "AdmissionKey",
     "Barrier",
     "CorruptBlob",
     "GradientmailError",

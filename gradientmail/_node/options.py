@@ -3,7 +3,7 @@
 import math
 from dataclasses import dataclass
 
-from gradientmail.protocol.identities import LearnerKey
+from gradientmail.protocol.identities import AdmissionKey, LearnerKey, check_public_key
 
 __all__ = ["NodeOptions"]
 
@@ -14,8 +14,8 @@ class NodeOptions:
 
     Most nodes set none: the defaults serve a node on S3 or a shared directory. A learner
     that never closes rounds sets ``syncer=False``; a run with learner identities sets
-    ``learner_key``; tests and single-machine runs shorten ``poll_interval`` and the
-    lease's timings.
+    ``learner_key`` and ``admission_key``; tests and single-machine runs shorten
+    ``poll_interval`` and the lease's timings.
 
     poll_interval
         How often the receive loop lists new round records and the syncer re-reads the
@@ -50,7 +50,12 @@ class NodeOptions:
     learner_key
         This node's own key (``LearnerKey``) in a run with learner identities: it signs the
         node's snapshots and lease beats, and a node with one creates such a run (with a
-        run key only). None: the run has none.
+        run key and ``admission_key`` only). None: the run has none.
+    admission_key
+        With ``learner_key``: the operator's admission public key (64 hex digits,
+        ``AdmissionKey.public``), the only key whose admissions and revocations count. A
+        node creating the run names it in the manifest; a node joining refuses a run that
+        names another. Never the private key: nodes do not hold it.
 
     Raises ``ValueError`` naming the option when a value is out of range.
     """
@@ -66,11 +71,34 @@ class NodeOptions:
     max_retry_delay: float = 30.0
     group_timeout: float = 60.0
     learner_key: LearnerKey | None = None
+    admission_key: str | None = None
 
     def pause(self, *, due: bool) -> float:
         """The pause before the next poll: while a round is due ``due_poll_interval`` (or
         ``poll_interval`` when that is shorter), else ``poll_interval``."""
         return min(self.due_poll_interval, self.poll_interval) if due else self.poll_interval
+
+    def _check_keys(self) -> None:
+        if self.learner_key is not None and not isinstance(self.learner_key, LearnerKey):
+            raise TypeError(
+                f"NodeOptions.learner_key must be a LearnerKey, got {self.learner_key!r}"
+            )
+        if isinstance(self.admission_key, AdmissionKey):
+            raise TypeError(
+                "NodeOptions.admission_key is the admission key's public key "
+                "(AdmissionKey.public): a node never holds the private key"
+            )
+        if (self.learner_key is None) != (self.admission_key is None):
+            raise ValueError(
+                "NodeOptions.learner_key and NodeOptions.admission_key go together: a run with "
+                "learner identities needs the operator's admission public key (`gradientmail "
+                "keygen` makes the pair), a run without them has none"
+            )
+        if self.admission_key is not None:
+            try:
+                check_public_key(self.admission_key)
+            except ValueError as exc:
+                raise ValueError(f"NodeOptions.admission_key: {exc}") from None
 
     def __post_init__(self) -> None:
         for name in (
@@ -97,9 +125,6 @@ class NodeOptions:
                 f"NodeOptions.lease_timeout ({self.lease_timeout}) must exceed lease_every "
                 f"({self.lease_every}), or a live node would be judged gone between beats"
             )
-        if self.learner_key is not None and not isinstance(self.learner_key, LearnerKey):
-            raise TypeError(
-                f"NodeOptions.learner_key must be a LearnerKey, got {self.learner_key!r}"
-            )
+        self._check_keys()
         if not isinstance(self.syncer, bool):
             raise TypeError(f"NodeOptions.syncer must be a bool, got {self.syncer!r}")

@@ -114,12 +114,11 @@ async def open_run(
             if attempt is None or named is None:
                 await clock.sleep(options.poll_interval)
                 continue
-            manifest = await _create(
-                store, learner, named, config or RunConfig(), attempt, emit, whole
-            )
+            ours = config or RunConfig()
+            manifest = await _create(store, learner, named, ours, options, attempt, emit, whole)
         check_config(manifest.config, config)
         _check_model(manifest, named)
-        await _check_member(store, learner)
+        await _check_member(store, learner, options.admission_key)
         return manifest
 
 
@@ -140,11 +139,11 @@ async def _attempt(store: Store, learner: str, action: CreationAction, emit: Emi
             return None
 
 
-async def _check_member(store: Store, learner: str) -> None:
+async def _check_member(store: Store, learner: str, admission_key: str | None) -> None:
     """``RunMismatch`` unless this node's learner key may speak for ``learner`` (in a run
-    with learner identities)."""
+    with learner identities, whose manifest names ``admission_key``)."""
     await store.refresh_identities()
-    store.signing.check_member(learner)
+    store.signing.check_member(learner, admission_key)
 
 
 async def _create(
@@ -152,6 +151,7 @@ async def _create(
     learner: str,
     named: NamedParams,
     config: RunConfig,
+    options: NodeOptions,
     attempt: int,
     emit: Emit,
     whole: Whole | None,
@@ -172,7 +172,8 @@ async def _create(
         theta0.append(ref)
     ours = listed(
         Manifest(created_by=learner, config=config, fragments=specs, theta0=tuple(theta0)),
-        store.signing.learner_key,
+        options.learner_key,
+        options.admission_key,
     )
     return await store.create_manifest(ours)
 

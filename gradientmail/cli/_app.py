@@ -323,9 +323,12 @@ def _report_command(commands: "argparse._SubParsersAction[argparse.ArgumentParse
 def _identity_commands(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     keygen = commands.add_parser(
         "keygen",
-        help="write a new learner key to a file and print its public key",
-        description="Write a new Ed25519 learner key to PATH (PEM, mode 0600) and print the "
-        "public key to admit; the node loads it with LearnerKey.load(PATH).",
+        help="write a new learner key or admission key to a file and print its public key",
+        description="Write a new Ed25519 key to PATH (PEM, mode 0600) and print its public "
+        "key. As a learner key: admit the public key, and the node loads the file with "
+        "LearnerKey.load(PATH). As the operator's admission key: give the public key to every "
+        "node as NodeOptions(admission_key=...) and the file to admit and revoke through "
+        "GRADIENTMAIL_ADMISSION_KEY_FILE.",
     )
     keygen.add_argument("path", type=Path, help="the private key file to create")
     keygen.set_defaults(handler=_keygen)
@@ -333,7 +336,8 @@ def _identity_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPa
         "admit",
         help="admit a learner's public key to a run with learner identities",
         description="Let PUBLIC_KEY sign for LEARNER in the run at URL; the run key is read "
-        "from GRADIENTMAIL_RUN_KEY.",
+        "from GRADIENTMAIL_RUN_KEY, the admission key from the file "
+        "GRADIENTMAIL_ADMISSION_KEY_FILE names.",
     )
     admit.add_argument("url", help="mailbox URL or directory of the run")
     admit.add_argument("learner", help="the learner id the key speaks for")
@@ -343,7 +347,8 @@ def _identity_commands(commands: "argparse._SubParsersAction[argparse.ArgumentPa
         "revoke",
         help="revoke a learner's public key in a run with learner identities",
         description="From now on, snapshots signed with PUBLIC_KEY are rejected (revoked) "
-        "and its lease beats ignored; the run key is read from GRADIENTMAIL_RUN_KEY.",
+        "and its lease beats ignored; the run key is read from GRADIENTMAIL_RUN_KEY, the "
+        "admission key from the file GRADIENTMAIL_ADMISSION_KEY_FILE names.",
     )
     revoke.add_argument("url", help="mailbox URL or directory of the run")
     revoke.add_argument("public_key", help="64 hex digits of the key to revoke")

@@ -1,11 +1,15 @@
 """Learner identities: each learner signs its snapshots and lease beats with its own Ed25519 key.
 
 A run has identities when its manifest lists learners' public keys (``Manifest.learners``,
-learner id to 64 hex digits); such a run is also signed (``protocol.signing``), and the run
-key, which signs everything else, is the admission authority. An ``Admission`` (a learner id
-and a public key) or a ``Revocation`` (a public key) counts only when it verifies under the
-run key; each goes to a fresh key under ``identities/``, so junk there blocks neither. A
-learner may have several admitted keys; a revoked key stays revoked for the rest of the run.
+learner id to 64 hex digits: its creator's, ``listed``); such a run is also signed
+(``protocol.signing``) with the run key every node holds, and its manifest names the
+operator's admission public key (``Manifest.admission_key``), the admission authority. An
+``Admission`` (a learner id and a public key) or a ``Revocation`` (a public key) counts only
+when it verifies under that key (``AdmissionKey``), never under the run key, so a node
+cannot admit or revoke anyone. Each goes to a fresh key under ``identities/``, so junk there
+blocks neither. A learner may have several admitted keys; a revoked key stays revoked for
+the rest of the run. Nodes refuse a run with identities whose manifest names no admission
+key (``Signing.check_member``).
 
 A snapshot's or a beat's ``signature`` is ``ed25519:`` and the hex of an Ed25519 signature
 over a label of its own and ``signing.canonical``'s bytes. ``Identities.check`` answers, for
@@ -20,25 +24,22 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Final, TypeVar
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gradientmail.errors import Problem, RecordError, RunMismatch
 from gradientmail.protocol import keys
+from gradientmail.protocol.keypairs import KeyPair, verifies
 from gradientmail.protocol.records import DECODE_FAILURES, MAX_RECORD_BYTES, Manifest, _Object
 from gradientmail.protocol.records import decode as decode_record
-from gradientmail.protocol.records import encode as encode_record
 from gradientmail.protocol.signing import RunKey, canonical
 
 __all__ = [
     "IDENTITIES",
     "REFRESH_EVERY",
     "Admission",
+    "AdmissionKey",
     "Identities",
     "LearnerKey",
     "Revocation",
@@ -56,8 +57,6 @@ REFRESH_EVERY: Final = 1.0
 """Seconds between listings of ``IDENTITIES`` by a node that judges snapshots or leases: how
 long a revocation or an admission may take to reach it."""
 
-_PREFIX: Final = "ed25519:"
-_LABEL: Final = b"gradientmail-learner-v1\x00"
 _HEX: Final = frozenset("0123456789abcdef")
 
 StoredT = TypeVar("StoredT", bound=_Object)
@@ -75,14 +74,14 @@ def check_public_key(public: str) -> str:
 
 
 class Admission(_Object, frozen=True, kw_only=True):
-    """``public_key`` speaks for ``learner`` from now on (signed with the run key)."""
+    """``public_key`` speaks for ``learner`` from now on (signed with the admission key)."""
 
     learner: str
     public_key: str
 
 
 class Revocation(_Object, frozen=True, kw_only=True):
-    """``public_key`` speaks for nobody from now on (signed with the run key)."""
+    """``public_key`` speaks for nobody from now on (signed with the admission key)."""
 
     public_key: str
 
@@ -103,100 +102,23 @@ def parse_identity_key(key: str) -> type[Admission] | type[Revocation] | None:
     return Admission if parts[1] == "admit" else Revocation
 
 
-class LearnerKey:
-    """A learner's private Ed25519 key. Build one with ``generate``, ``from_pem`` or
-    ``load`` (a PEM file, PKCS#8, unencrypted, as ``save`` writes it).
+class LearnerKey(KeyPair):
+    """A learner's private Ed25519 key: it signs the learner's snapshots and lease beats.
+    ``KeyPair`` says how to build, keep and compare one."""
 
-    ``public`` is the 64 hex digits the run lists; ``repr`` shows only those, and the key is
-    never pickled. Two keys are equal when their public keys are. Thread-safe (immutable).
-    """
-
-    __slots__ = ("_private", "public")
-
-    public: str
-
-    def __init__(self, private: Ed25519PrivateKey) -> None:
-        if not isinstance(private, Ed25519PrivateKey):
-            raise TypeError(f"a learner key is an Ed25519 key, got {type(private).__name__}")
-        self._private = private
-        raw = private.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-        self.public = raw.hex()
-
-    @classmethod
-    def generate(cls) -> "LearnerKey":
-        return cls(Ed25519PrivateKey.generate())
-
-    @classmethod
-    def from_pem(cls, pem: bytes) -> "LearnerKey":
-        """The key in ``pem``; ``ValueError`` when it is not an unencrypted Ed25519 key."""
-        try:
-            private = serialization.load_pem_private_key(pem, password=None)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(
-                "not an unencrypted PEM private key (`gradientmail keygen` writes one)"
-            ) from exc
-        if not isinstance(private, Ed25519PrivateKey):
-            raise ValueError(f"a learner key is Ed25519, this one is {type(private).__name__}")
-        return cls(private)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "LearnerKey":
-        """The key in the PEM file ``path``; ``ValueError`` naming the file when it is not one."""
-        try:
-            return cls.from_pem(Path(path).read_bytes())
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-
-    def pem(self) -> bytes:
-        """The private key as PEM (PKCS#8, unencrypted): keep it as secret as the run key."""
-        return self._private.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-
-    def __repr__(self) -> str:
-        return f"LearnerKey(public={self.public!r})"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, LearnerKey):
-            return NotImplemented
-        return self.public == other.public
-
-    def __hash__(self) -> int:
-        return hash(self.public)
-
-    def __reduce__(self) -> str:
-        raise TypeError("a LearnerKey is not pickled: pass its file to each process yourself")
-
-    def sign(self, key: str, obj: StoredT, run: str) -> StoredT:
-        """``obj``, to be stored under ``key`` of the run ``run``, with its ``signature``."""
-        unsigned = msgspec.structs.replace(obj, signature=msgspec.UNSET)
-        value = msgspec.json.decode(encode_record(unsigned))
-        signature = self._private.sign(_LABEL + canonical(key, value, run))
-        return msgspec.structs.replace(obj, signature=_PREFIX + signature.hex())
+    __slots__ = ()
+    KIND = "a learner key"
+    LABEL = b"gradientmail-learner-v1\x00"
 
 
-def _verifies(public: str, signature: bytes, message: bytes) -> bool:
-    try:
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(public)).verify(signature, message)
-    except (InvalidSignature, ValueError):
-        return False
-    return True
+class AdmissionKey(KeyPair):
+    """The operator's private Ed25519 admission key: it signs the admissions and
+    revocations of the runs whose manifest names its public key (``Manifest.admission_key``).
+    No node holds it. ``KeyPair`` says how to build, keep and compare one."""
 
-
-def _raw(signature: object) -> bytes | None:
-    """The Ed25519 signature a ``signature`` field holds, or None when it holds none."""
-    if not isinstance(signature, str) or not signature.startswith(_PREFIX):
-        return None
-    try:
-        return bytes.fromhex(signature.removeprefix(_PREFIX))
-    except ValueError:
-        return None
+    __slots__ = ()
+    KIND = "an admission key"
+    LABEL = b"gradientmail-admission-v1\x00"
 
 
 def _body(key: str, data: bytes) -> dict[str, object]:
@@ -213,26 +135,30 @@ def _body(key: str, data: bytes) -> dict[str, object]:
 
 @dataclass(frozen=True, slots=True)
 class Identities:
-    """Who speaks for whom in a run with identities: each learner's admitted public keys
-    and the revoked keys."""
+    """Who speaks for whom in a run with identities: each learner's admitted public keys,
+    the revoked keys, and ``authority``, the admission public key the manifest names (None:
+    it names none, and nothing is admitted or revoked)."""
 
     admitted: Mapping[str, frozenset[str]] = field(default_factory=dict)
     revoked: frozenset[str] = frozenset()
+    authority: str | None = None
 
     @classmethod
     def of(cls, manifest: Manifest) -> "Identities | None":
         """The identities ``manifest`` lists; None when its run has none."""
         if not isinstance(manifest.learners, dict):
             return None
-        return cls({learner: frozenset([public]) for learner, public in manifest.learners.items()})
+        authority = manifest.admission_key if isinstance(manifest.admission_key, str) else None
+        listed = {learner: frozenset([public]) for learner, public in manifest.learners.items()}
+        return cls(listed, authority=authority)
 
     def admit(self, learner: str, public: str) -> "Identities":
         admitted = dict(self.admitted)
         admitted[learner] = admitted.get(learner, frozenset()) | {public}
-        return Identities(admitted, self.revoked)
+        return replace(self, admitted=admitted)
 
     def revoke(self, public: str) -> "Identities":
-        return Identities(self.admitted, self.revoked | {public})
+        return replace(self, revoked=self.revoked | {public})
 
     def speaks_for(self, public: str, learner: str) -> bool:
         """Whether ``public`` is admitted for ``learner`` and not revoked."""
@@ -247,23 +173,29 @@ class Identities:
         if signature is None:
             return "unsigned"
         owned = self.admitted.get(learner, frozenset())
-        message = _LABEL + canonical(key, value, run)
-        raw = _raw(signature)
+        message = LearnerKey.LABEL + canonical(key, value, run)
         for public in owned:
-            if raw is not None and _verifies(public, raw, message):
+            if verifies(public, signature, message):
                 return "revoked" if public in self.revoked else None
         return "bad-signature" if owned - self.revoked else "not-admitted"
 
-    def fold(self, key: str, data: bytes, run_key: RunKey, run: str) -> "Identities":
-        """These identities with the admission or revocation at ``key`` applied when it is
-        one that decodes, describes its key and verifies under ``run_key``; raises
-        ``RecordError`` naming what is wrong otherwise, for the caller to ignore it."""
+    def fold(self, key: str, data: bytes, run: str) -> "Identities":
+        """These identities with the admission or revocation at ``key`` (of the run
+        ``run``) applied when it is one that decodes, describes its key and verifies under
+        ``authority``; raises ``RecordError`` naming what is wrong otherwise (``unsigned``,
+        ``bad-signature``: not the admission key's, e.g. the run key's), for the caller to
+        ignore it."""
         kind = parse_identity_key(key)
         if kind is None:
             raise RecordError(f"{key}: not an admission or revocation key")
-        problem = run_key.check(key, data, run)
-        if problem is not None:
-            raise RecordError(f"{key}: {problem} under the run key")
+        if self.authority is None:
+            raise RecordError(f"{key}: the run's manifest names no admission key")
+        value = _body(key, data)
+        signature = value.get("signature")
+        message = AdmissionKey.LABEL + canonical(key, value, run)
+        if signature is None or not verifies(self.authority, signature, message):
+            problem = "unsigned" if signature is None else "bad-signature"
+            raise RecordError(f"{key}: {problem}: not signed with the run's admission key")
         obj = decode_record(data, kind)
         if obj.public_key != key.split("/")[2]:
             raise RecordError(f"{key}: names another public key than its key")
@@ -274,6 +206,21 @@ class Identities:
                 raise RecordError(f"{key}: {exc}") from None
             return self.admit(obj.learner, obj.public_key)
         return self.revoke(obj.public_key)
+
+
+def _check_authority(authority: str | None, expected: str | None) -> None:
+    """``RunMismatch`` unless the run's admission key ``authority`` is ``expected``."""
+    if authority is None:
+        raise RunMismatch(
+            "the run has learner identities but its manifest names no admission key, so "
+            "nothing tells a node's admission from the operator's and no node joins it; "
+            "start a new run with NodeOptions(admission_key=...)"
+        )
+    if authority != expected:
+        raise RunMismatch(
+            f"the run's admission key is {authority}, this node expects {expected}; pass "
+            "the run's operator's admission public key as NodeOptions(admission_key=...)"
+        )
 
 
 def _learner_of(key: str) -> str | None:
@@ -315,10 +262,11 @@ class Signing:
             return self
         return Signing(self.run_key, self.learner_key, found)
 
-    def check_member(self, learner: str) -> None:
-        """Raise ``RunMismatch`` unless a node of ``learner`` with this signing may write to
-        the run: in a run with identities, only with a key admitted for ``learner`` and not
-        revoked."""
+    def check_member(self, learner: str, admission_key: str | None) -> None:
+        """Raise ``RunMismatch`` unless a node of ``learner`` with this signing, expecting
+        the admission public key ``admission_key``, may write to the run: in a run with
+        identities, only when the manifest names that admission key and with a learner key
+        admitted for ``learner`` and not revoked."""
         if self.identities is None:
             return
         if self.learner_key is None:
@@ -326,13 +274,15 @@ class Signing:
                 "the run has learner identities and this node has no learner key; pass "
                 "NodeOptions(learner_key=LearnerKey.load(...)) with a key admitted for it"
             )
+        _check_authority(self.identities.authority, admission_key)
         public = self.learner_key.public
         if public in self.identities.revoked:
             raise RunMismatch(f"learner key {public} is revoked in this run; use a new key")
         if not self.identities.speaks_for(public, learner):
             raise RunMismatch(
                 f"learner key {public} is not admitted for {learner!r} in this run; admit it "
-                f"with `gradientmail admit URL {learner} {public}` (run key in the environment)"
+                f"with `gradientmail admit URL {learner} {public}` (run key and admission key "
+                "in the environment)"
             )
 
     def due(self, now: float) -> bool:
@@ -347,7 +297,7 @@ class Signing:
         if self.identities is None or self.run_key is None:
             return self, "the run has no learner identities"
         try:
-            found = self.identities.fold(key, data, self.run_key, run)
+            found = self.identities.fold(key, data, run)
         except RecordError as exc:
             return replace(self, seen=seen, checked_at=now), str(exc)
         return replace(self, identities=found, seen=seen, checked_at=now), None
@@ -373,9 +323,19 @@ class Signing:
         return self.run_key.check(key, data, run)
 
 
-def listed(manifest: Manifest, learner_key: LearnerKey | None) -> Manifest:
-    """``manifest`` as a node with ``learner_key`` creates it: listing its creator's key (a
-    run with identities), or unchanged without a key."""
+def listed(
+    manifest: Manifest, learner_key: LearnerKey | None, admission_key: str | None
+) -> Manifest:
+    """``manifest`` as a node with ``learner_key`` creates it: a run with identities lists
+    its creator's key, admitted from the start, and names the operator's ``admission_key``
+    (a public key), which admits the others; unchanged without a learner key. Raises
+    ``ValueError`` for a learner key without an admission key."""
     if learner_key is None:
         return manifest
-    return msgspec.structs.replace(manifest, learners={manifest.created_by: learner_key.public})
+    if admission_key is None:
+        raise ValueError("a run with learner identities needs an admission key")
+    return msgspec.structs.replace(
+        manifest,
+        learners={manifest.created_by: learner_key.public},
+        admission_key=check_public_key(admission_key),
+    )

@@ -176,6 +176,9 @@ class Manifest(_Object, frozen=True, kw_only=True):
     learners: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
     """In a run with learner identities, the public key of each learner listed at creation
     (``protocol.identities``); absent otherwise."""
+    admission_key: str | msgspec.UnsetType = msgspec.UNSET
+    """In a run with learner identities, the operator's admission public key (64 hex
+    digits): admissions and revocations count only under it; absent otherwise."""
 
 
 class CreateClaim(_Object, frozen=True, kw_only=True):

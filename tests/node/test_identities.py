@@ -26,7 +26,7 @@ from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import LocalMailbox, Mailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import encode_fragment
-from gradientmail.protocol.identities import Admission, LearnerKey, identity_key
+from gradientmail.protocol.identities import Admission, AdmissionKey, LearnerKey, identity_key
 from gradientmail.protocol.records import Manifest, RoundRecord, Snapshot, decode, encode
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
@@ -35,10 +35,11 @@ pytestmark = pytest.mark.anyio
 
 SECRET = "correct horse battery staple, twice over"
 RUN_KEY = RunKey(SECRET)
+ADMISSION_KEY = AdmissionKey.generate()
 
 
 def keyed(key: LearnerKey) -> NodeOptions:
-    return replace(FAST, learner_key=key)
+    return replace(FAST, learner_key=key, admission_key=ADMISSION_KEY.public)
 
 
 async def _manifest(box: Mailbox) -> Manifest:
@@ -89,8 +90,8 @@ async def test_learners_sign_with_their_own_keys_and_cannot_speak_for_another(
 
     async def start_b() -> None:
         await _manifest(box)
-        await admit(box, "b", kb.public, RUN_KEY)
-        await admit(box, "c", kc.public, RUN_KEY)
+        await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
+        await admit(box, "c", kc.public, RUN_KEY, ADMISSION_KEY)
         admitted.set()
         await member("b", kb, 1)
 
@@ -100,7 +101,8 @@ async def test_learners_sign_with_their_own_keys_and_cannot_speak_for_another(
         run = manifest.run_id
         assert isinstance(run, str)
         await admitted.wait()
-        # Neither junk nor an admission without the run key's MAC lets d's key speak for c.
+        # Neither junk nor an admission without the admission key's signature lets d's key
+        # speak for c.
         await box.put_if_absent(identity_key(Admission, kd.public, "junk"), b"junk")
         unsigned = Admission(learner="c", public_key=kd.public)
         await box.put_if_absent(identity_key(Admission, kd.public), encode(unsigned))
@@ -160,7 +162,7 @@ async def test_a_revoked_keys_later_snapshots_are_rejected_and_earlier_rounds_st
 
     async def start_b() -> None:
         await _manifest(box)
-        await admit(box, "b", kb.public, RUN_KEY)
+        await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
         await member("b", kb, 1, 40)
 
     async def operator() -> None:
@@ -170,7 +172,7 @@ async def test_a_revoked_keys_later_snapshots_are_rejected_and_earlier_rounds_st
         await wait_until(b_committed, limit=60)
         for round in range(len(await _committed(box))):
             before[round] = await box.get(keys.record(round)) or b""
-        await revoke(box, kb.public, RUN_KEY)
+        await revoke(box, kb.public, RUN_KEY, ADMISSION_KEY)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(member, "a", ka, 0, 40)
@@ -218,7 +220,7 @@ async def test_who_may_join_a_run_with_identities(tmp_path: Path) -> None:
     with pytest.raises(RunMismatch, match="no learner key"):
         async with open_node(tiny_model(), box, learner="b", options=FAST, run_key=SECRET):
             pass
-    await admit(box, "b", kb.public, RUN_KEY)
+    await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
     async with open_node(tiny_model(), box, learner="b", options=keyed(kb), run_key=SECRET):
         pass
     with pytest.raises(ValueError, match="run key"):
@@ -239,4 +241,4 @@ async def test_a_run_created_without_learner_keys_is_as_before(tmp_path: Path) -
         ):
             pass
     with pytest.raises(RunMismatch, match="no learner identities"):
-        await admit(box, "b", LearnerKey.generate().public, RUN_KEY)
+        await admit(box, "b", LearnerKey.generate().public, RUN_KEY, ADMISSION_KEY)

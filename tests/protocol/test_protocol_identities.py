@@ -2,6 +2,7 @@
 
 import contextlib
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -13,6 +14,7 @@ from gradientmail.errors import RecordError, RunMismatch
 from gradientmail.protocol import keys
 from gradientmail.protocol.identities import (
     Admission,
+    AdmissionKey,
     Identities,
     LearnerKey,
     Revocation,
@@ -35,6 +37,7 @@ from gradientmail.protocol.signing import RunKey
 RUN = "0123456789abcdef0123456789abcdef"
 RUN_KEY = RunKey("a run key of sixteen bytes or more")
 A, B = LearnerKey.generate(), LearnerKey.generate()
+OPERATOR = AdmissionKey.generate()
 SNAPSHOT = Snapshot(
     learner="a",
     round=3,
@@ -46,7 +49,9 @@ SNAPSHOT = Snapshot(
     norm=None,
 )
 KEY = keys.snapshot(3, "a")
-IDS = Identities({"a": frozenset([A.public]), "b": frozenset([B.public])})
+IDS = Identities(
+    {"a": frozenset([A.public]), "b": frozenset([B.public])}, authority=OPERATOR.public
+)
 
 
 def _check(ids: Identities, data: bytes, key: str = KEY, run: str = RUN) -> str | None:
@@ -100,29 +105,37 @@ def test_the_check_raises_only_record_error_for_bytes_that_are_no_object() -> No
             _check(IDS, data)
 
 
-def _signed(obj: Admission | Revocation, key: str, run_key: RunKey = RUN_KEY) -> bytes:
-    return encode(run_key.sign(key, obj, RUN))
+def _signed(
+    obj: Admission | Revocation, key: str, signer: AdmissionKey | LearnerKey = OPERATOR
+) -> bytes:
+    return encode(signer.sign(key, obj, RUN))
 
 
-def test_admissions_and_revocations_count_only_under_the_run_key() -> None:
+def test_admissions_and_revocations_count_only_under_the_admission_key() -> None:
     c = LearnerKey.generate()
     key = identity_key(Admission, c.public)
     admission = Admission(learner="c", public_key=c.public)
-    assert IDS.fold(key, _signed(admission, key), RUN_KEY, RUN).speaks_for(c.public, "c")
-    for data in (
-        encode(admission),
-        _signed(admission, key, RunKey("another key of sixteen bytes")),
-        _signed(admission, identity_key(Admission, c.public)),
-        _signed(Admission(learner="c", public_key=A.public), key),
-        _signed(Admission(learner="no/slash", public_key=c.public), key),
+    assert IDS.fold(key, _signed(admission, key), RUN).speaks_for(c.public, "c")
+    for data, why in (
+        (encode(admission), "unsigned"),
+        (encode(RUN_KEY.sign(key, admission, RUN)), "bad-signature"),
+        (_signed(admission, key, AdmissionKey.generate()), "bad-signature"),
+        (_signed(admission, key, A), "bad-signature"),
+        (encode(OPERATOR.sign(key, admission, "another run")), "bad-signature"),
+        (_signed(admission, identity_key(Admission, c.public)), "bad-signature"),
+        (_signed(Admission(learner="c", public_key=A.public), key), "another public key"),
+        (_signed(Admission(learner="no/slash", public_key=c.public), key), "no/slash"),
     ):
-        with pytest.raises(RecordError):
-            IDS.fold(key, data, RUN_KEY, RUN)
+        with pytest.raises(RecordError, match=why):
+            IDS.fold(key, data, RUN)
+    with pytest.raises(RecordError, match="names no admission key"):
+        replace(IDS, authority=None).fold(key, _signed(admission, key), RUN)
     key = identity_key(Revocation, A.public)
-    found = IDS.fold(key, _signed(Revocation(public_key=A.public), key), RUN_KEY, RUN)
+    found = IDS.fold(key, _signed(Revocation(public_key=A.public), key), RUN)
     assert found.revoked == {A.public}
+    assert found.authority == OPERATOR.public
     with pytest.raises(RecordError):
-        IDS.fold(keys.MANIFEST, b"{}", RUN_KEY, RUN)
+        IDS.fold(keys.MANIFEST, b"{}", RUN)
 
 
 def test_identity_keys_parse_and_junk_keys_do_not() -> None:
@@ -148,8 +161,8 @@ def _manifest(learners: dict[str, str] | None = None) -> Manifest:
 def test_signing_signs_snapshots_and_beats_with_the_learner_key_and_the_rest_with_the_run_key() -> (
     None
 ):
-    signing = Signing(RUN_KEY, A).learn(listed(_manifest(), A))
-    assert signing.identities == Identities({"a": frozenset([A.public])})
+    signing = Signing(RUN_KEY, A).learn(listed(_manifest(), A, OPERATOR.public))
+    assert signing.identities == Identities({"a": frozenset([A.public])}, authority=OPERATOR.public)
     beat_key = keys.lease("a", 0, "learner")
     for key, obj in ((KEY, SNAPSHOT), (beat_key, LeaseBeat(learner="a"))):
         data = encode(signing.sign(key, obj, RUN))
@@ -163,30 +176,37 @@ def test_signing_signs_snapshots_and_beats_with_the_learner_key_and_the_rest_wit
 
 
 def test_who_may_join_is_decided_from_the_manifest_and_the_admissions() -> None:
+    ours = OPERATOR.public
     with pytest.raises(RunMismatch, match="no learner identities"):
         Signing(RUN_KEY, A).learn(_manifest())
     with pytest.raises(RunMismatch, match="no run key"):
         Signing(None, None).learn(_manifest({"a": A.public}))
     reader = Signing(RUN_KEY).learn(_manifest({"a": A.public}))
     with pytest.raises(RunMismatch, match="no learner key"):
-        reader.check_member("a")
-    joined = Signing(RUN_KEY, B).learn(_manifest({"a": A.public}))
+        reader.check_member("a", ours)
+    with pytest.raises(RunMismatch, match="names no admission key"):
+        Signing(RUN_KEY, A).learn(_manifest({"a": A.public})).check_member("a", ours)
+    joined = Signing(RUN_KEY, B).learn(listed(_manifest(), A, ours))
+    with pytest.raises(RunMismatch, match=f"admission key is {ours}"):
+        joined.check_member("a", AdmissionKey.generate().public)
     with pytest.raises(RunMismatch, match="not admitted"):
-        joined.check_member("b")
+        joined.check_member("b", ours)
     assert joined.identities is not None
     joined = Signing(RUN_KEY, B, joined.identities.admit("b", B.public))
-    joined.check_member("b")
+    joined.check_member("b", ours)
     with pytest.raises(RunMismatch, match="not admitted"):
-        joined.check_member("a")
+        joined.check_member("a", ours)
     assert joined.identities is not None
     revoked = Signing(RUN_KEY, B, joined.identities.revoke(B.public))
     with pytest.raises(RunMismatch, match="revoked"):
-        revoked.check_member("b")
-    Signing(RUN_KEY).learn(_manifest()).check_member("anyone")
+        revoked.check_member("b", ours)
+    Signing(RUN_KEY).learn(_manifest()).check_member("anyone", None)
+    with pytest.raises(ValueError, match="admission key"):
+        listed(_manifest(), A, None)
 
 
 def test_folding_remembers_what_it_saw_and_when() -> None:
-    signing = Signing(RUN_KEY, A).learn(listed(_manifest(), A))
+    signing = Signing(RUN_KEY, A).learn(listed(_manifest(), A, OPERATOR.public))
     assert signing.due(0.0)
     key = identity_key(Admission, B.public)
     folded, why = signing.fold(
@@ -217,6 +237,25 @@ def test_a_learner_key_keeps_its_secret(tmp_path: Path) -> None:
         LearnerKey.load(path)
 
 
+def test_an_admission_key_signs_only_as_an_admission_key(tmp_path: Path) -> None:
+    path = tmp_path / "operator.pem"
+    path.write_bytes(OPERATOR.pem())
+    assert AdmissionKey.load(path) == OPERATOR
+    assert repr(OPERATOR) == f"AdmissionKey(public={OPERATOR.public!r})"
+    with pytest.raises(TypeError, match="not pickled"):
+        pickle.dumps(OPERATOR)
+    with pytest.raises(ValueError, match="cannot read an admission key"):
+        AdmissionKey.load(tmp_path / "missing.pem")
+    # The same private key as a learner key signs under another label: no admission.
+    as_learner = LearnerKey.from_pem(OPERATOR.pem())
+    assert as_learner.public == OPERATOR.public
+    assert as_learner != OPERATOR
+    c = LearnerKey.generate()
+    key = identity_key(Admission, c.public)
+    with pytest.raises(RecordError, match="bad-signature"):
+        IDS.fold(key, _signed(Admission(learner="c", public_key=c.public), key, as_learner), RUN)
+
+
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=80),
     lambda inner: (
@@ -242,7 +281,7 @@ def test_hostile_bytes_raise_only_record_error(data: bytes) -> None:
     key = identity_key(Admission, A.public, "ab")
     for judge in (
         lambda: IDS.check(KEY, "a", data, RUN),
-        lambda: IDS.fold(key, data, RUN_KEY, RUN),
+        lambda: IDS.fold(key, data, RUN),
         lambda: Signing(RUN_KEY, A, IDS).check(KEY, data, RUN),
     ):
         with contextlib.suppress(RecordError):
