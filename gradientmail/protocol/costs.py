@@ -11,7 +11,9 @@ the protocol (docs/protocol.md): round ``r`` updates fragment ``f = r mod F``;
   momentum (both ``fp32``);
 - what the store holds is what garbage collection keeps (``checkpoint.retained``): Θ⁰, the
   blobs of the retained records and the deltas of the retained rounds' snapshots, plus
-  every round record, which is never deleted.
+  every round record, which is never deleted; at its peak, while a round closes, also what
+  the round's collection is about to delete and the deltas of every round ahead that
+  collection spares.
 
 A fragment's round costs its own sizes; "per round" figures are means over the fragments.
 Small objects (records, snapshots, claims) are sized by encoding representative ones. Not
@@ -21,8 +23,7 @@ poll while a node waits), which depend on time rather than rounds.
 Pure: no I/O.
 """
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gradientmail.protocol import keys
@@ -57,7 +58,9 @@ class Costs:
         What the run's creator puts once: Θ⁰ of every fragment with its indexes.
     storage
         ``(least, most)`` bytes the store holds over a cycle of rounds once garbage
-        collection is in its steady state, records included as of that cycle.
+        collection is in its steady state, records aside: the least what a round's
+        collection keeps, the most (the peak) just before it, with the round's record
+        written and learners publishing in every round ahead.
     record_bytes
         What each round adds for good: its record.
     """
@@ -175,7 +178,7 @@ def costs(
     checkpoint = [2 * size + _index(size) for size in fp32]
     share = 1 / config.checkpoint_every
     creation = sum(size + _index(size) for size in fp32)
-    kept = _kept(config, learners, delta, indexed, checkpoint, snapshot + claim / learners)
+    after, before = _kept(config, learners, delta, indexed, checkpoint, snapshot + claim / learners)
     return Costs(
         config=config,
         learners=learners,
@@ -186,7 +189,7 @@ def costs(
         learner_requests={"put": 2.0, "get": 2.0},
         syncer_requests={"put": 4.0 + 3 * share, "get": 2.0 * learners},
         creation=creation,
-        storage=(creation + min(kept), creation + max(kept)),
+        storage=(creation + min(after), creation + max(before)),
         record_bytes=record,
     )
 
@@ -202,23 +205,33 @@ def _kept(
     update: Sequence[int],
     checkpoint: Sequence[int],
     snapshot: float,
-) -> list[int]:
-    """The bytes garbage collection keeps after each round of one cycle in its steady state
-    (Θ⁰ and records aside): the retained records' blobs, the retained rounds' snapshots
-    and the next round's, which the learners are writing."""
+) -> tuple[list[int], list[int]]:
+    """The bytes the store holds (Θ⁰ and records aside) around each round ``r`` of one cycle
+    in garbage collection's steady state: ``(after, before)``. After ``r``'s collection: the
+    blobs of ``retained(r)``'s records and the snapshots of its rounds. Before it (the
+    peak): ``retained(r - 1)``'s, ``r``'s
+    record, and the snapshots of ``r`` and of every round ahead that collection spares
+    (``r + 1 … r + F - 1``: learners running ahead, and every learner's closing snapshots,
+    publish there)."""
     count = config.fragments
     cycle = count * config.checkpoint_every
     first = cycle * (config.keep_versions + 2) + config.keep_rounds
-    held = []
-    for round in range(first, first + cycle):
-        kept = retained(round, config)
+
+    def held(records: Iterable[int], rounds: Iterable[int]) -> int:
         blobs = 0.0
-        for committed in kept.records:
+        for committed in records:
             fragment = keys.fragment_of(committed, count)
             blobs += update[fragment]
             if is_checkpoint(keys.version_of(committed, count), config):
                 blobs += checkpoint[fragment]
-        for pending in itertools.chain(kept.snapshots, [round + 1]):
+        for pending in rounds:
             blobs += learners * (delta[keys.fragment_of(pending, count)] + snapshot)
-        held.append(int(blobs))
-    return held
+        return int(blobs)
+
+    after, before = [], []
+    for round in range(first, first + cycle):
+        now, then = retained(round, config), retained(round - 1, config)
+        after.append(held(now.records, now.snapshots))
+        ahead = set(range(round, round + count))
+        before.append(held(then.records | {round}, then.snapshots | ahead))
+    return after, before
