@@ -96,12 +96,25 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         θ and the outer momentum of a fragment are stored (a checkpoint) with every
         ``checkpoint_every``-th version of it; every other record carries only its update,
         from which the versions after a checkpoint are replayed exactly
-        (``protocol.checkpoint``).
+        (``protocol.checkpoint``), with the momentum from the deltas of their rounds.
     keep_rounds, keep_versions
         Garbage collection: snapshots and claims of rounds older than ``keep_rounds`` rounds
         are deleted unless replaying the newest version needs them, and a record's blobs once
         neither the newest ``keep_versions`` versions of its fragment nor their replay from
         the checkpoint below them name them (``protocol.checkpoint.retained``).
+
+        The store's peak, with ``keep_versions`` and ``keep_rounds`` 1: Θ⁰; each fragment's
+        checkpoint (θ and momentum), its last ``C = checkpoint_every`` updates and the ``K``
+        learners' deltas of its last ``C − 1`` rounds; and while a round closes, its new
+        checkpoint and update and the deltas of it and of the rounds ahead that collection
+        spares (``F − 1``; learners running ahead, or leaving, publish there). For a model
+        of ``S`` fp32 bytes in ``F`` equal fragments, updates ``u·S`` and deltas ``d·S``
+        bytes in all (1 for fp32, about ¼ for int8): ``(3 + C·u + C·K·d + (2 + u) / F)·S``,
+        plus about 1 kB of record per round. The defaults give 13.75·S for fp32 at
+        ``K = F = 4`` and 6.1·S for int8; no retention gets below ``(3 + u + K·d / F)·S``
+        (Θ⁰, a checkpoint, the newest updates and the deltas in flight). Checkpoints cost the
+        syncers ``2·S / C`` of upload per ``F`` rounds (docs/protocol.md, "Garbage
+        collection", has the measured trade).
     """
 
     fragments: int = 4
@@ -126,9 +139,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     merge: MergeRule = "keep-progress"
     alpha: float = 0.5
     overlap: int | None = None
-    keep_rounds: int = 16
-    keep_versions: int = 2
-    checkpoint_every: int = 8
+    keep_rounds: int = 1
+    keep_versions: int = 1
+    checkpoint_every: int = 2
 
     def __post_init__(self) -> None:
         positive_ints = {

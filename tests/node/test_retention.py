@@ -1,0 +1,118 @@
+"""Retention by default: what the store holds stays within the bound ``RunConfig`` states,
+in ``preview``'s arithmetic and in a real run's directory."""
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+from node_helpers import FAST, LEARNER_ONLY, records, train, wait_until
+from torch import nn
+
+from gradientmail import preview
+from gradientmail._node import node as open_node
+from gradientmail.mailbox import LocalMailbox
+from gradientmail.protocol import keys
+from gradientmail.protocol.records import RunConfig
+
+pytestmark = pytest.mark.anyio
+
+LEARNERS = 4
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 256), nn.Linear(256, 1))
+
+
+def stored(directory: Path) -> dict[str, int]:
+    """The size of every file under ``directory``, by path (one a collection deletes while
+    this lists it left out)."""
+    sizes = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            try:
+                sizes[os.path.relpath(path, directory)] = os.path.getsize(path)
+            except FileNotFoundError:
+                continue
+    return sizes
+
+
+def stated_peak(config: RunConfig, learners: int) -> float:
+    """``RunConfig``'s bound on the store's peak over the model's fp32 size, for fragments of
+    equal size: Θ⁰, each fragment's checkpoint, last ``C`` updates and the deltas of its
+    last ``C − 1`` rounds, and while a round closes its new checkpoint and update and the
+    deltas of it and of the ``F − 1`` rounds ahead."""
+    shown = preview(model().named_parameters(), config, learners=learners)
+    fp32 = sum(f.blob_bytes["fp32"] for f in shown.fragments)
+    u = sum(f.blob_bytes[config.update_encoding] for f in shown.fragments) / fp32
+    d = sum(f.blob_bytes[config.delta_encoding] for f in shown.fragments) / fp32
+    every, count = config.checkpoint_every, config.fragments
+    return 3 + every * u + every * learners * d + (2 + u) / count
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "int8", "int4"])
+def test_the_default_retention_keeps_what_its_bound_states(encoding: str) -> None:
+    """``preview``'s peak for the default retention at four learners is the bound
+    ``RunConfig`` states (small objects aside), and for the default encoding under 14× the
+    model's fp32 size."""
+    config = RunConfig(delta_encoding=encoding, update_encoding=encoding)
+    shown = preview(model().named_parameters(), config, learners=LEARNERS)
+    fp32 = sum(f.blob_bytes["fp32"] for f in shown.fragments)
+    least, most = shown.costs().storage
+    if encoding == RunConfig().delta_encoding:
+        assert most <= 14 * fp32, (least / fp32, most / fp32)
+    bound = stated_peak(config, LEARNERS)
+    assert bound <= most / fp32 <= 1.02 * bound, (most / fp32, bound)
+
+
+class Sampled(LocalMailbox):
+    """A node's view of a shared directory that notes the directory's size after each put
+    (the store only grows at puts), the largest in ``peak[0]``."""
+
+    def __init__(self, directory: Path, peak: list[int]) -> None:
+        super().__init__(directory)
+        self._peak = peak
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        written = await super().put_if_absent(key, data)
+        self._peak[0] = max(self._peak[0], sum(stored(self.directory).values()))
+        return written
+
+
+async def test_a_run_with_the_default_retention_stays_within_its_bound(tmp_path: Path) -> None:
+    """Four learners, one of them also the syncer, with the default retention and encoding
+    through enough checkpoint cycles for collection to be steady: the directory at its
+    fullest holds no more than ``preview``'s peak and the records, within the bound."""
+    config = RunConfig.repeatable(sync_every=8, grace=0.3)
+    shown = preview(model().named_parameters(), config, learners=LEARNERS)
+    fp32 = sum(f.blob_bytes["fp32"] for f in shown.fragments)
+    run = shown.costs()
+    peak = [0]
+    until = 8 * config.fragments * config.checkpoint_every
+
+    async def learner(index: int) -> None:
+        trained = model()
+        options = FAST if index == 0 else LEARNER_ONLY
+        box = Sampled(tmp_path, peak)
+        async with open_node(
+            trained, box, learner=f"learner-{index}", config=config, options=options
+        ) as node:
+            await train(node, trained, seed=index, until_round=until, limit=120.0)
+
+    async def created() -> bool:
+        return await LocalMailbox(tmp_path).get(keys.MANIFEST) is not None
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(learner, 0)
+        await wait_until(created)
+        for index in range(1, LEARNERS):
+            tg.start_soon(learner, index)
+    rounds = len(await records(LocalMailbox(tmp_path)))
+    assert rounds >= until
+    # Besides the blobs, snapshots and claims: the records, and leases and markers.
+    small = rounds * run.record_bytes + 16_384
+    assert peak[0] <= run.storage[1] + small, (peak[0] / fp32, run.storage[1] / fp32)
+    assert peak[0] <= stated_peak(config, LEARNERS) * fp32 + small, peak[0] / fp32
