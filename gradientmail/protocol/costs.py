@@ -101,8 +101,8 @@ class Costs:
             f"  {config.fragments} rounds per {config.sync_every} steps: per {steps:,} steps "
             f"each learner moves {_mb(learner)}, the syncers {_mb(syncers)}",
             f"storage at keep_rounds={config.keep_rounds} keep_versions={config.keep_versions} "
-            f"checkpoint_every={config.checkpoint_every}: {_mb(least)} to {_mb(most)}, plus "
-            f"{self.record_bytes:,} bytes of record per round",
+            f"checkpoint_every={config.checkpoint_every}: {_mb(least)} kept, {_mb(most)} at its "
+            f"peak, plus {self.record_bytes:,} bytes of record per round",
         ]
 
 
