@@ -67,9 +67,10 @@ class History:
         the round's first key is in ``junk``, a claim on the next round names its claimant
         (asked only then) and no key of the round holds a record (``chain.overwritten``):
         committing at a successor key would fork. ``verified`` False (an unsigned run, where
-        anyone can plant a claim): a claim counts only when its claimant committed or took
-        part in a round this history took, as a node of the run has; a claim naming anyone
-        else proves nothing, and the record goes to a successor key."""
+        anyone can plant a claim): a claim counts only when its claimant committed a round
+        this history took, as a syncer of the run has; a claim naming anyone else proves
+        nothing, and the record goes to a successor key. Taking part does not count: a
+        well-formed snapshot planted by anyone takes part in an unsigned run."""
         round = record.round
         first_junk = keys.record(round) in junk
         claimed = first_junk and await self._claimed(claims, round + 1, verified=verified)
@@ -86,14 +87,12 @@ class History:
         return linked, before
 
     async def _claimed(self, claims: Claims, round: int, *, verified: bool) -> bool:
-        """Whether a claim on ``round`` names its claimant (one of the run's nodes, unless
-        ``verified``)."""
+        """Whether a claim on ``round`` names its claimant (one that committed a round this
+        history took, unless ``verified``)."""
         named = {claimant for _, claimant in await claims(round) if claimant}
         if verified or not named:
             return bool(named)
-        taken = [stored.record for stored in self._taken.values()]
-        known = {r.committed_by for r in taken} | {p.learner for r in taken for p in r.participants}
-        return not named.isdisjoint(known)
+        return not named.isdisjoint(stored.record.committed_by for stored in self._taken.values())
 
     def check(self, taken: Stored, before: Stored | None) -> None:
         """Remember ``taken`` once it chains onto ``before``; ``StoreTampered`` otherwise."""

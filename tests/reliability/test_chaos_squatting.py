@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gradientmail.errors import RecordError, RunMismatch
+from gradientmail.errors import RecordError, RunMismatch, StoreTampered
 from gradientmail.mailbox import LocalMailbox, Mailbox, MemoryMailbox
 from gradientmail.mailbox.local import key_path
 from gradientmail.protocol import keys, records
@@ -106,6 +106,27 @@ async def test_a_record_that_names_another_round_is_junk() -> None:
     landed, mine = await a.put_record(record(3, "a"))
     assert mine
     assert landed.committed_by == "a"
+
+
+async def test_an_unsigned_claim_proves_an_overwrite_only_when_a_committer_made_it() -> None:
+    """Junk at the first key of the round being committed, read before, and a claim on the
+    round after it: in an unsigned run the claim shows the record was overwritten only when
+    it names a learner that committed a round the store took. One naming a learner that only
+    took part (anyone's well-formed snapshot takes part) proves nothing: the record goes to
+    a successor key."""
+    box = MemoryMailbox()
+    a, _, _ = await _run(box)
+    await a.put_record(msgspec.structs.replace(record(0, "ghost"), committed_by="a"))
+    for round, claimant in ((1, "ghost"), (2, "a")):
+        await box.put_if_absent(keys.record(round), JUNK["random bytes"])
+        assert await a.record(round) is None
+        claim = records.encode(RoundClaim(learner=claimant))
+        await box.put_if_absent(keys.round_claim(round + 1, 0), claim)
+    _, mine = await a.put_record(record(1, "a"))
+    assert mine
+    assert await box.get(keys.record_slot(1, 1)) is not None
+    with pytest.raises(StoreTampered, match=keys.record(2)):
+        await a.put_record(record(2, "a"))
 
 
 async def test_junk_far_ahead_is_foreign_to_the_listing() -> None:
