@@ -26,14 +26,14 @@ Families:
 
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 import anyio
 import msgspec
 import pytest
 import torch
-from reliability_helpers import CONFIG, FAST, Recorder, Trainer, tiny_model
+from reliability_helpers import CONFIG, FAST, Trainer, tiny_model
 
 import gradientmail
 from gradientmail.mailbox import MemoryMailbox
@@ -46,6 +46,7 @@ from gradientmail.protocol.records import (
     Manifest,
     RoundClaim,
     RoundRecord,
+    RunConfig,
     Snapshot,
 )
 from gradientmail.protocol.signing import RunKey
@@ -89,9 +90,11 @@ class Chaos:
         self.written = 0
         self.replays: list[tuple[str, bytes]] = []
 
-    async def write(self, key: str, data: bytes) -> None:
-        if await self.box.put_if_absent(key, data):
-            self.written += 1
+    async def write(self, key: str, data: bytes) -> bool:
+        """Whether ``data`` landed at ``key`` (False: something else was there)."""
+        landed = await self.box.put_if_absent(key, data)
+        self.written += landed
+        return landed
 
     async def next_round(self) -> int:
         """The first round without a record, as the run sees it (junk ahead ignored)."""
@@ -206,7 +209,13 @@ async def _bad_deltas(chaos: Chaos) -> None:
     await chaos.write(keys.snapshot(round, learner), records.encode(snapshot))
 
 
-ATTACKS = {"junk": _junk_everywhere, "forgeries": _forgeries, "deltas": _bad_deltas}
+Attack = Callable[[Chaos], Awaitable[None]]
+"""A family of hostile objects: each call writes (at most) a few of them."""
+ATTACKS: dict[str, Attack] = {
+    "junk": _junk_everywhere,
+    "forgeries": _forgeries,
+    "deltas": _bad_deltas,
+}
 
 
 async def _replays() -> list[tuple[str, bytes]]:
@@ -284,6 +293,56 @@ async def _check(box: MemoryMailbox, signed: bool) -> list[RoundRecord]:
     return found
 
 
+async def run_under_chaos(
+    chaos: Chaos,
+    attacks: Sequence[Attack],
+    config: RunConfig,
+    target: int,
+    limit: float = 60,
+    burst: int = 10,
+) -> None:
+    """Three honest learners and a syncer-only node train in ``chaos.box`` (signed with
+    ``SECRET`` when ``chaos.signed``) until every learner holds a version committed by
+    ``target`` or a later round, each within ``limit`` seconds, while each of ``attacks``
+    writes ``burst`` times between short pauses. Any node's failure is raised."""
+    run_key = SECRET if chaos.signed else None
+    learners_done = anyio.Event()
+
+    async def hostile() -> None:
+        while not learners_done.is_set():
+            for _ in range(burst):
+                for attack in attacks:
+                    await attack(chaos)
+            await anyio.sleep(0.005)
+
+    async def learner(index: int, name: str) -> None:
+        model = tiny_model(index)
+        async with gradientmail.node(
+            model, chaos.box, learner=name, config=config, options=FAST, run_key=run_key
+        ) as node:
+            trainer = Trainer(model, index)
+            with anyio.fail_after(limit):
+                while node.state.round < target:
+                    trainer.step()
+                    await node.step(tokens=16)
+                    await anyio.sleep(0.002)
+
+    async def syncer_only() -> None:
+        options = replace(FAST, syncer=True)
+        async with gradientmail.node(
+            None, chaos.box, learner="s", config=config, options=options, run_key=run_key
+        ):
+            await learners_done.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hostile)
+        tg.start_soon(syncer_only)
+        async with anyio.create_task_group() as learners:
+            for index, name in enumerate(HONEST):
+                learners.start_soon(learner, index, name)
+        learners_done.set()
+
+
 @pytest.mark.parametrize(
     ("attack", "signed"),
     [
@@ -297,50 +356,14 @@ async def _check(box: MemoryMailbox, signed: bool) -> list[RoundRecord]:
 )
 async def test_a_run_survives_a_hostile_writer(attack: str, signed: bool) -> None:
     box = MemoryMailbox()
-    sink = Recorder()
     chaos = Chaos(box, signed, seed=sum(map(ord, attack)) + signed)
     if signed and attack == "forgeries":
         chaos.replays = await _replays()
-    run_key = SECRET if signed else None
-    learners_done = anyio.Event()
     if attack == "junk":
         # Before the run exists: the manifest's and creation's keys too.
         for _ in range(40):
             await _junk_everywhere(chaos)
-
-    async def hostile() -> None:
-        while not learners_done.is_set():
-            for _ in range(10):
-                await ATTACKS[attack](chaos)
-            await anyio.sleep(0.005)
-
-    async def learner(index: int, name: str) -> None:
-        model = tiny_model(index)
-        async with gradientmail.node(
-            model, box, learner=name, config=CHAOS, options=FAST, sinks=[sink], run_key=run_key
-        ) as node:
-            trainer = Trainer(model, index)
-            with anyio.fail_after(60):
-                while node.state.round < TARGET:
-                    trainer.step()
-                    await node.step(tokens=16)
-                    await anyio.sleep(0.002)
-
-    async def syncer_only() -> None:
-        options = replace(FAST, syncer=True)
-        async with gradientmail.node(
-            None, box, learner="s", config=CHAOS, options=options, sinks=[sink], run_key=run_key
-        ):
-            await learners_done.wait()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(hostile)
-        tg.start_soon(syncer_only)
-        async with anyio.create_task_group() as learners:
-            for index, name in enumerate(HONEST):
-                learners.start_soon(learner, index, name)
-        learners_done.set()
-
+    await run_under_chaos(chaos, [ATTACKS[attack]], CHAOS, TARGET)
     assert chaos.written >= 100, chaos.written
     found = await _check(box, signed)
     assert len(found) > TARGET
