@@ -102,8 +102,9 @@ def types(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def soak(session: nox.Session) -> None:
-    """The long soak: four nodes, 200 rounds, ~6% of store operations faulted, a plain and a
-    signed run, both event loops (``tests/reliability/test_soak.py``)."""
+    """The long soaks: four nodes, 200 rounds, ~6% of store operations faulted
+    (``tests/reliability/test_soak.py``), and 120 rounds of the chaos writer with collection
+    live (``test_chaos_gc.py``); a plain and a signed run of each, both event loops."""
     session.run(
         PYTHON,
         "-m",
@@ -111,6 +112,7 @@ def soak(session: nox.Session) -> None:
         "-q",
         "-s",
         "tests/reliability/test_soak.py",
+        "tests/reliability/test_chaos_gc.py",
         "-k",
         "full",
         *session.posargs,
