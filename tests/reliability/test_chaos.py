@@ -63,8 +63,6 @@ CHAOS = msgspec.structs.replace(CONFIG, keep_rounds=10_000, keep_versions=10_000
 DEEP = b"[" * 1000 + b"]" * 1000
 HUGE = b'{"format":1,"pad":"' + b"x" * (3 << 19) + b'"}'
 
-Write = Callable[[str, bytes], Awaitable[None]]
-
 
 def _junk(rng: random.Random) -> bytes:
     return rng.choice(
