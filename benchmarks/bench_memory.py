@@ -244,7 +244,10 @@ LATENCY_CONFIG = RunConfig(
     block_size=256,
     quorum_fraction=1.0,
     grace=1.0,
+    keep_rounds=1000,
 )
+"""``keep_rounds`` past the run's length: the latencies come from the snapshots' files,
+read once the run is over."""
 
 
 class _Slabs(torch.nn.Module):
