@@ -134,7 +134,8 @@ async def _train(
     from gradientmail.events import SnapshotPublished
     from gradientmail.patterns import Barrier
 
-    config = gradientmail.RunConfig(fragments=2, sync_every=20, grace=1.0)
+    # Every round's snapshots are kept: their bytes are read from the store after the run.
+    config = gradientmail.RunConfig(fragments=2, sync_every=20, grace=1.0, keep_rounds=100_000)
     options = gradientmail.NodeOptions(
         poll_interval=0.05, lease_every=0.5, lease_timeout=10.0, close_timeout=60.0
     )
