@@ -3,8 +3,8 @@
 ``aggregate`` rejects, in this order, each with a reason: ``corrupt``, ``shape``,
 ``non-finite``, ``stale``, ``tokens``, ``outlier`` (when each applies: docs/protocol.md,
 "Rejections"). Norms are recomputed here; ``Snapshot.norm`` is the writer's claim and is
-not trusted. The accepted snapshots get weights per ``RunConfig.weighting`` (capped and
-clipped by ``bounds`` with ``RunConfig.robust``); the mean ``Σ w_i·Δ_i`` is accumulated in
+not trusted. The accepted snapshots get weights per ``RunConfig.weighting`` (bounded by
+``robust`` with ``RunConfig.robust``); the mean ``Σ w_i·Δ_i`` is accumulated in
 fp32 in learner order, so every closer computes the same bits.
 
 A delta is tensors or a checked blob decoded piece by piece (``pieces.BlobView``): every
@@ -25,13 +25,7 @@ import torch
 from torch import Tensor
 
 from gradientmail.protocol import keys
-from gradientmail.protocol.bounds import (
-    allowance,
-    capped_counts,
-    clip_scales,
-    judged_steps,
-    lone_scale,
-)
+from gradientmail.protocol.bounds import allowance, judged_steps
 from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
@@ -41,6 +35,7 @@ from gradientmail.protocol.records import (
     RunConfig,
     Snapshot,
 )
+from gradientmail.protocol.robust import bounded_weights
 from gradientmail.protocol.sparse import SparseBlob
 
 __all__ = [
@@ -51,6 +46,7 @@ __all__ = [
     "aggregate",
     "counted_snapshots",
     "l2_norm",
+    "pairwise_distances",
     "refused",
     "weighted_mean",
 ]
@@ -221,33 +217,6 @@ def _weights(snapshots: Sequence[Snapshot], config: RunConfig) -> list[float]:
     return [w / total for w in raw]
 
 
-def _bounded_weights(
-    kept: "Kept", config: RunConfig, momentum: float | None
-) -> tuple[list[float], list[str | None]]:
-    """``RunConfig.robust``'s weights: each kept delta's coefficient in the mean, and what
-    bounded it (None: nothing): its normalized weight (``bounds.capped_counts``, equal if
-    every count is 0) times its clip scale (``bounds.clip_scales``; ``bounds.lone_scale``
-    for a round of one, against ``momentum``, the norm of the fragment's outer momentum).
-    The record stores the coefficient as the participant's weight, so a replay of the mean
-    gets the same bits."""
-    snapshots = [candidate.snapshot for candidate, _, _ in kept]
-    counts = capped_counts(snapshots, config)
-    total = math.fsum(count for count, _ in counts)
-    if total <= 0:
-        weights = [1.0 / len(kept)] * len(kept)
-    else:
-        weights = [count / total for count, _ in counts]
-    steps = [judged_steps(s, config) for s in snapshots]
-    norms = [norm for _, _, norm in kept]
-    scales = [lone_scale(norms[0], momentum)] if len(kept) == 1 else clip_scales(norms, steps)
-    notes = [
-        "; ".join(note for note in (capped, clipped) if note is not None) or None
-        for (_, capped), (_, clipped) in zip(counts, scales, strict=True)
-    ]
-    coefficients = [w * scale for w, (scale, _) in zip(weights, scales, strict=True)]
-    return coefficients, notes
-
-
 def weighted_mean(
     deltas: Sequence[Delta], weights: Sequence[float], spec: FragmentSpec
 ) -> list[Tensor]:
@@ -277,6 +246,25 @@ def _mean(
                 for products, piece in zip(dots, pieces, strict=True):
                     products.append(float(torch.dot(piece.double(), acc.double())))
     return mean, [math.fsum(products) for products in dots] if cosines else None
+
+
+def pairwise_distances(deltas: Sequence[Delta], spec: FragmentSpec) -> list[list[float]]:
+    """``‖Δᵢ − Δⱼ‖`` for every pair of ``deltas`` (fp32 differences, squares summed in
+    float64), in one pass a piece at a time; ``inf`` where not finite."""
+    count = len(deltas)
+    squares: list[list[list[float]]] = [[[] for _ in deltas] for _ in deltas]
+    for index, param in enumerate(spec.params):
+        for start, end in chunk_ranges(param.numel):
+            pieces = [_piece(delta, index, start, end) for delta in deltas]
+            for i in range(count):
+                for j in range(i + 1, count):
+                    squares[i][j].append(_squares(pieces[i] - pieces[j]))
+    out = [[0.0] * count for _ in deltas]
+    for i in range(count):
+        for j in range(i + 1, count):
+            distance = math.sqrt(math.fsum(squares[i][j]))
+            out[i][j] = out[j][i] = distance if math.isfinite(distance) else math.inf
+    return out
 
 
 def _cosine(
@@ -408,7 +396,10 @@ def aggregate(
     notes: list[str | None] = [None] * len(kept)
     if config.robust:
         history = None if momentum is None else l2_norm(momentum)
-        weights, notes = _bounded_weights(kept, config, history)
+        deltas = [delta for _, delta, _ in kept]
+        pairwise = pairwise_distances(deltas, spec) if len(kept) >= 3 else None
+        norms = [norm for _, _, norm in kept]
+        weights, notes = bounded_weights(snapshots, norms, config, history, pairwise)
     else:
         weights = _weights(snapshots, config)
     mean, dots = _mean([delta for _, delta, _ in kept], weights, spec, cosines=True)

@@ -1,4 +1,5 @@
-"""Bounds on one learner's influence on a round: capped weights and clipped deltas.
+"""Bounds on one learner's influence on a round: capped weights and, in rounds of one or two
+deltas, clipped norms (three or more: ``robust.centered``).
 
 Applied after a round's rejections, against references taken from the round itself (never
 from θ, so nothing compounds over rounds):
@@ -7,13 +8,13 @@ from θ, so nothing compounds over rounds):
   lower median of tokens per step, over its steps brought to ``[1, sync_every]``; the steps
   it counts are at most ``sync_every``;
 - ``clip_scales``: a delta's norm is clipped to ``CLIP_FACTOR`` times the lower median of the
-  round's norms brought to its steps (``allowance``);
+  round's norms brought to its steps (``allowance``): of two, the smaller;
 - ``lone_scale``: a round's single delta is clipped to ``HISTORY_FACTOR`` times the norm of
   the fragment's outer momentum, when there is one.
 
-With ``K`` learners, two included, one liar's share of the mean is at most
-``TOKENS_RATIO / (K − 1 + TOKENS_RATIO)`` of a delta no larger than ``CLIP_FACTOR`` honest
-ones (docs/protocol.md, "Aggregation"). A capped or clipped snapshot stays a participant with
+Of two learners, one liar's share of the mean is at most ``TOKENS_RATIO / (1 + TOKENS_RATIO)``
+of a delta no larger than ``CLIP_FACTOR`` times the honest one (docs/protocol.md,
+"Aggregation"). A capped or clipped snapshot stays a participant with
 all its tokens; each function returns a note saying what it did, for the record.
 
 Pure and deterministic: plain float arithmetic on the snapshots' claims and recomputed

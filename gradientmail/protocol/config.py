@@ -67,10 +67,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         norms brought to its steps (3+ snapshots; ``protocol.aggregation``), or more than
         ``max_tokens_per_step`` tokens per claimed step.
     robust
-        Bound each snapshot's weight and clip its delta against the round
-        (``protocol.bounds``); for fleets with untrusted key holders. Off by default: it
-        changes honest rounds too (clips about half of honest deltas) and its cost to an
-        honest run is not measured yet.
+        Bound each snapshot's weight (``protocol.bounds``) and its delta's share of the
+        mean (``protocol.robust``: centered clipping among three or more, clipped norms
+        among two); for fleets with untrusted key holders. Off by default.
     quorum_min, quorum_fraction, grace
         A round closes once it has at least ``quorum_min`` snapshots and at least
         ``quorum_fraction`` of the live learners, then waits up to ``grace`` seconds more for

@@ -1,5 +1,6 @@
-"""One learner's bounded influence on a round: capped weights, clipped deltas, exact
-coefficients a replay reproduces, and nothing changed when every learner is alike."""
+"""One learner's bounded influence on a round: capped weights, and in rounds of one or two
+deltas clipped norms, with nothing changed when both learners are alike (three or more:
+``test_protocol_robust.py``)."""
 
 import msgspec
 import pytest
@@ -69,28 +70,6 @@ def test_steps_weigh_at_most_sync_every() -> None:
     assert "sync_every" in str(counts[1][1])
 
 
-def test_a_large_delta_is_clipped_to_the_lower_median_norm_and_replays_exactly() -> None:
-    honest = [candidate("a", [1.0] * 9), candidate("b", [-1.0] * 9), candidate("c", [0.5] * 9)]
-    large = candidate("d", [4.0] * 9)  # under the median test (5×), over the clip
-    result = aggregate(VERSION, [*honest, large], SPEC, CONFIG)
-    assert result.rejected == ()
-    weights = {p.learner: p.weight for p in result.participants}
-    # Norms 3, 3, 1.5, 12: the lower median is 3, so d is scaled by 3 / 12.
-    assert weights == pytest.approx({"a": 0.25, "b": 0.25, "c": 0.25, "d": 0.25 * CLIP_FACTOR / 4})
-    notes = {p.learner: p.bounded for p in result.participants}
-    assert "clipped to 3" in str(notes["d"])
-    assert all(notes[k] is msgspec.UNSET for k in "abc")
-    # The record's weights are the mean's coefficients: a replay gets the same bits.
-    ordered = [*honest, large]
-    replayed = weighted_mean(
-        [c.delta for c in ordered],  # type: ignore[misc]
-        [p.weight for p in result.participants],
-        SPEC,
-    )
-    assert result.mean is not None
-    assert all(torch.equal(x, y) for x, y in zip(result.mean, replayed, strict=True))
-
-
 def test_two_learners_neither_moves_the_mean_more_than_the_other() -> None:
     liar = candidate("a", [1e6] * 9, tokens=CONFIG.max_tokens_per_step * 4)
     result = aggregate(VERSION, [liar, candidate("b", [1.0] * 9)], SPEC, CONFIG)
@@ -126,11 +105,11 @@ VALUES = st.lists(st.floats(-1.0, 1.0, width=32), min_size=9, max_size=9)
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(VALUES, min_size=1, max_size=4),
+    st.lists(VALUES, min_size=1, max_size=1),
     st.lists(st.floats(-1e6, 1e6, width=32), min_size=9, max_size=9),
     st.integers(0, CONFIG.max_tokens_per_step * 4),
 )
-def test_one_adversarial_delta_moves_the_mean_a_bounded_amount(
+def test_one_adversarial_delta_of_two_moves_the_mean_a_bounded_amount(
     honest: list[list[float]], adversary: list[float], tokens: int
 ) -> None:
     candidates = [candidate(f"h{k}", values) for k, values in enumerate(honest)]
@@ -148,8 +127,8 @@ def test_one_adversarial_delta_moves_the_mean_a_bounded_amount(
 
 
 @settings(max_examples=40, deadline=None)
-@given(VALUES, st.lists(st.lists(st.booleans(), min_size=9, max_size=9), min_size=1, max_size=5))
-def test_alike_learners_are_neither_capped_nor_clipped(
+@given(VALUES, st.lists(st.lists(st.booleans(), min_size=9, max_size=9), min_size=1, max_size=2))
+def test_alike_learners_of_a_round_of_two_are_neither_capped_nor_clipped(
     base: list[float], signs: list[list[bool]]
 ) -> None:
     # Sign flips of one vector: every norm is the same, bit for bit.

@@ -1,13 +1,15 @@
 """A lying insider: a learner holding the run key that claims the most tokens a round
 accepts and publishes its own steps reversed and enlarged, among honest learners on a real
-directory. With ``RunConfig.robust`` its weight is bounded (at most an honest learner's
-share) and its delta clipped (the record says so), so the honest learners still learn and θ
-stays bounded among 4 learners. Among 2 the rounds the insider has to itself are bounded
-only by the momentum's norm, and its weight by 1/K only when both took as many steps: that
-gap is open (docs/reliability.md), and ``tests/protocol/test_protocol_bounds.py`` pins the
-two-learner rules without a node. Without ``robust`` (the default) the insider weighs what
-it claims."""
+directory. With ``RunConfig.robust`` its weight is capped at an honest learner's share, and
+in a round it shares with two or more honest learners its term in the mean is at most its
+share of the round's radius about the center (``protocol.robust``; the record says so), so
+the honest learners still learn and θ stays bounded among 4 learners. Among 2 the rounds
+the insider has to itself are bounded only by the momentum's norm, and its weight by 1/K
+only when both took as many steps: that gap is open (docs/reliability.md), and
+``tests/protocol/test_protocol_bounds.py`` pins the two-learner rules without a node.
+Without ``robust`` (the default) the insider weighs what it claims."""
 
+import re
 from pathlib import Path
 
 import anyio
@@ -23,6 +25,9 @@ from gradientmail.protocol.records import Participant, RunConfig
 pytestmark = pytest.mark.anyio
 
 SECRET = "the run's secret, which the insider holds"
+_CENTERED = re.compile(
+    r"distance (?P<distance>\S+) from the round's center over the radius (?P<radius>\S+) "
+)
 ROUNDS = 16
 INSIDER = "mallory"
 
@@ -75,11 +80,12 @@ async def _member(
 
 
 async def _shared_rounds(
-    root: Path, honest: int, gain: float, robust: bool
-) -> tuple[list[Participant], dict[str, tuple[float, float]], float]:
+    root: Path, honest: int, gain: float, robust: bool, overlap: int | None = None
+) -> tuple[list[tuple[Participant, list[int]]], dict[str, tuple[float, float]], float]:
     """Runs ``honest`` learners and the insider to ``ROUNDS``; the insider's participations
-    in rounds it shared, each learner's first and last loss, and the newest θ's norm."""
-    config = msgspec.structs.replace(CONFIG, grace=2.0, robust=robust)
+    in rounds it shared, each with the steps of the others that took part, each learner's
+    first and last loss, and the newest θ's norm (``overlap``: ``RunConfig.overlap``)."""
+    config = msgspec.structs.replace(CONFIG, grace=2.0, robust=robust, overlap=overlap)
     losses: dict[str, tuple[float, float]] = {}
     names = [f"honest-{k}" for k in range(honest)]
     async with anyio.create_task_group() as tg:
@@ -91,7 +97,7 @@ async def _shared_rounds(
     # A round the insider has to itself (the others closed, or not yet publishing) it
     # weighs all of; under ``robust`` its delta is then bounded by the fragment's momentum.
     mine = [
-        p
+        (p, [o.steps for o in r.participants if o.learner != INSIDER])
         for r in records
         for p in r.participants
         if p.learner == INSIDER and len(r.participants) > 1
@@ -101,12 +107,29 @@ async def _shared_rounds(
     return mine, losses, float(norm)
 
 
-async def test_a_lying_insider_among_four_is_bounded(tmp_path: Path) -> None:
+async def test_a_lying_insider_among_four_moves_a_round_at_most_its_share_of_the_radius(
+    tmp_path: Path,
+) -> None:
+    """In a round the insider shares with two or more honest learners (not a final one),
+    its term in the mean, weight × distance from the round's center, is at most ``1/K`` of
+    the round's radius (the record names both when it is outside; inside, its weight is at
+    most ``1/K``), and four times its own steps reversed put
+    it beyond twice the radius of at least one such round, where it weighs nothing. The
+    repeatable mode puts every learner in every round."""
     honest = 3
-    mine, losses, norm = await _shared_rounds(tmp_path, honest, 2.0, robust=True)
-    heaviest = max(p.weight for p in mine)
-    assert heaviest <= 1 / (honest + 1) + 1e-9, f"the insider weighed {heaviest}"
-    assert any(isinstance(p.bounded, str) for p in mine), "no record says it was bounded"
+    mine, losses, norm = await _shared_rounds(tmp_path, honest, 4.0, robust=True, overlap=2)
+    crowded = [(p, len(others) + 1) for p, others in mine if len(others) >= 2 and p.steps >= 1]
+    assert crowded, "the insider shared no round with two or more honest learners"
+    for p, k in crowded:
+        note = _CENTERED.search(str(p.bounded))
+        if note is None:  # within the radius: its share at most
+            assert p.weight <= 1 / k + 1e-9, (p.weight, p.bounded)
+            continue
+        distance, radius = float(note["distance"]), float(note["radius"])
+        assert p.weight * distance <= radius / k * (1 + 1e-5), (p.weight, distance, radius)
+    assert 0.0 in [p.weight for p, _ in crowded], [p.weight for p, _ in crowded]
+    # A round of two: the insider's delta clipped to the honest one's norm, at half weight.
+    assert max(p.weight for p, _ in mine) <= 0.5 + 1e-9
     start = torch.linalg.vector_norm(
         torch.cat([p.detach().reshape(-1) for p in tiny_model(0).parameters()])
     )
@@ -120,5 +143,5 @@ async def test_by_default_a_lying_insider_weighs_what_it_claims(tmp_path: Path) 
     """Without ``robust`` the insider's claim of the most tokens a round accepts buys it
     nearly all of every round it shares with 3 honest learners, and nothing is bounded."""
     mine, _, _ = await _shared_rounds(tmp_path, 3, 2.0, robust=False)
-    assert min(p.weight for p in mine) > 0.99, [p.weight for p in mine]
-    assert all(p.bounded is msgspec.UNSET for p in mine)
+    assert min(p.weight for p, _ in mine) > 0.99, [p.weight for p, _ in mine]
+    assert all(p.bounded is msgspec.UNSET for p, _ in mine)
