@@ -5,10 +5,12 @@ Then, by the number ``K`` of accepted deltas:
 
 - ``K ≥ 3``, centered clipping (``centered``): the center ``c`` is the weighted mean of the
   core, the ``⌊K/2⌋ + 1`` deltas with the smallest weighted sum of distances to the others;
-  the radius ``τ`` is ``RADIUS`` × the lower median of the distances ``dᵢ = ‖Δᵢ − c‖``; the
-  mean is ``c + Σ wᵢ·sᵢ·(Δᵢ − c)`` with ``sᵢ = 1`` within ``τ``, fading to 0 at ``2τ``
-  (``sᵢ·dᵢ = 2τ − dᵢ`` between), so that one delta moves the mean by at most ``wᵢ·τ`` about
-  the center, and a delta beyond ``2τ`` by nothing. Nothing faded: the plain weighted mean,
+  a delta's radius ``τᵢ`` is ``RADIUS`` × the lower median of the distances
+  ``dᵢ = ‖Δᵢ − c‖``, times its judged steps over the round's lower median steps when more
+  (at most ``sync_every`` over them); the mean is ``c + Σ wᵢ·sᵢ·(Δᵢ − c)`` with ``sᵢ = 1``
+  within ``τᵢ``, fading to 0 at ``2τᵢ`` (``sᵢ·dᵢ = 2τᵢ − dᵢ`` between), so that one delta
+  moves the mean by at most ``wᵢ·τᵢ`` about the center, and a delta beyond ``2τᵢ`` by
+  nothing. Nothing faded: the plain weighted mean,
   bit for bit.
 - ``K = 2``: each delta's norm clipped to the smaller (``bounds.clip_scales``).
 - ``K = 1``: clipped against the fragment's outer momentum (``bounds.lone_scale``).
@@ -44,12 +46,12 @@ within it: a distance taken from pairwise distances is exact to about 1e-8 of th
 class Centered:
     """Centered clipping of one round: the ``coefficients`` of the deltas in the mean, the
     ``center``'s coefficients (summing to 1), each delta's ``distances`` from the center,
-    the ``radius`` and each delta's ``scales`` (1.0: within the radius)."""
+    its ``radii`` and its ``scales`` (1.0: within its radius)."""
 
     coefficients: list[float]
     center: list[float]
     distances: list[float]
-    radius: float
+    radii: list[float]
     scales: list[float]
 
 
@@ -91,34 +93,49 @@ def _scale(distance: float, radius: float, slack: float) -> float:
     return (2 * radius - distance) / distance
 
 
-def centered(weights: Sequence[float], pairwise: Sequence[Sequence[float]]) -> Centered:
-    """Centered clipping of a round of three or more deltas with normalized ``weights`` and
-    ``pairwise`` distances (symmetric, zero diagonal): see the module's docstring."""
+def centered(
+    weights: Sequence[float],
+    pairwise: Sequence[Sequence[float]],
+    steps: Sequence[float] | None = None,
+) -> Centered:
+    """Centered clipping of a round of three or more deltas with normalized ``weights``,
+    ``pairwise`` distances (symmetric, zero diagonal) and ``steps`` (``judged_steps``; None:
+    all alike): see the module's docstring."""
     center = _core(weights, pairwise)
     distances = distances_to(center, pairwise)
     radius = RADIUS * statistics.median_low(distances)
-    largest = max((d for row in pairwise for d in row if math.isfinite(d)), default=0.0)
     if not math.isfinite(radius):
         radius = math.inf
-    scales = [_scale(d, radius, _ROUNDING * largest) for d in distances]
+    radii = [radius * stretch for stretch in _stretches(steps, len(weights))]
+    largest = max((d for row in pairwise for d in row if math.isfinite(d)), default=0.0)
+    scales = [_scale(d, r, _ROUNDING * largest) for d, r in zip(distances, radii, strict=True)]
     if all(s == 1.0 for s in scales):
-        return Centered(list(weights), center, distances, radius, scales)
+        return Centered(list(weights), center, distances, radii, scales)
     kept = [w * s for w, s in zip(weights, scales, strict=True)]
     rest = max(1.0 - math.fsum(kept), 0.0)
     coefficients = [k + rest * a for k, a in zip(kept, center, strict=True)]
-    return Centered(coefficients, center, distances, radius, scales)
+    return Centered(coefficients, center, distances, radii, scales)
+
+
+def _stretches(steps: Sequence[float] | None, count: int) -> list[float]:
+    """What each delta's radius is multiplied by: its steps over the round's lower median,
+    at least 1 (a delta over more steps goes further, as the outlier test allows)."""
+    if steps is None:
+        return [1.0] * count
+    median = statistics.median_low(steps)
+    return [max(1.0, n / median) if median > 0 else 1.0 for n in steps]
 
 
 def _faded_notes(result: Centered) -> list[str | None]:
     notes: list[str | None] = []
-    for distance, scale in zip(result.distances, result.scales, strict=True):
+    for distance, radius, scale in zip(result.distances, result.radii, result.scales, strict=True):
         if scale == 1.0:
             notes.append(None)
             continue
         notes.append(
-            f"distance {distance:.6g} from the round's center over the radius "
-            f"{result.radius:.6g} ({RADIUS:g} × the lower median distance): weighted "
-            f"{scale:.6g} of its share, the rest to the center"
+            f"distance {distance:.6g} from the round's center over the radius {radius:.6g} "
+            f"({RADIUS:g} × the lower median distance, × its steps over the lower median "
+            f"steps when more): weighted {scale:.6g} of its share, the rest to the center"
         )
     return notes
 
@@ -140,13 +157,13 @@ def bounded_weights(
         weights = [1.0 / len(snapshots)] * len(snapshots)
     else:
         weights = [count / total for count, _ in counts]
+    steps = [judged_steps(s, config) for s in snapshots]
     if len(snapshots) >= 3:
         if pairwise is None:
             raise ValueError("a round of three or more deltas needs their pairwise distances")
-        result = centered(weights, pairwise)
+        result = centered(weights, pairwise, steps)
         coefficients, clipped = result.coefficients, _faded_notes(result)
     else:
-        steps = [judged_steps(s, config) for s in snapshots]
         single = len(snapshots) == 1
         scales = [lone_scale(norms[0], momentum)] if single else clip_scales(norms, steps)
         coefficients = [w * scale for w, (scale, _) in zip(weights, scales, strict=True)]

@@ -110,10 +110,11 @@ def test_each_delta_moves_the_mean_at_most_its_weight_times_the_radius(
     assert all(c >= 0 for c in result.coefficients)
     assert math.fsum(result.coefficients) == pytest.approx(1.0)
     assert math.fsum(result.center) == pytest.approx(1.0)
-    for w, s, d in zip(weights, result.scales, result.distances, strict=True):
+    assert result.radii == [result.radii[0]] * len(points)  # no steps: one radius
+    for w, s, d, r in zip(weights, result.scales, result.distances, result.radii, strict=True):
         assert 0.0 <= s <= 1.0
-        assert w * s * d <= w * result.radius * (1 + 1e-9) + 1e-9
-        if d >= 2 * result.radius * (1 + 1e-9) + 1e-9:
+        assert w * s * d <= w * r * (1 + 1e-9) + 1e-9
+        if d >= 2 * r * (1 + 1e-9) + 1e-9:
             assert s == 0.0
 
 
@@ -172,3 +173,16 @@ def test_pairwise_distances_are_exact_and_symmetric() -> None:
     expected = [[0.0, 3.0, 3.0], [3.0, 0.0, math.sqrt(24.0)], [3.0, math.sqrt(24.0), 0.0]]
     assert all(row == pytest.approx(want) for row, want in zip(pairwise, expected, strict=True))
     assert all(pairwise[i][j] == pairwise[j][i] for i in range(3) for j in range(3))
+
+
+def test_a_delta_over_more_steps_than_the_round_s_median_has_a_wider_radius() -> None:
+    points = [(1.0, 0.0), (0.0, 1.0), (-1.0, 0.0), (0.0, -3.0)]
+    pairwise = [[math.dist(p, q) for q in points] for p in points]
+    alike = centered([0.25] * 4, pairwise)
+    assert alike.scales[3] < 1.0  # beyond the radius over the same steps
+    wider = centered([0.25] * 4, pairwise, [4.0, 4.0, 4.0, 12.0])
+    assert wider.radii[3] == pytest.approx(3 * alike.radii[3])
+    assert wider.scales == [1.0] * 4
+    assert wider.coefficients == [0.25] * 4
+    # Fewer steps than the median never narrow a radius.
+    assert centered([0.25] * 4, pairwise, [1.0, 4.0, 4.0, 4.0]).radii == alike.radii
