@@ -10,18 +10,25 @@ the fleet's progress); ``fixed``, one random unit direction per fragment, every 
 
 For each fleet size (4 and 2 learners) and each aggregation (``robust``: with
 ``RunConfig.robust``; ``default``: without it, the control) it runs the honest fleet and each
-attack on the same seed and data, one dedicated syncer each (``_launch.launch``),
-and reports the honest learners' mean final loss and its change over that aggregation's
-honest run.
+attack, on each of ``SEEDS`` (the same seeds and data for every arm; the default's attacks,
+which diverge, on the first seed only), one dedicated syncer each (``_launch.launch``), in
+the repeatable mode (``OVERLAP``: every learner in every round at the same steps, so two
+runs of one arm give the same losses and two aggregations differ by the rule alone). It
+reports the honest learners' mean final loss, its change over that aggregation's honest run
+of the same seed, and robust's cost on an honest run (over the default's on the same seed),
+each as the median over the seeds.
 
-Usage: ``.venv/bin/python benchmarks/bench_insider.py [--steps N] [--fleets 4 2]
-[--modes robust default]``; the
-learner and syncer processes run this file with ``--worker``. Quick-sized by default
-(``bench_convergence_task.plan(quick=True)``).
+Usage: ``.venv/bin/python benchmarks/bench_insider.py [--steps N] [--seeds 0 1 2]
+[--fleets 4 2] [--modes robust default] [--attacks flip fixed] [--adaptive] [--out FILE]``
+(``--adaptive``: the default schedule instead, whose rounds depend on timing); the learner
+and syncer processes run this file with ``--worker``. Its figures: benchmarks/results/
+insider.json, quoted in docs/reliability.md (the threat table) and docs/protocol.md
+("Aggregation").
 """
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +43,13 @@ GAIN = 4.75
 """The insider's norm over its own honest norm among 3 or more: 0.95 × the default
 ``outlier_factor``."""
 ATTACKS = ("flip", "fixed")
+STEPS = 40
+"""Steps per learner."""
+SEEDS = (0, 1, 2)
+"""The seeds every arm runs on (the same for every arm)."""
+OVERLAP = 2
+"""The repeatable mode (``RunConfig.repeatable``): every learner in every round, at the same
+steps, so two runs of one arm on one seed differ only by the aggregation."""
 MODES = ("robust", "default")
 
 
@@ -90,41 +104,64 @@ def _worker(spec_path: Path, role: str) -> None:
     (Path(spec["scratch"]) / f"result-{role}.json").write_text(json.dumps(result))
 
 
+BOUNDS = {"capped": "weighted for ", "faded": "round's center", "clipped": " clipped to "}
+"""What each kind of bound writes in ``Participant.bounded``: a capped weight, a delta faded
+by centered clipping, a clipped norm (rounds of one or two)."""
+
+
 def _bounded(store: Path, insider: str | None) -> dict[str, int]:
-    """How many honest and insider participations the run's records hold, and how many of
-    each a bound capped or clipped (``Participant.bounded``)."""
+    """How many honest and insider participations the run's records hold, how many of each
+    a bound touched (``Participant.bounded``), and how many each kind (``BOUNDS``) touched;
+    ``weight_zero``: those that weigh nothing."""
     import anyio
 
     from gradientmail.mailbox import LocalMailbox
     from gradientmail.store import Store
 
     async def count() -> dict[str, int]:
-        counts = dict.fromkeys(("honest", "honest_bounded", "insider", "insider_bounded"), 0)
+        counts: dict[str, int] = {}
         async with LocalMailbox(store) as mailbox:
             reader = Store(mailbox, unverified=True)
             for round in await reader.record_rounds():
                 record = await reader.record(round)
                 for p in record.participants if record is not None else ():
                     who = "insider" if p.learner == insider else "honest"
-                    counts[who] += 1
-                    counts[f"{who}_bounded"] += isinstance(getattr(p, "bounded", None), str)
+                    note = getattr(p, "bounded", None)
+                    note = note if isinstance(note, str) else ""
+                    kinds = [kind for kind, mark in BOUNDS.items() if mark in note]
+                    for key in (who, *(f"{who}_{k}" for k in kinds)):
+                        counts[key] = counts.get(key, 0) + 1
+                    if note:
+                        counts[f"{who}_bounded"] = counts.get(f"{who}_bounded", 0) + 1
+                    if p.weight == 0.0:
+                        counts[f"{who}_weight_zero"] = counts.get(f"{who}_weight_zero", 0) + 1
         return counts
 
     return anyio.run(count)
 
 
 def run_arm(
-    learners: int, attack: str | None, robust: bool, settings: dict[str, Any], scratch: Path
+    learners: int,
+    attack: str | None,
+    robust: bool,
+    seed: int,
+    steps: int,
+    scratch: Path,
+    *,
+    adaptive: bool = False,
 ) -> dict[str, Any]:
     """One fleet of ``learners`` (the last one the insider when ``attack``), ``robust`` or
-    not: the honest learners' final losses, and what the syncer's rounds recorded."""
+    not, on ``seed``, in the repeatable mode (``adaptive``: the default schedule): the
+    honest learners' final losses, and what the syncer's rounds recorded."""
+    settings = task.plan(quick=True)
     config = task.run_config(settings["sync_every"][0], settings["encodings"][0])
-    config = msgspec.structs.replace(config, robust=robust)
+    overlap = None if adaptive else OVERLAP
+    config = msgspec.structs.replace(config, robust=robust, overlap=overlap)
     insider = learners - 1
     spec = {
-        "seed": settings["seeds"][0],
-        "steps": settings["steps"],
-        "eval_every": settings["eval_every"],
+        "seed": seed,
+        "steps": steps,
+        "eval_every": steps,
         "learners": learners,
         "config": msgspec.structs.asdict(config),
         "scratch": str(scratch),
@@ -147,41 +184,106 @@ def run_arm(
     }
 
 
+def arms(fleets: list[int], modes: list[str], attacks: list[str], seeds: list[int]) -> list[str]:
+    """The arms' names, ``fleet-mode-attack-seed``: every fleet, mode and attack on every
+    seed, but the attacks without ``robust`` (the control, which diverges) on the first."""
+    names = []
+    for seed in seeds:
+        for learners in fleets:
+            for mode in modes:
+                for attack in ("honest", *attacks):
+                    if mode == "default" and attack != "honest" and seed != seeds[0]:
+                        continue
+                    names.append(f"{learners}-{mode}-{attack}-{seed}")
+    return names
+
+
+def _change(figures: dict[str, Any], name: str, reference: str) -> float | None:
+    """The honest learners' final loss of arm ``name`` over ``reference``'s, in percent."""
+    if reference not in figures:
+        return None
+    base = figures[reference]["honest_final_loss"]
+    return float(100 * (figures[name]["honest_final_loss"] - base) / base)
+
+
+def compare(figures: dict[str, Any]) -> None:
+    """Adds to each arm its ``change_percent`` over the same seed's honest run of its mode,
+    and to each robust honest run its ``cost_percent`` over the same seed's default one."""
+    for name, arm in figures.items():
+        learners, mode, attack, seed = name.split("-")
+        arm["change_percent"] = _change(figures, name, f"{learners}-{mode}-honest-{seed}")
+        if mode == "robust" and attack == "honest":
+            arm["cost_percent"] = _change(figures, name, f"{learners}-default-honest-{seed}")
+
+
+def summary(figures: dict[str, Any]) -> dict[str, Any]:
+    """Per fleet, mode and attack: the median over the seeds of the change of the honest
+    learners' final loss over the same seed's honest run of that mode (``change``), and,
+    for the robust honest runs, over the same seed's default honest run (``cost``)."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for name, arm in figures.items():
+        learners, mode, attack, _ = name.split("-")
+        group = groups.setdefault(f"{learners}-{mode}-{attack}", {"change": [], "cost": []})
+        if arm["change_percent"] is not None:
+            group["change"].append(arm["change_percent"])
+        if arm.get("cost_percent") is not None:
+            group["cost"].append(arm["cost_percent"])
+    return {
+        key: {
+            kind: {"median": statistics.median(values), "values": values}
+            for kind, values in group.items()
+            if values
+        }
+        for key, group in groups.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=None, help="steps per learner")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps per learner")
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--fleets", nargs="+", type=int, default=[4, 2])
-    parser.add_argument("--attacks", nargs="+", default=list(ATTACKS))
+    parser.add_argument("--attacks", nargs="*", default=list(ATTACKS))
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--out", type=Path, default=None, help="where the JSON goes")
+    parser.add_argument(
+        "--adaptive", action="store_true", help="the default schedule (timing-dependent)"
+    )
     args = parser.parse_args()
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return
-    settings = task.plan(quick=True)
-    if args.steps is not None:
-        settings["steps"] = args.steps
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gm-bench-insider-") as scratch:
-        for learners in args.fleets:
-            for mode in args.modes:
-                for attack in (None, *args.attacks):
-                    name = f"{learners}-{mode}-{attack or 'honest'}"
-                    robust = mode == "robust"
-                    arm = run_arm(learners, attack, robust, settings, Path(scratch) / name)
-                    honest = figures.get(f"{learners}-{mode}-honest", arm)["honest_final_loss"]
-                    change = 100 * (arm["honest_final_loss"] - honest) / honest
-                    figures[name] = arm | {"change_percent": change}
-                    print(
-                        f"{name:20} honest learners' loss {arm['honest_final_loss']:.6g} "
-                        f"({change:+.2f}% over honest), {arm['rounds']} rounds, "
-                        f"{arm['rejected']} rejected, {arm['wall_seconds']:.0f} s, "
-                        f"participations {arm['participations']}",
-                        flush=True,
-                    )
+        for name in arms(args.fleets, args.modes, args.attacks, args.seeds):
+            learners, mode, attack, seed = name.split("-")
+            figures[name] = arm = run_arm(
+                int(learners),
+                None if attack == "honest" else attack,
+                mode == "robust",
+                int(seed),
+                args.steps,
+                Path(scratch) / name,
+                adaptive=args.adaptive,
+            )
+            print(
+                f"{name:22} honest learners' loss {arm['honest_final_loss']:.6g}, "
+                f"{arm['rounds']} rounds, {arm['rejected']} rejected, "
+                f"{arm['wall_seconds']:.0f} s, participations {arm['participations']}",
+                flush=True,
+            )
+    compare(figures)
+    result = {
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "schedule": "adaptive" if args.adaptive else f"repeatable, overlap {OVERLAP}",
+        "arms": figures,
+    }
+    result["summary"] = summary(figures)
+    print(json.dumps(result["summary"], indent=1))
     if args.out is not None:
-        args.out.write_text(json.dumps(figures, indent=1))
+        args.out.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

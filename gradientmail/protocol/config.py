@@ -69,7 +69,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     robust
         Bound each snapshot's weight (``protocol.bounds``) and its delta's share of the
         mean (``protocol.robust``: centered clipping among three or more, clipped norms
-        among two); for fleets with untrusted key holders. Off by default.
+        among two); for fleets with untrusted key holders. Off by default (its cost on
+        an honest run: docs/protocol.md, "Aggregation").
     quorum_min, quorum_fraction, grace
         A round closes once it has at least ``quorum_min`` snapshots and at least
         ``quorum_fraction`` of the live learners, then waits up to ``grace`` seconds more for
