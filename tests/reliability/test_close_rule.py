@@ -111,6 +111,7 @@ async def test_three_learners_leave_with_a_model_no_worse_than_theirs() -> None:
     assert after <= mean * 1.05, f"mean loss {mean:.3f} before the close, {after:.3f} after"
 
 
+@pytest.mark.timing
 async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_rounds() -> None:
     """ "a" leaves after 30 steps while "b" goes on for 90: a's final snapshots are left out
     of b's rounds (no participant without steps while b trains), and b's own close makes a
