@@ -138,8 +138,10 @@ async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_ro
     rounds = [r for r in history if r is not None and r.participants]
     finals = [r for r in rounds if any(p.steps == 0 for p in r.participants)]
     shown = [(r.round, [(p.learner, p.steps) for p in r.participants]) for r in rounds]
-    assert [r.round for r in finals] == [r.round for r in rounds[-2:]], shown
-    assert all(p.learner == "b" and p.steps == 0 for r in finals for p in r.participants), shown
+    assert [r.round for r in finals] == [r.round for r in rounds[-2:]], shown[-8:]
+    assert all(p.learner == "b" and p.steps == 0 for r in finals for p in r.participants), shown[
+        -8:
+    ]
 
 
 @pytest.mark.timing
