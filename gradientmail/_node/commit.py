@@ -208,7 +208,7 @@ async def _written(
     update_ref = await rt.store.put_blob(update, rt.config.update_encoding, indexed=True)
     if not is_checkpoint(draft.version, rt.config):
         return RoundRecord.committed(draft, update=update_ref)
-    blobs = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec, draft.version)
+    blobs = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec)
     theta_ref, outer_ref = await gather(
         [
             partial(rt.store.put_blob, blobs[0], "fp32", indexed=True),
@@ -251,11 +251,11 @@ async def _candidate(
 
 
 def _fp32_blobs(
-    theta: Sequence[Tensor], momentum: Sequence[Tensor], spec: FragmentSpec, version: int
+    theta: Sequence[Tensor], momentum: Sequence[Tensor], spec: FragmentSpec
 ) -> tuple[bytes, bytes]:
     return (
-        encode_fragment(theta, spec, "fp32", block_size=1, version=version),
-        encode_fragment(momentum, spec, "fp32", block_size=1, version=version),
+        encode_fragment(theta, spec, "fp32", block_size=1),
+        encode_fragment(momentum, spec, "fp32", block_size=1),
     )
 
 

@@ -7,8 +7,7 @@ A fragment's tensors travel as one safetensors file (never pickle, never ``torch
 at most two flat tensors, ``values`` and, for int8 and int4, ``scales``, each concatenated in
 ``FragmentSpec.params`` order. One metadata key, ``gradientmail``, names the format,
 encoding, block size, fragment and parameters' digest (``spec_digest``), so a blob never
-decodes into another fragment's parameters and equal tensors encode to equal bytes; a
-syncer's blobs also name the version they make, so no two rounds share one.
+decodes into another fragment's parameters and equal tensors encode to equal bytes.
 Encodings: ``fp32`` (exact), ``bf16`` (within half a bf16 step), ``int8`` and ``int4``
 (blockwise absmax per parameter, within ``s / 2``); a block holding NaN or ±Inf decodes as
 all NaN. The layout and the bounds: docs/protocol.md, "Blobs and the tensor codec".
@@ -152,12 +151,10 @@ def encode_fragment(
     block_size: int,
     minus: Sequence[Tensor] | None = None,
     sparsity: sparse.Sparsity | None = None,
-    version: int = -1,
 ) -> bytes:
     """The blob of ``tensors`` (one per ``spec.params``, in order) in ``encoding``; with
     ``minus``, of ``tensors − minus`` (element by element, in fp32: a delta without its
-    whole copy); ``version``, in its metadata, the version a syncer's blob makes (-1: a
-    delta or Θ⁰).
+    whole copy).
 
     Tensors may live on any device and be of any floating dtype; they are read as fp32 on the
     CPU and left untouched. The same tensors, spec, encoding and block size always give the
@@ -167,7 +164,7 @@ def encode_fragment(
     below 1.
     """
     if encoding == sparse.TOPK:
-        return _encode_topk(tensors, spec, sparsity, minus, version)
+        return _encode_topk(tensors, spec, sparsity, minus)
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
     if not isinstance(block_size, int) or block_size < 1:
@@ -175,9 +172,7 @@ def encode_fragment(
     _check_tensors(tensors, spec)
     if minus is not None:
         _check_tensors(minus, spec)
-    meta = Meta(
-        FRAGMENT_FORMAT, encoding, block_size, spec.index, spec_digest(spec), version=version
-    )
+    meta = Meta(FRAGMENT_FORMAT, encoding, block_size, spec.index, spec_digest(spec))
     header, offsets = _layout(spec, encoding, block_size, meta)
     out = Filling(len(header) + max(end for _, end in offsets.values()))
     out.view[: len(header)] = header
@@ -208,7 +203,6 @@ def _encode_topk(
     spec: FragmentSpec,
     sparsity: sparse.Sparsity | None,
     minus: Sequence[Tensor] | None,
-    version: int,
 ) -> bytes:
     if sparsity is None:
         raise ValueError("the topk encoding needs a sparsity (protocol.sparse.Sparsity)")
@@ -216,13 +210,7 @@ def _encode_topk(
     if minus is not None:
         _check_tensors(minus, spec)
     meta = Meta(
-        FRAGMENT_FORMAT,
-        sparse.TOPK,
-        sparsity.chunk,
-        spec.index,
-        spec_digest(spec),
-        sparsity.bits,
-        version,
+        FRAGMENT_FORMAT, sparse.TOPK, sparsity.chunk, spec.index, spec_digest(spec), sparsity.bits
     )
     step = max(1, pieces.CHUNK_ELEMENTS // sparsity.chunk) * sparsity.chunk
     return sparse.encode_sparse(pieces.flat_pieces(tensors, minus, step), spec, sparsity, meta)

@@ -51,10 +51,6 @@ class Meta(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defaul
     fragment: int
     params: str
     bits: int = 0
-    # The version a syncer's blob (an update, a checkpoint's θ or momentum) makes: blobs are
-    # keyed by their bytes, and two rounds that commit the same values (empty rounds) would
-    # otherwise share a blob that collecting one of them deletes. -1: a delta or Θ⁰.
-    version: int = -1
 
 
 def spec_digest(spec: FragmentSpec) -> str:

@@ -68,15 +68,14 @@ def outcome(
     Raises what ``aggregate`` raises for the caller's bugs."""
     final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
     result = aggregate(version, candidates, spec, config, theta=theta, momentum=momentum)
-    committed = _numerics(version, theta, momentum, result.mean, spec, config, final=final)
+    committed = _numerics(theta, momentum, result.mean, spec, config, final=final)
     refusal = refused_non_finite(result, committed[0], committed[1])
     if refusal is None:
         return Outcome(result, *committed)
-    return Outcome(refusal, *_numerics(version, theta, momentum, None, spec, config, final=False))
+    return Outcome(refusal, *_numerics(theta, momentum, None, spec, config, final=False))
 
 
 def _numerics(
-    version: int,
     theta: Sequence[Tensor],
     momentum: Sequence[Tensor] | None,
     mean: Sequence[Tensor] | None,
@@ -85,8 +84,8 @@ def _numerics(
     *,
     final: bool,
 ) -> tuple[list[Tensor], list[Tensor], bytes]:
-    """θ_{v+1}, the new momentum and the update blob of the round from ``version``: the raw
-    θ' of ``checkpoint.step`` (which a replay runs again), committed through its update."""
+    """θ_{v+1}, the new momentum and the update blob of one round: the raw θ' of
+    ``checkpoint.step`` (which a replay runs again), committed through its update."""
     raw, stepped = step(theta, momentum, mean, config, final=final)
     update, committed = committed_update(
         theta,
@@ -95,6 +94,5 @@ def _numerics(
         config.update_encoding,
         block_size=config.block_size,
         sparsity=update_sparsity(config),
-        version=version + 1,
     )
     return committed, stepped, update

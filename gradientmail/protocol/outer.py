@@ -132,17 +132,15 @@ def committed_update(
     *,
     block_size: int,
     sparsity: Sparsity | None = None,
-    version: int = -1,
 ) -> tuple[bytes, list[Tensor]]:
     """``(update blob, θ_{v+1})``: ``U = raw − θ`` encoded in ``encoding``, and
     ``θ_{v+1} = θ + decode(U)`` (``apply_update``), the version the round commits.
     ``topk`` needs ``sparsity`` (``sparse.update_sparsity``: every non-zero element of ``U``).
-    ``version``: the version ``v + 1``, named in the blob's metadata (``codec.encode_fragment``).
 
     Raises ``ValueError`` if the tensors do not match ``spec`` or each other.
     """
     _same_shapes("theta and raw", theta, raw)
     blob = encode_fragment(
-        raw, spec, encoding, block_size=block_size, minus=theta, sparsity=sparsity, version=version
+        raw, spec, encoding, block_size=block_size, minus=theta, sparsity=sparsity
     )
     return blob, apply_update(theta, blob, spec)

@@ -112,25 +112,3 @@ def test_a_committed_round_is_finite_and_a_refused_one_changes_nothing(
     assert torch.equal(done.theta[0], theta[0])
     kept = momentum[0] if momentum is not None else torch.zeros(3)
     assert torch.equal(done.momentum[0], kept)
-
-
-@settings(max_examples=20, deadline=None)
-@given(
-    encoding=st.sampled_from(["fp32", "int8", "int4", "topk"]),
-    version=st.integers(min_value=0, max_value=1000),
-)
-def test_two_rounds_that_commit_the_same_values_never_share_an_update_blob(
-    encoding: str, version: int
-) -> None:
-    """Empty rounds before any momentum commit the same zero update: their blobs still
-    differ (blobs are keyed by their bytes, so a shared one would be deleted with the older
-    round's), and decode to the same θ."""
-    config = RunConfig(
-        fragments=1, sync_every=4, update_encoding=encoding,
-        delta_encoding="topk" if encoding == "topk" else "fp32",
-    )  # fmt: skip
-    theta = (torch.tensor([1.0, -2.0, 3.0]),)
-    first = outcome(version, theta, None, [], SPEC, config)
-    second = outcome(version + 1, theta, None, [], SPEC, config)
-    assert first.update != second.update
-    assert all(torch.equal(a, b) for a, b in zip(first.theta, second.theta, strict=True))
