@@ -12,8 +12,9 @@ from torch import nn
 from gradientmail._node import Node, NodeOptions
 from gradientmail.mailbox import Mailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.fragments import window
-from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, decode
+from gradientmail.protocol.records import Manifest, RoundRecord, RunConfig, Snapshot, decode
 from gradientmail.reader import RunReader
 from gradientmail.store import Store
 
@@ -89,6 +90,37 @@ async def wait_until(condition: Callable[[], Awaitable[bool]], limit: float = 30
             if await condition():
                 return
             await anyio.sleep(0.01)
+
+
+async def created_manifest(box: Mailbox) -> Manifest:
+    """The run's manifest, once its creator has written it."""
+
+    async def created() -> bool:
+        return await box.get(keys.MANIFEST) is not None
+
+    await wait_until(created)
+    return decode(await box.get(keys.MANIFEST) or b"", Manifest)
+
+
+async def forged_snapshot(
+    box: Mailbox, manifest: Manifest, round: int, learner: str, fill: float = 1e6
+) -> Snapshot:
+    """A well-formed snapshot of ``learner`` for ``round`` of a two-fragment run, one step,
+    whose delta (in the store) is ``fill`` everywhere: with the default, one that would
+    wreck θ if it were taken. Unsigned: its writer signs it if the test needs it."""
+    spec = manifest.fragments[round % 2]
+    delta = [torch.full(p.shape, fill) for p in spec.params]
+    ref = await Store(box).put_blob(encode_fragment(delta, spec, "fp32", block_size=1), "fp32")
+    return Snapshot(
+        learner=learner,
+        round=round,
+        fragment=round % 2,
+        base_version=round // 2,
+        steps=1,
+        tokens=1,
+        delta=ref,
+        norm=None,
+    )
 
 
 async def records(mailbox: Mailbox) -> list[RoundRecord]:

@@ -8,10 +8,18 @@ from pathlib import Path
 
 import anyio
 import pytest
-import torch
 from msgspec import UNSET
 from msgspec.structs import replace as replace_struct
-from node_helpers import CONFIG, FAST, Trainer, records, tiny_model, wait_until
+from node_helpers import (
+    CONFIG,
+    FAST,
+    Trainer,
+    created_manifest,
+    forged_snapshot,
+    records,
+    tiny_model,
+    wait_until,
+)
 
 from gradientmail._node import Node, NodeOptions
 from gradientmail._node import node as open_node
@@ -19,7 +27,6 @@ from gradientmail.admission import admit
 from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import LocalMailbox, Mailbox, MemoryMailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.identities import (
     REFRESH_EVERY,
     Admission,
@@ -28,7 +35,7 @@ from gradientmail.protocol.identities import (
     Revocation,
     identity_key,
 )
-from gradientmail.protocol.records import Manifest, RoundRecord, Snapshot, decode, encode
+from gradientmail.protocol.records import RoundRecord, encode
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
@@ -43,17 +50,9 @@ def keyed(key: LearnerKey, admission_key: str = ADMISSION_KEY.public) -> NodeOpt
     return replace(FAST, learner_key=key, admission_key=admission_key)
 
 
-async def _manifest(box: Mailbox) -> Manifest:
-    async def created() -> bool:
-        return await box.get(keys.MANIFEST) is not None
-
-    await wait_until(created)
-    return decode(await box.get(keys.MANIFEST) or b"", Manifest)
-
-
 async def _run_key_signed(box: Mailbox, obj: Admission | Revocation) -> str:
     """Write ``obj`` as a node holding only the run key can: signed with the run key."""
-    run = (await _manifest(box)).run_id
+    run = (await created_manifest(box)).run_id
     assert isinstance(run, str)
     key = identity_key(type(obj), obj.public_key)
     assert await box.put_if_absent(key, encode(RUN_KEY.sign(key, obj, run)))
@@ -86,22 +85,6 @@ async def _after_refresh(box: Mailbox) -> int:
     return len(await records(box))
 
 
-async def _forged(box: Mailbox, manifest: Manifest, round: int, learner: str) -> Snapshot:
-    spec = manifest.fragments[round % 2]
-    delta = [torch.zeros(p.shape) for p in spec.params]
-    ref = await Store(box).put_blob(encode_fragment(delta, spec, "fp32", block_size=1), "fp32")
-    return Snapshot(
-        learner=learner,
-        round=round,
-        fragment=round % 2,
-        base_version=round // 2,
-        steps=1,
-        tokens=1,
-        delta=ref,
-        norm=None,
-    )
-
-
 def _rejected(history: list[RoundRecord], learner: str) -> dict[int, str]:
     return {r.round: x.reason for r in history for x in r.rejected if x.learner == learner}
 
@@ -113,7 +96,7 @@ async def test_a_learner_cannot_admit_its_own_key_for_another_learner(tmp_path: 
     forged_rounds: list[int] = []
 
     async def b_forges_as_c() -> None:
-        manifest = await _manifest(box)
+        manifest = await created_manifest(box)
         await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
         await admit(box, "c", kc.public, RUN_KEY, ADMISSION_KEY)
         async with anyio.create_task_group() as tg:
@@ -126,7 +109,9 @@ async def test_a_learner_cannot_admit_its_own_key_for_another_learner(tmp_path: 
             assert isinstance(run, str)
             for round in range(ahead, ahead + 4):
                 key = keys.snapshot(round, "c")
-                snapshot = kb.sign(key, await _forged(box, manifest, round, "c"), run)
+                snapshot = kb.sign(
+                    key, await forged_snapshot(box, manifest, round, "c", fill=0.0), run
+                )
                 assert await box.put_if_absent(key, encode(snapshot))
                 forged_rounds.append(round)
 
@@ -155,7 +140,7 @@ async def test_a_learner_cannot_revoke_an_honest_learners_key(tmp_path: Path) ->
     done = anyio.Event()
 
     async def a_revokes_b() -> None:
-        await _manifest(box)
+        await created_manifest(box)
         await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
 
         async def b_took_part(since: int) -> bool:
@@ -213,7 +198,7 @@ async def test_nodes_hold_only_the_admission_public_key_and_check_it(tmp_path: P
         tiny_model(), box, learner="a", config=CONFIG, options=keyed(ka), run_key=SECRET
     ):
         pass
-    manifest = await _manifest(box)
+    manifest = await created_manifest(box)
     assert manifest.admission_key == ADMISSION_KEY.public
     assert manifest.learners == {"a": ka.public}
     await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
@@ -238,7 +223,7 @@ async def test_a_run_with_identities_but_no_admission_key_is_refused() -> None:
         tiny_model(), box, learner="a", config=CONFIG, options=keyed(ka), run_key=SECRET
     ):
         pass
-    new = await _manifest(box)
+    new = await created_manifest(box)
     old = replace_struct(new, admission_key=UNSET, signature=UNSET)
     await box.delete([keys.MANIFEST])
     assert await box.put_if_absent(keys.MANIFEST, encode(RUN_KEY.sign(keys.MANIFEST, old)))

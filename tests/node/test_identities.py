@@ -13,6 +13,8 @@ from node_helpers import (
     CONFIG,
     FAST,
     assert_holds_committed,
+    created_manifest,
+    forged_snapshot,
     records,
     tiny_model,
     train,
@@ -25,9 +27,8 @@ from gradientmail.admission import admit, revoke
 from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import LocalMailbox, Mailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.identities import Admission, AdmissionKey, LearnerKey, identity_key
-from gradientmail.protocol.records import Manifest, RoundRecord, Snapshot, decode, encode
+from gradientmail.protocol.records import Manifest, RoundRecord, decode, encode
 from gradientmail.protocol.signing import RunKey
 from gradientmail.store import Store
 
@@ -40,31 +41,6 @@ ADMISSION_KEY = AdmissionKey.generate()
 
 def keyed(key: LearnerKey) -> NodeOptions:
     return replace(FAST, learner_key=key, admission_key=ADMISSION_KEY.public)
-
-
-async def _manifest(box: Mailbox) -> Manifest:
-    async def created() -> bool:
-        return await box.get(keys.MANIFEST) is not None
-
-    await wait_until(created)
-    return decode(await box.get(keys.MANIFEST) or b"", Manifest)
-
-
-async def _forged(box: Mailbox, manifest: Manifest, round: int, learner: str) -> Snapshot:
-    """A snapshot of ``learner`` for ``round`` whose delta would wreck θ if it were taken."""
-    spec = manifest.fragments[round % 2]
-    delta = [torch.full(p.shape, 1e6) for p in spec.params]
-    ref = await Store(box).put_blob(encode_fragment(delta, spec, "fp32", block_size=1), "fp32")
-    return Snapshot(
-        learner=learner,
-        round=round,
-        fragment=round % 2,
-        base_version=round // 2,
-        steps=1,
-        tokens=1,
-        delta=ref,
-        norm=None,
-    )
 
 
 def _reasons(history: list[RoundRecord], learner: str) -> set[str]:
@@ -89,7 +65,7 @@ async def test_learners_sign_with_their_own_keys_and_cannot_speak_for_another(
         finals[name] = (model, node.state)
 
     async def start_b() -> None:
-        await _manifest(box)
+        await created_manifest(box)
         await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
         await admit(box, "c", kc.public, RUN_KEY, ADMISSION_KEY)
         admitted.set()
@@ -97,7 +73,7 @@ async def test_learners_sign_with_their_own_keys_and_cannot_speak_for_another(
 
     async def forge() -> None:
         """b's key holder speaks for c (admitted, never runs); others forge as c and d."""
-        manifest = await _manifest(box)
+        manifest = await created_manifest(box)
         run = manifest.run_id
         assert isinstance(run, str)
         await admitted.wait()
@@ -120,7 +96,7 @@ async def test_learners_sign_with_their_own_keys_and_cannot_speak_for_another(
             expected[round, learner] = reason
             key = keys.snapshot(round, learner)
             await box.put_if_absent(
-                key, encode(sign(key, await _forged(box, manifest, round, learner)))
+                key, encode(sign(key, await forged_snapshot(box, manifest, round, learner)))
             )
 
     async with anyio.create_task_group() as tg:
@@ -161,7 +137,7 @@ async def test_a_revoked_keys_later_snapshots_are_rejected_and_earlier_rounds_st
             await train(node, model, seed=seed, until_round=until)
 
     async def start_b() -> None:
-        await _manifest(box)
+        await created_manifest(box)
         await admit(box, "b", kb.public, RUN_KEY, ADMISSION_KEY)
         await member("b", kb, 1, 40)
 

@@ -4,25 +4,23 @@ are refused, and a forged snapshot never reaches the model."""
 import anyio
 import msgspec
 import pytest
-import torch
 from node_helpers import (
     CONFIG,
     FAST,
     assert_holds_committed,
+    created_manifest,
+    forged_snapshot,
     records,
     tiny_model,
     train,
-    wait_until,
 )
 
 from gradientmail._node import node as open_node
 from gradientmail.errors import RunMismatch
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.codec import encode_fragment
-from gradientmail.protocol.records import Manifest, Snapshot, decode, encode
+from gradientmail.protocol.records import Manifest, decode, encode
 from gradientmail.protocol.signing import RunKey
-from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -44,29 +42,9 @@ async def test_a_signed_run_signs_everything_and_rejects_forgeries() -> None:
 
     async def forge() -> None:
         """Mallory can write to the bucket but has no key: a huge delta for every round."""
-        store = Store(box)
-
-        async def created() -> bool:
-            return await box.get(keys.MANIFEST) is not None
-
-        await wait_until(created)
-        data = await box.get(keys.MANIFEST)
-        assert data is not None
-        manifest = decode(data, Manifest)
+        manifest = await created_manifest(box)
         for round in range(2, 7):
-            spec = manifest.fragments[round % 2]
-            delta = [torch.full(p.shape, 1e6) for p in spec.params]
-            ref = await store.put_blob(encode_fragment(delta, spec, "fp32", block_size=1), "fp32")
-            forged = Snapshot(
-                learner="mallory",
-                round=round,
-                fragment=round % 2,
-                base_version=round // 2,
-                steps=1,
-                tokens=1,
-                delta=ref,
-                norm=None,
-            )
+            forged = await forged_snapshot(box, manifest, round, "mallory")
             await box.put_if_absent(keys.snapshot(round, "mallory"), encode(forged))
 
     async with anyio.create_task_group() as tg:
