@@ -104,7 +104,9 @@ async def test_a_learner_cannot_admit_its_own_key_for_another_learner(tmp_path: 
             # An admission as any holder of the run key can sign it: b's node admits its own
             # key for c.
             await _run_key_signed(box, Admission(learner="c", public_key=kb.public))
-            ahead = await _after_refresh(box) + 2
+            # Far enough ahead that no forged round closes before its snapshot is written,
+            # however fast the learners' rounds go.
+            ahead = await _after_refresh(box) + 6
             run = manifest.run_id
             assert isinstance(run, str)
             for round in range(ahead, ahead + 4):
