@@ -51,8 +51,9 @@ holds a fragment's transient copies (θ, the next θ, a blob), so more would cos
 @dataclass(frozen=True, slots=True)
 class Rebuilt:
     """Version ``version`` of a fragment: its θ (fp32, CPU, in spec order) and, when rebuilt
-    with its momentum, the outer momentum after it (``outer`` True; ``momentum`` None at a
-    version no outer step has reached yet)."""
+    with its outer state (``outer`` True), the outer momentum after it (``momentum`` None at
+    a version no outer step has reached yet, and always in a run whose outer step keeps no
+    state: ``checkpoint.stateful``)."""
 
     version: int
     theta: tuple[Tensor, ...]
@@ -96,6 +97,7 @@ class Rebuilder:
     ) -> Rebuilt | None:
         """``RunReader.rebuild`` in ``manifest``'s run."""
         config, spec = manifest.config, manifest.fragments[fragment]
+        outer, momentum = momentum, momentum and checkpoint.stateful(config)
         begin = start
         if begin is None or not (
             checkpoint.base(version, config) <= begin.version <= version
@@ -116,7 +118,7 @@ class Rebuilder:
             )
             theta = tuple(theta_list)
             moment = None if moment_list is None else tuple(moment_list)
-        return Rebuilt(version, theta, moment if momentum else None, outer=momentum)
+        return Rebuilt(version, theta, moment if momentum else None, outer=outer)
 
     async def rows(self, ref: BlobRef, spec: FragmentSpec, rows: Rows) -> list[Tensor] | None:
         """``RunReader.rows``: a ``topk`` blob whole, any other by ranges (its header, then

@@ -284,7 +284,8 @@ class RunReader:
         that is between the checkpoint ``checkpoint.base`` guarantees and ``version`` (and
         holds the momentum if it is asked for), then every round after it replayed
         (``protocol.checkpoint``: bit for bit what the syncer committed). The momentum
-        replay reads the deltas of each round's participants.
+        replay reads the deltas of each round's participants; a run whose outer step keeps
+        no state (``checkpoint.stateful``) has none to replay, and its momentum is None.
 
         None when a blob it needs is gone (collected: newer records replaced the version).
         Raises ``RecordError`` for a missing or unusable record (one lacking its

@@ -31,7 +31,7 @@ from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
 from gradientmail.protocol import garbage, keys
 from gradientmail.protocol.aggregation import Aggregate, Candidate, counted_snapshots
-from gradientmail.protocol.checkpoint import is_checkpoint
+from gradientmail.protocol.checkpoint import is_checkpoint, stateful
 from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
 from gradientmail.protocol.outcome import outcome
 from gradientmail.protocol.records import (
@@ -202,20 +202,20 @@ async def _written(
     momentum: Sequence[Tensor],
     spec: FragmentSpec,
 ) -> RoundRecord:
-    """The record of ``draft`` once its update, and at a checkpoint θ and the momentum
-    (fp32), are in the store."""
+    """The record of ``draft`` once its update, and at a checkpoint θ and, in a run whose
+    outer step keeps a state, the momentum (fp32), are in the store."""
     # θ and the update carry a chunk index: a sharded learner's ranks read them by ranges.
     update_ref = await rt.store.put_blob(update, rt.config.update_encoding, indexed=True)
     if not is_checkpoint(draft.version, rt.config):
         return RoundRecord.committed(draft, update=update_ref)
-    blobs = await anyio.to_thread.run_sync(_fp32_blobs, theta, momentum, spec)
-    theta_ref, outer_ref = await gather(
-        [
-            partial(rt.store.put_blob, blobs[0], "fp32", indexed=True),
-            partial(rt.store.put_blob, blobs[1], "fp32"),
-        ]
+    kept = (theta, momentum) if stateful(rt.config) else (theta,)
+    blobs = await anyio.to_thread.run_sync(_fp32_blobs, kept, spec)
+    refs = await gather(
+        [partial(rt.store.put_blob, blobs[0], "fp32", indexed=True)]
+        + [partial(rt.store.put_blob, blob, "fp32") for blob in blobs[1:]]
     )
-    return RoundRecord.committed(draft, update=update_ref, theta=theta_ref, outer=outer_ref)
+    outer_ref = refs[1] if len(refs) > 1 else None
+    return RoundRecord.committed(draft, update=update_ref, theta=refs[0], outer=outer_ref)
 
 
 _WHY: dict[Problem, str] = {
@@ -250,13 +250,8 @@ async def _candidate(
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
 
 
-def _fp32_blobs(
-    theta: Sequence[Tensor], momentum: Sequence[Tensor], spec: FragmentSpec
-) -> tuple[bytes, bytes]:
-    return (
-        encode_fragment(theta, spec, "fp32", block_size=1),
-        encode_fragment(momentum, spec, "fp32", block_size=1),
-    )
+def _fp32_blobs(kept: Sequence[Sequence[Tensor]], spec: FragmentSpec) -> list[bytes]:
+    return [encode_fragment(tensors, spec, "fp32", block_size=1) for tensors in kept]
 
 
 async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> SyncerState:

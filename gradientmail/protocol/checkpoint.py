@@ -1,19 +1,22 @@
 """Checkpoints: which round records carry θ and the outer state, how any version is rebuilt
 from the checkpoint below it, and what garbage collection keeps for that.
 
-The record of version ``v`` of a fragment is a checkpoint (it names θ_v and the momentum
-m_v, fp32) when ``v`` is a multiple of ``checkpoint_every``; version 0 is Θ⁰, in the
-manifest, with no momentum yet. Every record names its update, and the committed version is
-defined by it: θ_{v+1} = θ_v + decode(U_{v+1}) (docs/protocol.md, "The update and the
-committed θ"). So θ_v is θ_c of the checkpoint below it plus the updates c+1 … v applied in
-turn, bit for bit, whatever the encoding (``replayed``): no round's update fails to
-reproduce its θ, and no round other than the multiples needs a checkpoint.
+The record of version ``v`` of a fragment is a checkpoint (it names θ_v and, in a run whose
+outer step keeps a state (``stateful``), the momentum m_v, both fp32) when ``v`` is a
+multiple of ``checkpoint_every``; version 0 is Θ⁰, in the manifest, with no momentum yet.
+Every record names its update, and the committed version is defined by it:
+θ_{v+1} = θ_v + decode(U_{v+1}) (docs/protocol.md, "The update and the committed θ"). So
+θ_v is θ_c of the checkpoint below it plus the updates c+1 … v applied in turn, bit for
+bit, whatever the encoding (``replayed``): no round's update fails to reproduce its θ, and
+no round other than the multiples needs a checkpoint.
 
 The momentum evolves from the unquantized mean delta, which no update carries. It is
 replayed from the deltas of the round's participants with the weights its record names,
 through the functions the round itself ran (``aggregation.weighted_mean``, ``step``), so it
 too is exact: the snapshots of the rounds after a fragment's checkpoint are kept until the
-next one (``retained``).
+next one (``retained``). With ``outer_momentum`` 0 the outer step is a function of the
+round's mean delta alone: there is no state to carry, checkpoints name θ only and no
+snapshot is kept for a replay.
 
 Pure: no I/O; runs on whatever thread calls it (the node uses worker threads). Importing it
 does not import torch (a record's check serves readers that never touch a tensor); the
@@ -41,8 +44,15 @@ __all__ = [
     "mean_of",
     "replayed",
     "retained",
+    "stateful",
     "step",
 ]
+
+
+def stateful(config: RunConfig) -> bool:
+    """Whether the outer step keeps a state from round to round (``outer_momentum`` > 0):
+    only then do checkpoints carry it and do rebuilds replay it from the rounds' deltas."""
+    return config.outer_momentum > 0
 
 
 def is_checkpoint(version: int, config: RunConfig) -> bool:
@@ -59,7 +69,8 @@ def check_record(record: RoundRecord, round: int, config: RunConfig) -> RoundRec
     """``record`` if it can be the record of ``round``; else ``RecordError`` naming what is
     wrong: another round, fragment or version than ``round`` produces, or a checkpoint
     version without its θ and outer-state blobs (a writer with another
-    ``checkpoint_every`` than the manifest's, or a damaged record)."""
+    ``checkpoint_every`` than the manifest's, or a damaged record). In a ``stateful`` run
+    a checkpoint names both; otherwise its θ (an outer-state blob there is ignored)."""
     if (
         record.round != round
         or record.fragment != keys.fragment_of(round, config.fragments)
@@ -69,11 +80,13 @@ def check_record(record: RoundRecord, round: int, config: RunConfig) -> RoundRec
             f"records/{round:010d} names round {record.round}, fragment {record.fragment}, "
             f"version {record.version}: not what round {round} produces"
         )
-    if is_checkpoint(record.version, config) and not record.checkpoint:
+    if is_checkpoint(record.version, config) and (
+        not record.checkpoint or (stateful(config) and record.outer is None)
+    ):
         raise RecordError(
             f"records/{round:010d}: version {record.version} of fragment {record.fragment} is "
             f"a checkpoint (the run's checkpoint_every is {config.checkpoint_every}) but the "
-            "record names no θ or outer-state blob; it was written under another "
+            "record names no θ or no outer-state blob; it was written under another "
             "checkpoint_every than the manifest's, or damaged: the versions after it cannot "
             "be rebuilt from it"
         )
@@ -167,8 +180,8 @@ def retained(round: int, config: RunConfig) -> Retained:
     """``Retained`` after committing ``round`` (-1: none committed yet): for every fragment,
     the newest ``keep_versions`` versions and what rebuilds each of them with its momentum:
     the checkpoint at or below the oldest (its record's blobs), every record after it (their
-    updates) and the snapshots of their rounds but checkpoints' (a replay starts there);
-    and the snapshots of the newest ``keep_rounds`` rounds."""
+    updates) and, in a ``stateful`` run, the snapshots of their rounds but checkpoints' (the
+    momentum's replay starts there); and the snapshots of the newest ``keep_rounds`` rounds."""
     count = config.fragments
     records: set[int] = set()
     snapshots = set(range(max(round - config.keep_rounds + 1, 0), round + 1))
@@ -178,7 +191,8 @@ def retained(round: int, config: RunConfig) -> Retained:
         start = base(oldest, config)
         for version in range(max(start, 1), newest + 1):
             records.add(keys.round_of(fragment, version, count))
-        for version in range(start + 1, newest + 1):
+        replays = range(start + 1, newest + 1) if stateful(config) else range(0)
+        for version in replays:
             if not is_checkpoint(version, config):
                 snapshots.add(keys.round_of(fragment, version, count))
     return Retained(frozenset(records), frozenset(snapshots))

@@ -7,8 +7,8 @@ the protocol (docs/protocol.md): round ``r`` updates fragment ``f = r mod F``;
   the round's record and its update blob (``update_encoding``);
 - the syncer that closes the round gets every learner's snapshot and delta, and puts its
   claim, the update blob with its chunk index and the record; at a checkpoint (every
-  ``checkpoint_every``-th version of a fragment) also θ with its index and the outer
-  momentum (both ``fp32``);
+  ``checkpoint_every``-th version of a fragment) also θ with its index and, when the outer
+  step keeps a state (``outer_momentum`` > 0), the momentum (both ``fp32``);
 - what the store holds is what garbage collection keeps (``checkpoint.retained``): Θ⁰, the
   blobs of the retained records and the deltas of the retained rounds' snapshots, plus
   every round record, which is never deleted; at its peak, while a round closes, also what
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gradientmail.protocol import keys
-from gradientmail.protocol.checkpoint import is_checkpoint, retained
+from gradientmail.protocol.checkpoint import is_checkpoint, retained, stateful
 from gradientmail.protocol.records import (
     BlobRef,
     Participant,
@@ -175,7 +175,8 @@ def costs(
         raise ValueError(f"fragment sizes of {len(delta)}, {len(update)}, {len(fp32)} for {count}")
     snapshot, claim, record = _small(learners)
     indexed = [size + _index(size) for size in update]
-    checkpoint = [2 * size + _index(size) for size in fp32]
+    blobs = 2 if stateful(config) else 1
+    checkpoint = [blobs * size + _index(size) for size in fp32]
     share = 1 / config.checkpoint_every
     creation = sum(size + _index(size) for size in fp32)
     after, before = _kept(config, learners, delta, indexed, checkpoint, snapshot + claim / learners)
@@ -187,7 +188,7 @@ def costs(
         syncer_up=_mean(indexed) + claim + record + share * _mean(checkpoint),
         syncer_down=learners * (_mean(delta) + snapshot),
         learner_requests={"put": 2.0, "get": 2.0},
-        syncer_requests={"put": 4.0 + 3 * share, "get": 2.0 * learners},
+        syncer_requests={"put": 4.0 + (blobs + 1) * share, "get": 2.0 * learners},
         creation=creation,
         storage=(creation + min(after), creation + max(before)),
         record_bytes=record,

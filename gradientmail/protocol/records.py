@@ -336,7 +336,8 @@ class RoundRecordDraft(_Object, frozen=True, kw_only=True):
 class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):
     """The commit point of a round, at ``records/{round}``: the draft plus the update
     U = θ_{v+1} − θ_v learners apply and, at a checkpoint (``protocol.checkpoint``), the
-    new θ of the fragment and the outer optimizer's state, both or neither (null).
+    new θ of the fragment and, in a run whose outer step keeps a state (momentum), that
+    state; never the state without θ.
     ``previous`` binds the history (``protocol.chain``): the sha256 of the previous round's
     record as stored, or for round 0 of the manifest; absent from records written before it
     existed."""
@@ -347,15 +348,14 @@ class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):
     previous: Sha256 | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
-        if (self.theta is None) != (self.outer is None):
+        if self.theta is None and self.outer is not None:
             raise ValueError(
-                "a round record names its θ and outer-state blobs together (a checkpoint) "
-                "or neither"
+                "a round record names an outer-state blob only with its θ (a checkpoint)"
             )
 
     @property
     def checkpoint(self) -> bool:
-        """Whether the record carries θ and the outer state."""
+        """Whether the record carries θ (and the outer state, in a run that keeps one)."""
         return self.theta is not None
 
     @classmethod
@@ -367,8 +367,8 @@ class RoundRecord(RoundRecordDraft, frozen=True, kw_only=True):
         theta: BlobRef | None = None,
         outer: BlobRef | None = None,
     ) -> "RoundRecord":
-        """The record of ``draft`` once its blobs are in the store (θ and ``outer`` only
-        at a checkpoint)."""
+        """The record of ``draft`` once its blobs are in the store (θ only at a checkpoint,
+        ``outer`` only with θ)."""
         fields = {name: getattr(draft, name) for name in RoundRecordDraft.__struct_fields__}
         return cls(**fields, theta=theta, outer=outer, update=update)
 

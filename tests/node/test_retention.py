@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 import torch
 from node_helpers import FAST, LEARNER_ONLY, records, train, wait_until
@@ -44,26 +45,50 @@ def stated_peak(config: RunConfig, learners: int) -> float:
     """``RunConfig``'s bound on the store's peak over the model's fp32 size, for fragments of
     equal size: Θ⁰, each fragment's checkpoint, last ``C`` updates and the deltas of its
     last ``C − 1`` rounds, and while a round closes its new checkpoint and update and the
-    deltas of it and of the ``F − 1`` rounds ahead."""
+    deltas of it and of the ``F − 1`` rounds ahead; without momentum, checkpoints of θ
+    alone and no delta kept for a replay."""
     shown = preview(model().named_parameters(), config, learners=learners)
     fp32 = sum(f.blob_bytes["fp32"] for f in shown.fragments)
-    u = sum(f.blob_bytes[config.update_encoding] for f in shown.fragments) / fp32
+    # A topk update holds the union of the learners' selections: at most K of them.
+    u = (
+        sum(
+            learners * f.topk_update_bytes
+            if config.update_encoding == "topk"
+            else f.blob_bytes[config.update_encoding]
+            for f in shown.fragments
+        )
+        / fp32
+    )
     d = sum(f.blob_bytes[config.delta_encoding] for f in shown.fragments) / fp32
     every, count = config.checkpoint_every, config.fragments
+    if config.outer_momentum == 0:
+        return 2 + every * u + (1 + u + (count + 1) * learners * d) / count
     return 3 + every * u + every * learners * d + (2 + u) / count
 
 
-@pytest.mark.parametrize("encoding", ["fp32", "int8", "int4"])
+SPARSE = RunConfig(delta_encoding="topk", update_encoding="topk", outer_momentum=0.0, outer_lr=2.0)
+"""A ``topk`` run as docs/protocol.md recommends: no momentum, the error feedback instead."""
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "int8", "int4", "stateless-fp32", "topk"])
 def test_the_default_retention_keeps_what_its_bound_states(encoding: str) -> None:
     """``preview``'s peak for the default retention at four learners is the bound
     ``RunConfig`` states (small objects aside), and for the default encoding under 14× the
-    model's fp32 size."""
-    config = RunConfig(delta_encoding=encoding, update_encoding=encoding)
+    model's fp32 size; without momentum (fp32 or ``topk``) the smaller bound, and for
+    ``topk`` under 3×."""
+    if encoding == "topk":
+        config = SPARSE
+    elif encoding == "stateless-fp32":
+        config = RunConfig(outer_momentum=0.0)
+    else:
+        config = RunConfig(delta_encoding=encoding, update_encoding=encoding)
     shown = preview(model().named_parameters(), config, learners=LEARNERS)
     fp32 = sum(f.blob_bytes["fp32"] for f in shown.fragments)
     least, most = shown.costs().storage
     if encoding == RunConfig().delta_encoding:
         assert most <= 14 * fp32, (least / fp32, most / fp32)
+    if encoding == "topk":
+        assert most <= 3 * fp32, (least / fp32, most / fp32)
     bound = stated_peak(config, LEARNERS)
     assert bound <= most / fp32 <= 1.02 * bound, (most / fp32, bound)
 
@@ -82,11 +107,16 @@ class Sampled(LocalMailbox):
         return written
 
 
-async def test_a_run_with_the_default_retention_stays_within_its_bound(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sparse", [False, True], ids=["fp32", "topk"])
+async def test_a_run_with_the_default_retention_stays_within_its_bound(
+    tmp_path: Path, sparse: bool
+) -> None:
     """Four learners, one of them also the syncer, with the default retention and encoding
-    through enough checkpoint cycles for collection to be steady: the directory at its
-    fullest holds no more than ``preview``'s peak and the records, within the bound."""
-    config = RunConfig.repeatable(sync_every=8, grace=0.3)
+    (or ``topk`` without momentum) through enough checkpoint cycles for collection to be
+    steady: the directory at its fullest holds no more than ``preview``'s peak and the
+    records, within the bound (``topk``: checkpoints of θ alone, under 3×)."""
+    changes = msgspec.structs.asdict(SPARSE) if sparse else {}
+    config = RunConfig.repeatable(**{**changes, "sync_every": 8, "grace": 0.3, "overlap": 2})
     shown = preview(model().named_parameters(), config, learners=LEARNERS)
     fp32 = sum(f.blob_bytes["fp32"] for f in shown.fragments)
     run = shown.costs()
@@ -116,3 +146,5 @@ async def test_a_run_with_the_default_retention_stays_within_its_bound(tmp_path:
     small = rounds * run.record_bytes + 16_384
     assert peak[0] <= run.storage[1] + small, (peak[0] / fp32, run.storage[1] / fp32)
     assert peak[0] <= stated_peak(config, LEARNERS) * fp32 + small, peak[0] / fp32
+    if sparse:
+        assert peak[0] <= 3 * fp32 + small, peak[0] / fp32

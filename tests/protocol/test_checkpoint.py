@@ -178,19 +178,30 @@ def test_a_checkpoint_version_without_its_blobs_is_refused() -> None:
     config = RunConfig(fragments=2, sync_every=4, checkpoint_every=4)
     round = keys.round_of(1, 8, 2)
     assert check_record(record_of(round, config, checkpoint=True), round, config)
-    with pytest.raises(RecordError, match=r"checkpoint_every is 4\).*names no θ or outer-state"):
+    with pytest.raises(RecordError, match=r"checkpoint_every is 4\).*names no θ or no outer-state"):
         check_record(record_of(round, config, checkpoint=False), round, config)
+    theta_only = msgspec.structs.replace(record_of(round, config, checkpoint=True), outer=None)
+    with pytest.raises(RecordError, match="names no θ or no outer-state"):
+        check_record(theta_only, round, config)
+    # Without momentum the outer step keeps no state: θ alone is the checkpoint.
+    stateless = msgspec.structs.replace(config, outer_momentum=0.0)
+    assert check_record(theta_only, round, stateless)
+    with pytest.raises(RecordError, match="names no θ"):
+        check_record(record_of(round, stateless, checkpoint=False), round, stateless)
     # More checkpoints than the rule asks for (a run created when every record had one).
     assert check_record(record_of(round - 2, config, checkpoint=True), round - 2, config)
     with pytest.raises(RecordError, match="not what round 3 produces"):
         check_record(record_of(round, config, checkpoint=True), 3, config)
 
 
-def test_a_record_with_theta_and_no_outer_state_does_not_decode() -> None:
+def test_a_record_with_an_outer_state_and_no_theta_does_not_decode() -> None:
     good = encode(record_of(0, RunConfig(), checkpoint=True))
-    half = good.replace(b'"outer":{', b'"outerx":{')
-    with pytest.raises(RecordError, match="θ and outer-state blobs together"):
+    half = good.replace(b'"theta":{', b'"thetax":{')
+    with pytest.raises(RecordError, match="outer-state blob only with its θ"):
         decode(half, RoundRecord)
+    theta_only = decode(good.replace(b'"outer":{', b'"outerx":{'), RoundRecord)
+    assert theta_only.checkpoint
+    assert theta_only.outer is None
     assert decode(encode(record_of(0, RunConfig(), checkpoint=False)), RoundRecord).update == REF
 
 
@@ -202,13 +213,14 @@ def test_checkpoint_every_must_be_positive(bad: int) -> None:
 
 def reads(fragment: int, version: int, config: RunConfig) -> tuple[set[int], set[int]]:
     """The rounds whose record blobs and snapshots rebuilding ``version`` of ``fragment``
-    with its momentum reads (``RunReader.rebuild`` from the guaranteed checkpoint), and the
-    update of ``version`` a learner one version behind reads."""
+    with its momentum reads (``RunReader.rebuild`` from the guaranteed checkpoint; no
+    snapshot without momentum), and the update of ``version`` a learner one version behind
+    reads."""
     count = config.fragments
     start = base(version, config)
     records = {keys.round_of(fragment, v, count) for v in range(max(start, 1), version + 1)}
     snaps = {keys.round_of(fragment, v, count) for v in range(start + 1, version + 1)}
-    return records, snaps
+    return records, snaps if config.outer_momentum > 0 else set()
 
 
 def needed(round: int, config: RunConfig) -> tuple[set[int], set[int]]:
@@ -232,16 +244,17 @@ def needed(round: int, config: RunConfig) -> tuple[set[int], set[int]]:
     keep_versions=st.integers(1, 4),
     keep_rounds=st.integers(1, 12),
     last=st.integers(0, 60),
+    momentum=st.sampled_from([0.0, 0.6]),
 )
 def test_collection_keeps_exactly_what_replay_reads_and_never_needs_it_back(
-    fragments: int, every: int, keep_versions: int, keep_rounds: int, last: int
+    fragments: int, every: int, keep_versions: int, keep_rounds: int, last: int, momentum: float
 ) -> None:
     """Rounds 0…last committed in turn, each deleting what left ``retained``: nothing a
     replay reads is ever deleted (then or at any later round), and everything else older
-    than ``keep_rounds`` is."""
+    than ``keep_rounds`` is (without momentum, every snapshot older than that)."""
     config = RunConfig(
         fragments=fragments, sync_every=max(fragments, 4), checkpoint_every=every,
-        keep_versions=keep_versions, keep_rounds=keep_rounds,
+        keep_versions=keep_versions, keep_rounds=keep_rounds, outer_momentum=momentum,
     )  # fmt: skip
     deleted_records: set[int] = set()
     deleted_snaps: set[int] = set()
@@ -276,3 +289,6 @@ def test_what_collection_keeps_after_round_9(
     )
     kept = retained(9, config)
     assert (set(kept.records), set(kept.snapshots)) == (records, snapshots)
+    # Without momentum no snapshot waits for a replay: only the newest keep_rounds rounds'.
+    stateless = retained(9, msgspec.structs.replace(config, outer_momentum=0.0))
+    assert (set(stateless.records), set(stateless.snapshots)) == (records, {8, 9})
