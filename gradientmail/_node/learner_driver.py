@@ -62,6 +62,7 @@ from gradientmail.protocol.learner_inputs import (
     PublishEnded,
     RecordSeen,
     Stepped,
+    Synced,
     VersionReady,
     without_tensors,
 )
@@ -146,6 +147,17 @@ class LearnerDriver:
         """One local step (``Stepped``, at ``now``, default the clock's). A step that must
         wait (``wait_to_step``) is the caller's to await first."""
         self.feed(Stepped(tokens, self._rt.clock.now() if now is None else now))
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether a round's version is applied before the step after its snapshot
+        (``RunConfig.overlap`` 0): ``step`` waits for it and then ``sync``."""
+        return self._state.config.applied_after == 0
+
+    def sync(self) -> None:
+        """Apply what is prepared without counting a step (``Synced``), after the wait of a
+        synchronous learner's step."""
+        self.feed(Synced(self._rt.clock.now()))
 
     def step_quietly(self, tokens: int) -> bool:
         """From the training thread, while the model is not changing: count one local step

@@ -166,7 +166,8 @@ class Node:
         operations and the copies of due fragments; all I/O happens in the node's tasks.
         With ``RunConfig.overlap`` it waits, at the step that applies a round's version,
         until that version is ready (``Learner.wait_until``: at most ``2 · grace`` after
-        the snapshot).
+        the snapshot); with ``overlap`` 0 the step that snapshots waits for it and applies
+        it before returning.
         Raises ``NodeFailed`` (the cause chained) once a task of the node has failed (the
         block's body is cancelled then too), and ``TypeError``/``ValueError`` for bad
         ``tokens`` or a syncer-only node.

@@ -59,9 +59,7 @@ class Steps:
         if self._group is not None:
             await self._group.step(tokens)
         elif self._driver is not None:
-            await self._driver.wait_to_step()
-            self.raise_failure()
-            self._driver.step(tokens)
+            await self._counted(tokens)
 
     def step_quietly(self, tokens: int) -> bool:
         """``step`` from a thread other than the event loop's, when the step needs nothing
@@ -75,10 +73,22 @@ class Steps:
     async def decided(self, tokens: int) -> Decision:
         """A group leader's learner step of ``tokens``; its decision."""
         self.raise_failure()
-        assert self._driver is not None
-        await self._driver.wait_to_step()
-        self._driver.step(tokens)
+        await self._counted(tokens)
         return self.decision(tokens)
+
+    async def _counted(self, tokens: int) -> None:
+        """Count one step of ``tokens`` once it may be; a synchronous learner
+        (``RunConfig.overlap`` 0) then waits for the version of the round it snapshotted
+        for and applies it before the next step."""
+        driver = self._driver
+        assert driver is not None
+        await driver.wait_to_step()
+        self.raise_failure()
+        driver.step(tokens)
+        if driver.synchronous:
+            await driver.wait_to_step()
+            self.raise_failure()
+            driver.sync()
 
     def decision(self, tokens: int = 0) -> Decision:
         """The leader's decision as its learner stands."""

@@ -91,7 +91,10 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         the version when it is not ready by then (at most ``rounds.due_for``, twice the
         grace, after the snapshot), and the rounds wait for every live learner: the same run
         on the same batches gives the same model, and every learner runs at the pace of the
-        slowest (docs/protocol.md, "Rounds that pace the learners").
+        slowest (docs/protocol.md, "Rounds that pace the learners"). ``overlap`` 0 is the
+        synchronous mode: the step that snapshots waits for its round's version and applies
+        it before the next step, as torchft's DiLoCo does at each fragment sync (no local
+        step is taken on a stale version, and each round's latency is waited out).
     checkpoint_every
         θ and the outer momentum of a fragment are stored (a checkpoint) with every
         ``checkpoint_every``-th version of it; every other record carries only its update,
@@ -194,10 +197,10 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError(f"RunConfig.topk_chunk must be in [1, 65536], got {self.topk_chunk}")
         if self.outer_lr <= 0:
             raise ValueError(f"RunConfig.outer_lr must be positive, got {self.outer_lr}")
-        if self.overlap is not None and self.overlap < 1:
+        if self.overlap is not None and self.overlap < 0:
             raise ValueError(
-                f"RunConfig.overlap must be None (never wait) or a positive number of steps, "
-                f"got {self.overlap}"
+                f"RunConfig.overlap must be None (never wait) or a number of steps, 0 or "
+                f"more, got {self.overlap}"
             )
 
     @classmethod

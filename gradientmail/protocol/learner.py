@@ -12,6 +12,9 @@ weights started from), the snapshot it published, and the version being prepared
     steps a rejection reset, then ``TakeSnapshot`` for the fragment due, unless a snapshot of it
     is unresolved or a version of it pending. With ``RunConfig.overlap`` a round's version
     is applied ``overlap`` steps after its snapshot, no earlier (``wait_until``).
+``Synced(now)``
+    With ``overlap`` 0, after the step that snapshotted and the wait for its round's
+    version: ``Apply`` every prepared version, counting no step.
 ``took(fragment, snapshot)`` (the reply to ``TakeSnapshot``, not an input) / ``PublishEnded``
     The ``Publish`` for the fragment's next round after the newest record applied; a failed
     publish forgets the snapshot, its steps going out with the fragment's next one.
@@ -51,6 +54,7 @@ from gradientmail.protocol.learner_inputs import (
     PublishEnded,
     RecordSeen,
     Stepped,
+    Synced,
     VersionReady,
 )
 from gradientmail.protocol.learner_records import fold_held
@@ -97,6 +101,7 @@ __all__ = [
     "Slot",
     "Stage",
     "Stepped",
+    "Synced",
     "TakeSnapshot",
     "Unavailable",
     "VersionReady",
@@ -118,6 +123,8 @@ class Learner(LearnerState):
         match input:
             case Stepped(tokens=tokens, now=now):
                 return self._stepped(tokens, now)
+            case Synced():
+                return self._apply_ready()
             case Flushed(now=now):
                 return self._flush(now)
             case RecordSeen(record=record, now=now):

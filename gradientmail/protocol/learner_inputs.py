@@ -25,6 +25,7 @@ __all__ = [
     "PublishEnded",
     "RecordSeen",
     "Stepped",
+    "Synced",
     "VersionReady",
     "without_tensors",
 ]
@@ -40,6 +41,14 @@ class Stepped(msgspec.Struct, frozen=True, tag="step"):
 class Flushed(msgspec.Struct, frozen=True, tag="flush"):
     """One turn of the closing flush, at time ``now``: apply what is prepared (at once,
     whatever ``overlap`` says) and snapshot every fragment that can be."""
+
+    now: float
+
+
+class Synced(msgspec.Struct, frozen=True, tag="synced"):
+    """The step just counted waited for the version of its own snapshot's round, at time
+    ``now`` (``RunConfig.overlap`` 0): apply what is prepared, as a step would, without
+    counting one."""
 
     now: float
 
@@ -104,6 +113,7 @@ class DroppedAll(msgspec.Struct, frozen=True, tag="dropped"):
 
 Input: TypeAlias = (
     Stepped
+    | Synced
     | Flushed
     | RecordSeen
     | VersionReady

@@ -31,6 +31,7 @@ from gradientmail.protocol.learner_inputs import (
     PublishEnded,
     RecordSeen,
     Stepped,
+    Synced,
     VersionReady,
     without_tensors,
 )
@@ -180,6 +181,7 @@ def test_the_log_carries_every_input_of_the_leaders_learner() -> None:
     )
     entries: list[Input] = [
         Stepped(tokens=32, now=1.5),
+        Synced(now=1.6),
         RecordSeen(record=record, now=2.0),
         VersionReady(fragment=1, round=3),
         DownloadFailed(fragment=0, round=2, stage="update", failure="corrupt", detail="bad"),

@@ -34,6 +34,7 @@ from gradientmail.protocol.learner_inputs import (
     PublishEnded,
     RecordSeen,
     Stepped,
+    Synced,
     VersionReady,
 )
 from gradientmail.protocol.records import BlobRef, Participant, Rejection, RoundRecord, RunConfig
@@ -503,6 +504,25 @@ def test_with_overlap_the_step_that_applies_a_version_waits_for_it_for_twice_the
     learner, _ = learner.handle(VersionReady(0, 0, (torch.ones(2),)))
     assert learner.wait_until(3.5) is None
     assert published_at_two().wait_until(3.5) is None
+
+
+def test_synchronous_a_version_is_applied_before_the_step_after_its_snapshot() -> None:
+    """Overlap 0: right after the step that snapshotted (step 2, t=2) the learner must wait
+    for its round's version, until it is ready or twice the grace; ``Synced`` then applies
+    it, counting no step, so step 3 trains on it (lag 0). Nothing to apply, nothing done."""
+    learner = out_at(with_overlap(0), 2.0)
+    assert learner.wait_until(2.1) == 4.0
+    learner, actions = learner.handle(Synced(now=2.2))
+    assert actions == []
+    learner, _ = learner.handle(RecordSeen(record(0, included=("me",)), now=2.5))
+    learner, _ = learner.handle(VersionReady(0, 0, (torch.ones(2),)))
+    assert learner.wait_until(2.6) is None
+    learner, actions = learner.handle(Synced(now=2.6))
+    applied = [a for a in actions if isinstance(a, Apply)]
+    assert [(a.fragment, a.outcome) for a in applied] == [(0, "included")]
+    assert learner.step == 2
+    learner, actions = learner.handle(Stepped(1, now=3.0))
+    assert not any(isinstance(a, Apply) for a in actions)
 
 
 def test_with_overlap_the_rounds_pace_the_learner_and_its_schedule_stays_put() -> None:

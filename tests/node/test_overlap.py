@@ -5,7 +5,8 @@ is late, so that what the run computes depends on the steps and not on the timin
 Two learners train the same steps on the same batches twice, each time with its own random
 pauses between steps (one run's learner ``b`` several times slower than the other's): the
 two runs commit the same rounds with the same participants and bit for bit the same θ.
-This holds with the repeatable mode's ``overlap`` (2) and with a larger one. Without overlap
+This holds with the repeatable mode's ``overlap`` (2), with a larger one and with 0 (the
+synchronous mode: every version applied before the step after its snapshot). Without overlap
 (``overlap=None``) the same two runs apply versions at steps that depend on the timing and
 their θ differ (the control that shows the timing does reach the numbers here).
 """
@@ -83,7 +84,9 @@ async def run(
     return committed, lags, waited
 
 
-@pytest.mark.parametrize("overlap", [CONFIG.overlap, 3], ids=["repeatable", "overlap-3"])
+@pytest.mark.parametrize(
+    "overlap", [CONFIG.overlap, 3, 0], ids=["repeatable", "overlap-3", "synchronous"]
+)
 async def test_with_overlap_the_run_computes_the_same_whatever_the_timing(
     overlap: int | None,
 ) -> None:
