@@ -246,7 +246,9 @@ def run(
     """Every arm of the size (or ``only`` those), the gradientmail arms' ``RunConfig`` with
     ``changes``; writes ``results/text.json`` (full size) or ``results/text-{size}.json``.
     With ``keep`` the file keeps the runs of the arms this invocation does not run
-    (``kept``), and every run says which invocation measured it (``measured``)."""
+    (``kept``), and every run says which invocation measured it (``measured``); a kept
+    torchft run measured without the fair harness leaves the file without ``harness``, so
+    that its comparisons judge nothing."""
     size = SIZES[size_name]
     chosen = _chosen(size_name, only)
     parameters = _parameters(size_name, chosen, changes or {})
@@ -254,6 +256,14 @@ def run(
     result = h.header(name, quick=size_name == "quick", parameters=parameters)
     measured = invocation(result)
     stored = kept(results / f"{name}.json", parameters, chosen) if keep else {}
+    earlier = [
+        arm
+        for arm, run in stored.items()
+        if arm.startswith("torchft") and run["measured"].get("harness") != HARNESS
+    ]
+    if earlier:
+        log(f"  kept {', '.join(earlier)} of an earlier harness: the file judges no comparison")
+        del result["parameters"]["harness"]
     per_arm: dict[str, dict[str, Any]] = {}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-") as scratch:

@@ -163,10 +163,11 @@ def inner_optimizer(name: str, model: Any) -> tuple[Any, float]:
 
 def invocation(result: dict[str, Any]) -> dict[str, Any]:
     """What tells the invocation that wrote ``result`` (a results file's header) apart from
-    another: when, at which commit, with which ``RunConfig.overlap``; a run's
-    ``measured``."""
+    another: when, at which commit, with which ``RunConfig.overlap`` and harness (``HARNESS``,
+    None before it); a run's ``measured``."""
     return {
         "date": result["date"],
         "git_commit": result["git_commit"],
         "overlap": result["parameters"].get("overlap"),
+        "harness": result["parameters"].get("harness"),
     }

@@ -171,6 +171,7 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
             "date": first["date"],
             "git_commit": first["git_commit"],
             "overlap": None,
+            "harness": first["parameters"]["harness"],
         }
     assert arms["torchft-fp32-H10"]["measured"]["overlap"] == RunConfig().overlap
     assert arms["torchft-fp32-H10"]["measured"]["date"] == second["date"]
@@ -197,6 +198,18 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
     assert "gradientmail's learners are unpaced" in section
     assert wall[2] == "not measured: its arms come from two invocations"
     assert wall[3] == _page.verdict(None)
+
+    # A torchft run of the earlier harness kept beside fair ones: the file judges nothing.
+    fair = first["parameters"]["harness"]
+    assert fair
+    earlier = json.loads(path.read_text(encoding="utf-8"))
+    del earlier["parameters"]["harness"]
+    earlier["figures"]["arms"]["torchft-fp32-H10"]["measured"]["harness"] = None
+    path.write_text(json.dumps(earlier), encoding="utf-8")
+    run_benchmark(*quick, "--keep", "--only", "gm-fp32-H10")
+    third = json.loads(path.read_text(encoding="utf-8"))
+    assert "harness" not in third["parameters"]
+    assert third["figures"]["arms"]["gm-fp32-H10"]["measured"]["harness"] == fair
 
     # Runs of another task are not kept.
     changed = second | {"parameters": second["parameters"] | {"steps": 7}}
