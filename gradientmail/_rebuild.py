@@ -97,13 +97,14 @@ class Rebuilder:
     ) -> Rebuilt | None:
         """``RunReader.rebuild`` in ``manifest``'s run."""
         config, spec = manifest.config, manifest.fragments[fragment]
-        outer, momentum = momentum, momentum and checkpoint.stateful(config)
+        # A run whose outer step keeps no state has no momentum to replay.
+        replay = momentum and checkpoint.stateful(config)
         begin = start
         if begin is None or not (
             checkpoint.base(version, config) <= begin.version <= version
-            and (begin.outer or not momentum)
+            and (begin.outer or not replay)
         ):
-            begin = await self._checkpoint(manifest, fragment, version, momentum)
+            begin = await self._checkpoint(manifest, fragment, version, replay)
         if begin is None:
             return None
         theta, moment = begin.theta, begin.momentum
@@ -112,13 +113,13 @@ class Rebuilder:
             update = await self._store.get_blob(record.update, most=max_blob_bytes(spec))
             if update is None:
                 return None
-            mean = await self._mean(record, spec) if momentum else None
+            mean = await self._mean(record, spec) if replay else None
             theta_list, moment_list = await anyio.to_thread.run_sync(
                 partial(checkpoint.replayed, theta, moment, update, spec, config, mean=mean)
             )
             theta = tuple(theta_list)
             moment = None if moment_list is None else tuple(moment_list)
-        return Rebuilt(version, theta, moment if momentum else None, outer=outer)
+        return Rebuilt(version, theta, moment if replay else None, outer=momentum)
 
     async def rows(self, ref: BlobRef, spec: FragmentSpec, rows: Rows) -> list[Tensor] | None:
         """``RunReader.rows``: a ``topk`` blob whole, any other by ranges (its header, then

@@ -28,7 +28,7 @@ from gradientmail.events import PollFailed
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.mailbox.local import LocalMailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.checkpoint import mean_of, replayed
+from gradientmail.protocol.checkpoint import mean_of, replayed, stateful
 from gradientmail.protocol.codec import decode_fragment, encode_fragment
 from gradientmail.protocol.fragments import window
 from gradientmail.protocol.records import BlobRef, RoundRecord, RoundRecordDraft, RunConfig
@@ -100,7 +100,7 @@ async def assert_checkpoints_replay(box: LocalMailbox) -> list[RoundRecord]:
     store = Store(box)
     manifest = await store.manifest()
     assert manifest is not None
-    stateful = manifest.config.outer_momentum > 0
+    with_momentum = stateful(manifest.config)
     checked = 0
     for fragment in range(EVERY.fragments):
         replay = await from_scratch(box, history, fragment)
@@ -108,7 +108,7 @@ async def assert_checkpoints_replay(box: LocalMailbox) -> list[RoundRecord]:
             if record.fragment == fragment and record.checkpoint:
                 theta, momentum = replay[record.version]
                 assert same_bits(await blob(store, record.theta, fragment), theta), record.round
-                if stateful:
+                if with_momentum:
                     assert same_bits(await blob(store, record.outer, fragment), momentum), record
                 else:
                     assert record.outer is None, record
@@ -124,7 +124,7 @@ async def assert_rebuilds_step_by_step(box: LocalMailbox, history: list[RoundRec
     the version before it (the start a syncer holds when it adopted another's round), is the
     replay from scratch (without momentum: θ, and no momentum)."""
     reader = RunReader.of(box)
-    stateful = (await reader.manifest()).config.outer_momentum > 0
+    with_momentum = stateful((await reader.manifest()).config)
     for fragment in range(EVERY.fragments):
         replay = await from_scratch(box, history, fragment)
         held = None
@@ -135,7 +135,7 @@ async def assert_rebuilds_step_by_step(box: LocalMailbox, history: list[RoundRec
             for rebuilt in (alone, stepped):
                 assert rebuilt is not None
                 assert same_bits(rebuilt.theta, theta), (fragment, version)
-                if stateful:
+                if with_momentum:
                     assert same_bits(rebuilt.momentum, momentum), (fragment, version)
                 else:
                     assert rebuilt.momentum is None, (fragment, version)

@@ -15,6 +15,7 @@ from gradientmail import preview
 from gradientmail._node import node as open_node
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol import keys
+from gradientmail.protocol.checkpoint import stateful
 from gradientmail.protocol.records import RunConfig
 
 pytestmark = pytest.mark.anyio
@@ -61,7 +62,7 @@ def stated_peak(config: RunConfig, learners: int) -> float:
     )
     d = sum(f.blob_bytes[config.delta_encoding] for f in shown.fragments) / fp32
     every, count = config.checkpoint_every, config.fragments
-    if config.outer_momentum == 0:
+    if not stateful(config):
         return 2 + every * u + (1 + u + (count + 1) * learners * d) / count
     return 3 + every * u + every * learners * d + (2 + u) / count
 
