@@ -333,7 +333,7 @@ def main() -> None:
         default={},
         dest="changes",
         help="RunConfig.overlap of the gradientmail arms, a number of steps or none "
-        "(--mode arms; default: the default's)",
+        "(--mode arms|timing; default: the default's)",
     )
     parser.add_argument(
         "--keep",
@@ -353,7 +353,9 @@ def main() -> None:
     elif args.mode == "timing":
         import bench_text_timing
 
-        path = bench_text_timing.run(args.results, args.size, args.only, keep=args.keep)
+        path = bench_text_timing.run(
+            args.results, args.size, args.only, keep=args.keep, changes=args.changes
+        )
     elif args.mode != "arms":
         import bench_text_seeds
 

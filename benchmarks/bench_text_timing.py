@@ -26,6 +26,7 @@ from typing import Any
 
 import _harness as h
 import bench_text_task as task
+import msgspec
 from bench_text_arms import run_gradientmail, run_torchft
 
 ORDER = ("gm", "torchft", "torchft", "gm")
@@ -66,6 +67,10 @@ def figures(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     return out
 
 
+def _config(sync_every: int, changes: dict[str, Any] | None) -> Any:
+    return msgspec.structs.replace(task.run_config(sync_every, "fp32"), **(changes or {}))
+
+
 def kept(path: Path, parameters: dict[str, Any], chosen: list[int]) -> dict[str, Any]:
     """The pairs stored in ``path`` of the H that ``chosen`` does not repeat, each with its
     ``measured`` (the stored file's header for a pair without one); none when there is no
@@ -96,10 +101,12 @@ def run(
     only: list[str] | None,
     log: Callable[[str], None] = print,
     keep: bool = False,
+    changes: dict[str, Any] | None = None,
 ) -> Path:
     """Every H of the size that both systems have (``only``: those whose arm names it lists,
-    ``gm-fp32-H{H}`` or ``torchft-fp32-H{H}``), in the ABBA order; with ``keep`` the file
-    keeps the stored pairs of the other H (``kept``). Returns the file."""
+    ``gm-fp32-H{H}`` or ``torchft-fp32-H{H}``), in the ABBA order, gradientmail's
+    ``RunConfig`` with ``changes`` (``--overlap``); with ``keep`` the file keeps the stored
+    pairs of the other H (``kept``). Returns the file."""
     size = task.SIZES[size_name]
     chosen = [
         s
@@ -118,7 +125,7 @@ def run(
         "steps": size["steps"],
         "model": size["model"],
         "pacing": size.get("pacing"),
-        "overlap": task.run_config(size["sync_every"][0], "fp32").overlap,
+        "overlap": _config(size["sync_every"][0], changes).overlap,
     }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     began = time.perf_counter()
@@ -131,7 +138,10 @@ def run(
                 arm = arm_name(system, sync_every)
                 where = Path(scratch) / f"{arm}-{turn}"
                 if system == "gm":
-                    result = run_gradientmail(size_name, 0, sync_every, "fp32", where, False)
+                    config = _config(sync_every, changes)
+                    result = run_gradientmail(
+                        size_name, 0, sync_every, "fp32", where, False, config=config
+                    )
                 else:
                     result = run_torchft(size_name, 0, sync_every, where, False)
                 runs.setdefault(str(sync_every), {}).setdefault(system, []).append(result)

@@ -24,11 +24,18 @@ class NodeOptions:
     due_poll_interval
         How often instead while a round the node waits on is due: a learner from publishing
         a snapshot until it has seen that round's record, a syncer closing a round that has
-        a snapshot but is not ready. Every poll slept past the moment the last snapshot or
+        a snapshot but is not ready, or whose first snapshot the pace of its recent rounds
+        says is near (``protocol.cadence``). Every poll slept past the moment the last snapshot or
         the record landed is lag that every learner trains through before the round
         reaches its weights (``docs/protocol.md``, "Closing a round"). At most ``2 ×
         grace`` after the snapshot that made the round due; never slower than
         ``poll_interval`` (``pause``).
+    wait_poll_interval
+        How often instead while the learner's ``step()`` waits for a round's version
+        (``RunConfig.overlap``; every step that snapshots in the synchronous mode), and a
+        syncer closing a round of a synchronous run that has a snapshot: those learners do
+        not train until they see the record, so every poll slept past the moment the last
+        snapshot or the record landed is idle time. Never slower than the due pace.
     lease_every, lease_timeout
         The node beats its lease every ``lease_every``; others count it gone when its beat
         has not changed for ``lease_timeout`` (which must exceed ``lease_every``).
@@ -62,6 +69,7 @@ class NodeOptions:
 
     poll_interval: float = 1.0
     due_poll_interval: float = 0.05
+    wait_poll_interval: float = 0.01
     lease_every: float = 2.0
     lease_timeout: float = 10.0
     claim_timeout: float = 30.0
@@ -73,10 +81,14 @@ class NodeOptions:
     learner_key: LearnerKey | None = None
     admission_key: str | None = None
 
-    def pause(self, *, due: bool) -> float:
-        """The pause before the next poll: while a round is due ``due_poll_interval`` (or
-        ``poll_interval`` when that is shorter), else ``poll_interval``."""
-        return min(self.due_poll_interval, self.poll_interval) if due else self.poll_interval
+    def pause(self, *, due: bool, waiting: bool = False) -> float:
+        """The pause before the next poll: while a round is due ``due_poll_interval``, and
+        ``wait_poll_interval`` while a step waits on it (each at most the slower paces),
+        else ``poll_interval``."""
+        if not due:
+            return self.poll_interval
+        paced = min(self.due_poll_interval, self.poll_interval)
+        return min(self.wait_poll_interval, paced) if waiting else paced
 
     def _check_keys(self) -> None:
         if self.learner_key is not None and not isinstance(self.learner_key, LearnerKey):
@@ -104,6 +116,7 @@ class NodeOptions:
         for name in (
             "poll_interval",
             "due_poll_interval",
+            "wait_poll_interval",
             "lease_every",
             "lease_timeout",
             "claim_timeout",

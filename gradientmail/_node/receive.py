@@ -4,7 +4,8 @@ they call for to the pure learner (``protocol.learner.Learner``), through its
 value is never replaced here: every input goes through the driver (``LearnerDriver.feed``).
 
 ``Receiver.run`` is one task of the node's task group, on the event-loop thread. Every
-``poll_interval`` (``due_poll_interval`` while a round is due: ``Learner.awaiting``) it
+``poll_interval`` (``due_poll_interval`` while a round is due: ``Learner.awaiting``;
+``wait_poll_interval`` while a step waits on it: ``Learner.wait_until``) it
 lists ``records/`` after the newest round fed and feeds each record
 (``RecordSeen``); a record that does not decode or verify, or a gap in the
 records, stops the listing there (retried at every poll; one ``PollFailed`` per distinct
@@ -69,7 +70,8 @@ class Receiver:
 
     async def run(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
-        ``poll_interval`` (``due_poll_interval`` while a round is due). A listing that fails
+        ``poll_interval`` (``due_poll_interval`` while a round is due, ``wait_poll_interval``
+        while a step waits on one). A listing that fails
         for now (``MailboxUnavailable``) or on a record that does not decode or verify
         (``RecordError``) is retried at every poll and reported (``PollFailed``) once: again
         only when it fails otherwise, or after it worked. A ``StoreAccessError``
@@ -87,9 +89,11 @@ class Receiver:
                     reported = f"{type(exc).__name__}: {exc}"
                     rt.emit(PollFailed(rt.learner, exc))
             await self._prepare()
-            due = self._driver.state.awaiting(rt.clock.now())
-            if due:
-                await rt.clock.sleep(rt.options.pause(due=True))
+            now = rt.clock.now()
+            state = self._driver.state
+            if state.awaiting(now):
+                waiting = state.wait_until(now) is not None
+                await rt.clock.sleep(rt.options.pause(due=True, waiting=waiting))
             else:
                 await self._published.pause(rt.clock, rt.options.pause(due=False))
 

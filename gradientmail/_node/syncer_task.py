@@ -35,6 +35,7 @@ from gradientmail.events.kinds import (
     RoundSuperseded,
     TookOverRound,
 )
+from gradientmail.protocol.cadence import Cadence
 from gradientmail.protocol.checkpoint import check_record
 from gradientmail.protocol.liveness import LeaseWatch, Liveness
 from gradientmail.protocol.records import RoundRecord
@@ -89,6 +90,7 @@ async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
     every = min(rt.options.lease_every, rt.options.lease_timeout / 4)
     watch = LeaseWatch(Liveness(rt.options.lease_timeout), every)
     verified: Verified = {}
+    cadence = Cadence()
     delay: float | None = None
     while True:
         try:
@@ -105,13 +107,16 @@ async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
             for stale in [key for key in verified if key[0] < round]:
                 del verified[stale]
             try:
-                state, watch = await _run_round(rt, state, watch, verified, published)
+                state, watch, first = await _run_round(
+                    rt, state, watch, verified, published, cadence.due_from(round)
+                )
             except _RETRIED as exc:
                 delay = backoff(delay, rt.options)
                 rt.emit(RoundFailed(rt.learner, round, exc, delay))
                 await rt.clock.sleep(delay)
                 break
             delay = None
+            cadence = cadence.seen(round, first)
 
 
 async def _run_round(
@@ -120,10 +125,14 @@ async def _run_round(
     watch: LeaseWatch,
     verified: Verified,
     published: Nudge,
-) -> tuple[SyncerState, LeaseWatch]:
-    """Run round ``state.next_round`` until it is adopted or committed."""
+    due_from: float | None,
+) -> tuple[SyncerState, LeaseWatch, float | None]:
+    """Run round ``state.next_round`` until it is adopted or committed; also answers when
+    this syncer first listed a snapshot in it (None: never)."""
     expected = expectation(state.newest(2 * rt.config.fragments), rt.config)
-    held = RoundState(state.next_round, rt.learner, rt.options.claim_timeout, expected)
+    held = RoundState(
+        state.next_round, rt.learner, rt.options.claim_timeout, expected, due_from=due_from
+    )
     fresh = False
     while True:
         view, watch = await _observe(rt, held, watch, verified, fresh)
@@ -134,7 +143,7 @@ async def _run_round(
             case Adopt(record=record, superseded=superseded) if record is not None:
                 if superseded:
                     rt.emit(RoundSuperseded(rt.learner, record))
-                return _adopt(rt, state, record), watch
+                return _adopt(rt, state, record), watch, held.first_listed
             case Claim(k) | TakeOver(k, _):
                 if await rt.store.claim_round(held.round, k, rt.learner):
                     _claimed(rt, held.round, step, view)
@@ -145,18 +154,21 @@ async def _run_round(
                     timeout = rt.options.claim_timeout
                     rt.emit(FollowingRound(rt.learner, held.round, claimants, timeout))
                 await rt.clock.sleep(rt.options.poll_interval)
-            case Wait(due=True):
-                await rt.clock.sleep(rt.options.pause(due=True))
-            case Wait():
-                await published.pause(rt.clock, rt.options.pause(due=False))
+            case Wait(due=True, waited_on=waited_on):
+                await rt.clock.sleep(rt.options.pause(due=True, waiting=waited_on))
+            case Wait(due_at=due_at):
+                idle = rt.options.pause(due=False)
+                if due_at is not None:
+                    idle = min(idle, max(0.0, due_at - now))
+                await published.pause(rt.clock, idle)
             case Again(fresh=fresh):
                 pass
             case Commit():
                 state, record, mine = await commit(rt, state, held, step)
                 if not mine:
                     rt.emit(RoundSuperseded(rt.learner, record))
-                    return _adopt(rt, state, record), watch
-                return state, watch
+                    return _adopt(rt, state, record), watch, held.first_listed
+                return state, watch, held.first_listed
             case _:
                 raise AssertionError(f"round {held.round}: unexpected step {step!r}")
 

@@ -5,7 +5,8 @@ one ``RoundObservation`` per look at the store (the record, the claims, who publ
 leases). ``observed(state, view, now, config)`` answers ``(state', step)``; the node's shell
 (``_node/syncer_task.py``) only lists, reads, writes and sleeps as ``step`` says: ``Adopt`` a
 record, ``Claim`` or ``TakeOver`` a claim, ``Follow``, ``Wait`` (``due=True``: at the due
-pace, for ``due_for`` seconds after the first snapshot), ``Again`` (``fresh=True``: on a
+pace, for ``due_for`` seconds after the first snapshot, or after the moment its recent
+rounds' pace says the first is near: ``cadence``), ``Again`` (``fresh=True``: on a
 lease listing taken now) or ``Commit``.
 
 A round commits after its quorum and grace, on a lease listing taken after its snapshots
@@ -114,9 +115,15 @@ class TakeOver:
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Closing: the round is not ready; look again after the poll interval, or after the
-    due poll interval when ``due`` (the round has a snapshot: the rest are near)."""
+    due poll interval when ``due`` (the round has a snapshot, or its first is expected:
+    the rest are near). ``due_at``: when a round not yet due becomes so
+    (``RoundState.due_from``): the idle pause ends then at the latest. ``waited_on``: every
+    learner that published to it waits for its record (``RunConfig.overlap`` 0): look
+    again at the wait pace."""
 
     due: bool = False
+    due_at: float | None = None
+    waited_on: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,12 +316,15 @@ class RoundState:
     a snapshot there, and once it holds the round (``claimed_at``) when the quorum was first
     reached, since when every live learner without a snapshot in it has moved past it, and
     when it first listed each learner's snapshot (``arrivals``, in that order).
-    ``expected``: whom the round waits for in an adaptive run (``expectation``)."""
+    ``expected``: whom the round waits for in an adaptive run (``expectation``);
+    ``due_from``: when its first snapshot is expected soon (``cadence.Cadence.due_from``),
+    from which it is due before any snapshot is listed."""
 
     round: int
     me: str
     claim_timeout: float
     expected: Expectation | None = None
+    due_from: float | None = None
     following: str | None = None
     following_since: float | None = None
     first_snapshot_at: float | None = None
@@ -327,6 +337,11 @@ class RoundState:
     def closing(self) -> bool:
         """Whether this node holds the round's last claim and closes it."""
         return self.claimed_at is not None
+
+    @property
+    def first_listed(self) -> float | None:
+        """When this node first listed a snapshot in the round (None: it has not)."""
+        return self.arrivals[0][1] if self.arrivals else self.first_snapshot_at
 
     def claimed(self, now: float) -> "RoundState":
         """This node won its claim on the round at ``now`` (or holds the last one)."""
@@ -419,8 +434,15 @@ def _closing(
         window = due_for(config)
         if state.expected is not None:
             window = max(window, state.expected.patience)
-        due = bool(arrivals) and now - arrivals[0][1] < window
-        return state, Wait(due=due)
+        if arrivals:
+            due = now - arrivals[0][1] < window
+            return state, Wait(due=due, waited_on=due and config.applied_after == 0)
+        due_from = state.due_from
+        if due_from is None:
+            return state, Wait()
+        if now < due_from:
+            return state, Wait(due_at=due_from)
+        return state, Wait(due=now - due_from < window)
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
     return state, Commit(missing=missing, published=view.snapshots)

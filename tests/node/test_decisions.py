@@ -138,6 +138,7 @@ def test_close_after_grace() -> None:
         ("claim_timeout", float("inf")),
         ("close_timeout", float("nan")),
         ("max_retry_delay", 0.0),
+        ("wait_poll_interval", -0.01),
     ],
 )
 def test_options_reject_bad_durations(field: str, value: float) -> None:
@@ -149,6 +150,21 @@ def test_a_due_round_is_polled_at_the_due_pace_never_slower_than_the_idle_one() 
     options = NodeOptions()
     assert (options.pause(due=True), options.pause(due=False)) == (0.05, 1.0)
     assert NodeOptions(poll_interval=0.01).pause(due=True) == 0.01
+    # A step waiting on the round polls faster still, never slower than the due pace.
+    assert options.pause(due=True, waiting=True) == 0.01
+    assert options.pause(due=False, waiting=True) == 1.0
+    assert NodeOptions(wait_poll_interval=0.5).pause(due=True, waiting=True) == 0.05
+
+
+def test_a_synchronous_round_with_a_snapshot_is_polled_at_the_wait_pace() -> None:
+    """Every learner that published to a round of a synchronous run waits for its record."""
+    state = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)
+    one = look(snapshots=frozenset({"a"}))
+    synchronous = msgspec.structs.replace(CONFIG, overlap=0)
+    paced = msgspec.structs.replace(CONFIG, overlap=2)
+    assert observed(state, one, 0.0, synchronous)[1] == Wait(due=True, waited_on=True)
+    assert observed(state, one, 0.0, paced)[1] == Wait(due=True)
+    assert observed(state, look(), 0.0, synchronous)[1] == Wait()
 
 
 def test_options_reject_a_lease_timeout_within_one_beat() -> None:
@@ -216,6 +232,23 @@ def test_the_machine_claims_closes_on_quorum_and_grace_then_commits() -> None:
     assert step == Commit(missing=frozenset({"c"}), published=frozenset({"a", "b"}))
     # Each snapshot's arrival is the first listing that held it, from the round's first.
     assert (state.arrived("a"), state.arrived("b"), state.arrived("c")) == (0.0, 1.0, None)
+
+
+def test_a_round_whose_first_snapshot_is_expected_is_due_before_one_is_listed() -> None:
+    """Before ``due_from`` the idle pause ends there; from it the round is polled at the
+    due pace for ``due_for`` seconds; a listed snapshot times the window as before."""
+    state = RoundState(7, "a", claim_timeout=30.0, due_from=10.0).claimed(0.0)
+    assert observed(state, look(), 4.0, CONFIG)[1] == Wait(due_at=10.0)
+    assert observed(state, look(), 10.0, CONFIG)[1] == Wait(due=True)
+    late = 10.0 + due_for(CONFIG)
+    assert observed(state, look(), late, CONFIG)[1] == Wait()
+    one = look(snapshots=frozenset({"a"}), snapshots_at=late)
+    state, step = observed(state, one, late, CONFIG)
+    assert step == Wait(due=True)
+    assert state.first_listed == late
+    assert observed(RoundState(7, "a", claim_timeout=30.0).claimed(0.0), look(), 4.0, CONFIG)[
+        1
+    ] == Wait(due_at=None)
 
 
 def test_a_close_waits_for_a_lease_listing_newer_than_the_snapshots() -> None:

@@ -1,0 +1,56 @@
+"""When a syncer expects a round's first snapshot: the pace its rounds came at.
+
+A syncer sees a round's snapshots only when it lists them. Between rounds it polls at its
+idle pace (``NodeOptions.poll_interval``), so a first snapshot can sit unseen for a whole
+idle pause, and in a round every learner waits on (``RunConfig.overlap`` 0) that pause is
+time no learner trains. Learners take their snapshots of consecutive rounds a fixed number
+of steps apart (``RunConfig.sync_every / fragments``), so the first snapshots of recent
+rounds, as this syncer listed them, say when the next one comes: ``Cadence.due_from``.
+From then the round counts as due (``rounds.RoundState.due_from``) and is polled at the due
+pace, for at most ``rounds.due_for`` seconds.
+
+Pure: no I/O, no clock; times are the syncer's clock.
+"""
+
+import statistics
+from dataclasses import dataclass
+
+__all__ = ["ANTICIPATION", "Cadence"]
+
+ANTICIPATION = 0.75
+"""The share of the recent interval between rounds' first snapshots after which the next
+round counts as due: early enough that a round coming up to a quarter of an interval early
+is still polled at the due pace, late enough that a syncer polls at that pace for a quarter
+of the time between rounds."""
+
+_KEPT = 8
+"""The rounds whose first snapshots a ``Cadence`` keeps: the median of their intervals
+follows a change of pace within a few rounds and ignores one late round."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """The first snapshots of a syncer's recent rounds: ``(round, when it listed the
+    first)``, oldest first."""
+
+    firsts: tuple[tuple[int, float], ...] = ()
+
+    def seen(self, round: int, at: float | None) -> "Cadence":
+        """This cadence once ``round`` ended, its first snapshot listed at ``at`` (None:
+        this syncer listed none, as when another syncer closed it before it looked)."""
+        if at is None:
+            return self
+        return Cadence((*self.firsts, (round, at))[-_KEPT:])
+
+    def due_from(self, round: int) -> float | None:
+        """When ``round`` counts as due before any of its snapshots is listed: ``ANTICIPATION``
+        of the median interval between consecutive recent rounds after the first snapshot
+        of the round before it; None unless that round and one before it were seen."""
+        intervals = [
+            later - earlier
+            for (r0, earlier), (r1, later) in zip(self.firsts, self.firsts[1:], strict=False)
+            if r1 == r0 + 1 and later >= earlier
+        ]
+        if not self.firsts or self.firsts[-1][0] != round - 1 or not intervals:
+            return None
+        return self.firsts[-1][1] + ANTICIPATION * statistics.median(intervals)
