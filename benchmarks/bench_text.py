@@ -333,13 +333,14 @@ def main() -> None:
         default={},
         dest="changes",
         help="RunConfig.overlap of the gradientmail arms, a number of steps or none "
-        "(--mode arms|timing; default: the default's)",
+        "(--mode arms|timing|fair; default: the default's)",
     )
     parser.add_argument(
         "--keep",
         action="store_true",
         help="keep the stored runs of the arms (--mode timing: the pairs) not run now in the "
-        "results file (--mode arms|timing)",
+        "results file (--mode arms|timing); --mode fair: take the results file up where it "
+        "stopped",
     )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -349,7 +350,9 @@ def main() -> None:
     if args.mode == "fair":
         import bench_text_fair
 
-        path = bench_text_fair.run(args.results, args.size, args.only, args.seeds)
+        path = bench_text_fair.run(
+            args.results, args.size, args.only, args.seeds, keep=args.keep, changes=args.changes
+        )
     elif args.mode == "timing":
         import bench_text_timing
 

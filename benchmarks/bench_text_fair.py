@@ -21,9 +21,15 @@ What makes the comparison fair, each point checked by ``tests/test_bench_text_qu
 
 Figures per H: per seed, each system's bits per byte and excess over that seed's
 data-parallel; over the seeds, the median excess of each; the wall ratio of the sums over
-every run (and each order's). Written to ``text-fair-{size}.json`` after every run.
+every run (and each order's). Written to ``text-fair-{size}.json`` after every run; H by H
+(tuning, then the seeds' pairs), so an interrupted comparison holds whole H first, and
+``--keep`` takes the file up where it stopped (a full-size comparison is some sixty runs
+of seven minutes or more on two cores: several sittings). ``--overlap`` sets
+gradientmail's ``RunConfig.overlap`` (0: the synchronous mode, which computes torchft's
+model).
 """
 
+import json
 import statistics
 import tempfile
 import time
@@ -45,14 +51,19 @@ ORDER = ("gm", "torchft", "torchft", "gm")
 
 
 def tune(
-    system: str, size: str, sync_every: int, scratch: Path, log: Callable[[str], None]
+    system: str,
+    size: str,
+    sync_every: int,
+    scratch: Path,
+    log: Callable[[str], None],
+    changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``system`` (``gm`` or ``torchft``) at ``sync_every`` on ``TUNING_SEED`` for every point
     of ``OUTER_GRID``: each point's bits per byte and the best point."""
     points = []
     for lr, momentum in OUTER_GRID:
         where = scratch / f"tune-{system}-H{sync_every}-{lr}-{momentum}"
-        run = _run(system, size, TUNING_SEED, sync_every, where, (lr, momentum))
+        run = _run(system, size, TUNING_SEED, sync_every, where, (lr, momentum), changes)
         points.append({"outer": [lr, momentum], "bits_per_byte": run["bits_per_byte"]})
         log(f"  tuning {system} H{sync_every} outer {lr}/{momentum}: {run['bits_per_byte']:.4f}")
     best = min(points, key=lambda point: point["bits_per_byte"])
@@ -60,12 +71,22 @@ def tune(
 
 
 def _run(
-    system: str, size: str, seed: int, sync_every: int, where: Path, outer: tuple[float, ...]
+    system: str,
+    size: str,
+    seed: int,
+    sync_every: int,
+    where: Path,
+    outer: tuple[float, ...],
+    changes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One run of ``system`` with the outer Nesterov SGD ``outer`` (rate, momentum)."""
+    """One run of ``system`` with the outer Nesterov SGD ``outer`` (rate, momentum);
+    gradientmail's ``RunConfig`` with ``changes`` (``--overlap``)."""
     if system == "gm":
         config = msgspec.structs.replace(
-            task.run_config(sync_every, "fp32"), outer_lr=outer[0], outer_momentum=outer[1]
+            task.run_config(sync_every, "fp32"),
+            outer_lr=outer[0],
+            outer_momentum=outer[1],
+            **(changes or {}),
         )
         return run_gradientmail(size, seed, sync_every, "fp32", where, False, config=config)
     return run_torchft(size, seed, sync_every, where, False, outer=outer)
@@ -120,10 +141,14 @@ def _compact(run: dict[str, Any]) -> dict[str, Any]:
     return {key: run[key] for key in keys if key in run}
 
 
-def _parameters(size: str, chosen: list[int], rows: list[int]) -> dict[str, Any]:
+def _parameters(
+    size: str, chosen: list[int], rows: list[int], changes: dict[str, Any] | None
+) -> dict[str, Any]:
     """The results file's parameters: the task's, the H and seeds run, the order and both
     systems' outer optimizers (torchft's grid, gradientmail's defaults)."""
-    config = task.run_config(chosen[0] if chosen else 1, "fp32")
+    config = msgspec.structs.replace(
+        task.run_config(chosen[0] if chosen else 1, "fp32"), **(changes or {})
+    )
     return {
         "size": size,
         "mode": "fair",
@@ -153,13 +178,16 @@ def _pairs(
     scratch: Path,
     log: Callable[[str], None],
     write: Callable[[], None],
+    changes: dict[str, Any] | None = None,
 ) -> None:
     """Both systems at ``sync_every`` on ``seed`` in ``ORDER``, each run into
-    ``entry["runs"]`` (torchft with ``entry``'s tuned outer optimizer), ``write`` after each."""
-    for turn, system in enumerate(ORDER):
+    ``entry["runs"]`` (each system with ``entry``'s tuned outer optimizer), ``write`` after
+    each; the turns a kept file already holds are not run again."""
+    done = sum(len(runs) for runs in entry["runs"].get(str(seed), {}).values())
+    for turn, system in list(enumerate(ORDER))[done:]:
         where = scratch / f"s{seed}-{system}-H{sync_every}-{turn}"
         tuned = entry["gm_tuning" if system == "gm" else "tuning"]["best"]
-        result = _run(system, size, seed, sync_every, where, tuple(tuned))
+        result = _run(system, size, seed, sync_every, where, tuple(tuned), changes)
         runs = entry["runs"].setdefault(str(seed), {}).setdefault(system, [])
         runs.append(_compact(result) | {"turn": turn})
         log(
@@ -169,15 +197,38 @@ def _pairs(
         write()
 
 
+def kept(path: Path, parameters: dict[str, Any]) -> dict[str, Any]:
+    """What a results file at ``path`` already measured (its figures), to be taken up where
+    it stopped; none when there is no file. Raises ``SystemExit`` naming the parameters that
+    differ when it measured another comparison (its H and seeds may differ)."""
+    if not path.exists():
+        return {}
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    before = stored["parameters"]
+    free = ("sync_every", "seeds")
+    differ = [k for k in parameters if k not in free and before.get(k) != parameters[k]]
+    if differ:
+        raise SystemExit(
+            f"--keep: {path} measured another comparison ({', '.join(differ)} differ); "
+            "run without --keep, or into another --results directory"
+        )
+    return dict(stored["figures"])
+
+
 def run(
     results: Path,
     size: str,
     only: list[str] | None,
     seeds: list[int] | None,
     log: Callable[[str], None] = print,
+    keep: bool = False,
+    changes: dict[str, Any] | None = None,
 ) -> Path:
-    """Tune, then every seed's data-parallel and pairs in both orders, for every H both
-    systems have at the size (``only``: the H whose arm names it lists); returns the file."""
+    """Per H both systems have at the size (``only``: the H whose arm names it lists): tune
+    both, then every seed's data-parallel (once a seed) and pairs in both orders;
+    gradientmail's ``RunConfig`` with ``changes``. With ``keep`` it takes up the results
+    file where it stopped (``kept``): what it holds is not run again, so a comparison longer
+    than one sitting is measured over several. Returns the file."""
     chosen = [
         s
         for s in task.SIZES[size]["torchft"]
@@ -187,9 +238,16 @@ def run(
     if TUNING_SEED in rows:
         raise SystemExit(f"--seeds: {TUNING_SEED} is the tuning seed; report other seeds")
     name = f"{task.NAME}-fair-{size}"
-    parameters = _parameters(size, chosen, rows)
-    per_h: dict[str, Any] = {str(s): {"runs": {}} for s in chosen}
-    dp: dict[str, Any] = {}
+    parameters = _parameters(size, chosen, rows, changes)
+    stored = kept(results / f"{name}.json", parameters) if keep else {}
+    per_h: dict[str, Any] = {key: {"runs": runs} for key, runs in stored.get("runs", {}).items()}
+    for key in per_h:
+        for field in ("tuning", "gm_tuning"):
+            if stored.get(field, {}).get(key) is not None:
+                per_h[key][field] = stored[field][key]
+    for s in chosen:
+        per_h.setdefault(str(s), {"runs": {}})
+    dp: dict[str, Any] = dict(stored.get("dp", {}))
     began = time.perf_counter()
 
     def write() -> None:
@@ -200,18 +258,21 @@ def run(
             "gm_tuning": {key: entry.get("gm_tuning") for key, entry in per_h.items()},
             "dp": {seed: _compact(result) for seed, result in dp.items()},
             "runs": {key: entry["runs"] for key, entry in per_h.items()},
-            "seconds": time.perf_counter() - began,
+            "seconds": stored.get("seconds", 0.0) + time.perf_counter() - began,
         }
         h.write_result(results, name, document)
 
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-fair-") as scratch:
         for sync_every in chosen:
-            per_h[str(sync_every)]["tuning"] = tune("torchft", size, sync_every, Path(scratch), log)
-            per_h[str(sync_every)]["gm_tuning"] = tune("gm", size, sync_every, Path(scratch), log)
-            write()
-        for seed in rows:
-            dp[str(seed)] = run_local("dp", {"size": size, "seed": seed})
-            log(f"  seed {seed} dp: {dp[str(seed)]['bits_per_byte']:.4f}")
-            for sync_every in chosen:
-                _pairs(size, seed, sync_every, per_h[str(sync_every)], Path(scratch), log, write)
+            entry = per_h[str(sync_every)]
+            for field, system in (("tuning", "torchft"), ("gm_tuning", "gm")):
+                if field not in entry:
+                    entry[field] = tune(system, size, sync_every, Path(scratch), log, changes)
+                    write()
+            for seed in rows:
+                if str(seed) not in dp:
+                    dp[str(seed)] = run_local("dp", {"size": size, "seed": seed})
+                    log(f"  seed {seed} dp: {dp[str(seed)]['bits_per_byte']:.4f}")
+                    write()
+                _pairs(size, seed, sync_every, entry, Path(scratch), log, write, changes)
     return results / f"{name}.json"

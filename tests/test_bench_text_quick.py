@@ -343,6 +343,32 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
     bench_text_fair._run("torchft", "quick", 0, 10, tmp_path / "ft-outer", (0.7, 0.6))
     assert (launched[0]["outer_lr"], launched[0]["outer_momentum"]) == (0.7, 0.6)
 
+    # A comparison longer than one sitting: interrupted after its tenth run (the eight
+    # tuning runs and two of the pair's four), taken up with keep, it runs the two left
+    # only, and the file holds the whole pair; another overlap is another comparison.
+    monkeypatch.setattr(bench_text_fair, "run_local", lambda *_: {"bits_per_byte": 3.0})
+    launched.clear()
+
+    def interrupted(script: Path, spec: dict, **options: object) -> dict:
+        if len(launched) == 10:
+            raise KeyboardInterrupt
+        return launch(script, spec, **options)
+
+    monkeypatch.setattr(_launch, "launch", interrupted)
+    results, sync = tmp_path / "fair", {"overlap": 0}
+    with pytest.raises(KeyboardInterrupt):
+        bench_text_fair.run(results, "quick", None, [0], lambda _: None, changes=sync)
+    monkeypatch.setattr(_launch, "launch", launch)
+    launched.clear()
+    path = bench_text_fair.run(results, "quick", None, [0], lambda _: None, True, sync)
+    assert [spec["system"] for spec in launched] == ["torchft", "gm"]
+    assert all(spec["config"]["overlap"] == 0 for spec in launched if spec["system"] == "gm")
+    done = json.loads(path.read_text())["figures"]
+    assert [run["turn"] for run in done["runs"]["10"]["0"]["gm"]] == [0, 3]
+    assert done["pairs"]["10"]["seeds_complete"] == 1
+    with pytest.raises(SystemExit, match="overlap"):
+        bench_text_fair.run(results, "quick", None, [0], lambda _: None, True, None)
+
 
 def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
     tmp_path: Path,
