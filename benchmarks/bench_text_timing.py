@@ -126,6 +126,7 @@ def run(
         "model": size["model"],
         "pacing": size.get("pacing"),
         "overlap": _config(size["sync_every"][0], changes).overlap,
+        "harness": task.HARNESS,
     }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     began = time.perf_counter()

@@ -108,13 +108,20 @@ def timing(page: Page, measured_timing: dict[str, Any]) -> None:
             for system in ("gm", "torchft")
         }
         measured = pair.get("measured", bench_text.invocation(measured_timing))
+        bits = {
+            system: ", ".join(num(run["bits_per_byte"], 6) for run in pair[system])
+            for system in ("gm", "torchft")
+        }
         rows.append(
             [
                 sync_every,
                 pacing(timing_overlap(measured_timing, pair)),
                 measured["date"][:10],
+                "fair" if measured.get("harness") == bench_text.HARNESS else "earlier",
                 walls["gm"],
                 walls["torchft"],
+                bits["gm"],
+                bits["torchft"],
                 num(pair.get("wall_ratio"), 3),
                 num(pair.get("wall_ratio_gm_first"), 3),
                 num(pair.get("wall_ratio_torchft_first"), 3),
@@ -122,13 +129,16 @@ def timing(page: Page, measured_timing: dict[str, Any]) -> None:
                 num(pair.get("cpu_ratio"), 3),
             ]
         )
-    header = ["H", "gradientmail", "measured", "gradientmail wall (s)", "torchft wall (s)"]
+    header = ["H", "gradientmail", "measured", "harness", "gradientmail wall (s)"]
+    header += ["torchft wall (s)", "gradientmail bits/byte", "torchft bits/byte"]
     header += ["wall ratio", "gm first", "torchft first", "train ratio", "CPU ratio"]
     page.add(
         "Wall time with each fp32 pair run in both orders ("
         + ", ".join(p["order"])
         + "), so that this machine's drift weighs on both systems alike; the ratio is both "
-        "gradientmail runs' time over both torchft runs'. "
+        "gradientmail runs' time over both torchft runs'. Harness: `fair` for torchft "
+        "with `init_sync` off and both judged on the mean of the learners' models, `earlier` "
+        "for a pair that did not record it. "
         + provenance(measured_timing)
         + f" Produced by `benchmarks/bench_text.py --size {p['size']} --mode timing`.",
         "",

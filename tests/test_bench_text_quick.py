@@ -115,8 +115,9 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     measured = pair["measured"]
     assert measured["overlap"] == paced
     assert measured["git_commit"] == timing["git_commit"]
+    assert measured["harness"] == bench_text.HARNESS
     assert (
-        f"| 10 | {report_text_runs.pacing(paced)} | {measured['date'][:10]} | "
+        f"| 10 | {report_text_runs.pacing(paced)} | {measured['date'][:10]} | fair | "
         f"{gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
     ) in text
     assert timing["git_commit"][:7] not in text
