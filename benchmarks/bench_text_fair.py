@@ -215,6 +215,19 @@ def kept(path: Path, parameters: dict[str, Any]) -> dict[str, Any]:
     return dict(stored["figures"])
 
 
+def _taken_up(stored: dict[str, Any], chosen: list[int]) -> dict[str, Any]:
+    """Per H, what ``stored`` (a kept file's figures) measured: its runs and tunings; an
+    empty entry for each H of ``chosen`` it has not begun."""
+    per_h: dict[str, Any] = {key: {"runs": runs} for key, runs in stored.get("runs", {}).items()}
+    for key, entry in per_h.items():
+        for field in ("tuning", "gm_tuning"):
+            if stored.get(field, {}).get(key) is not None:
+                entry[field] = stored[field][key]
+    for sync_every in chosen:
+        per_h.setdefault(str(sync_every), {"runs": {}})
+    return per_h
+
+
 def run(
     results: Path,
     size: str,
@@ -240,13 +253,7 @@ def run(
     name = f"{task.NAME}-fair-{size}"
     parameters = _parameters(size, chosen, rows, changes)
     stored = kept(results / f"{name}.json", parameters) if keep else {}
-    per_h: dict[str, Any] = {key: {"runs": runs} for key, runs in stored.get("runs", {}).items()}
-    for key in per_h:
-        for field in ("tuning", "gm_tuning"):
-            if stored.get(field, {}).get(key) is not None:
-                per_h[key][field] = stored[field][key]
-    for s in chosen:
-        per_h.setdefault(str(s), {"runs": {}})
+    per_h = _taken_up(stored, chosen)
     dp: dict[str, Any] = dict(stored.get("dp", {}))
     began = time.perf_counter()
 
