@@ -105,9 +105,13 @@ def _intro(result: dict[str, Any]) -> str:
     p = result["parameters"]
     size = p["size"]
     grid = ", ".join(f"{lr} / {momentum}" for lr, momentum in p["torchft"]["outer_grid"])
+    overlap = p.get("overlap")
+    flag = "none" if overlap is None else f"{overlap}"
+    mode = {None: "None (the adaptive schedule)", 0: "0 (the synchronous mode)"}.get(overlap, flag)
     return (
         f"**The fair comparison, size `{size}`** (`benchmarks/bench_text.py --size {size} "
-        f"--mode fair --seeds {' '.join(map(str, p['seeds']))}`): torchft's `init_sync` off; "
+        f"--mode fair --overlap {flag} --seeds {' '.join(map(str, p['seeds']))}`): "
+        f"gradientmail at `RunConfig.overlap` {mode}; torchft's `init_sync` off; "
         "both systems judged on the mean of the learners' models by one function; torchft's "
         f"outer Nesterov SGD picked per H from {grid} on seed {p['torchft']['tuning_seed']} "
         f"(not reported below), {_gm_outer(p)}; each seed's pair run in the order "
