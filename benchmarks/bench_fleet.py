@@ -84,7 +84,7 @@ for _name in ("mixed", "straggler"):
 
 def config(arm: str) -> Any:
     overlap = 2 if arm == "gm-repeatable" else None
-    return msgspec.structs.replace(task.run_config(SYNC_EVERY, "fp32"), overlap=overlap)
+    return task.run_config(SYNC_EVERY, "fp32", overlap=overlap)
 
 
 def lr_scale(started: float, budget: float) -> float:

@@ -225,6 +225,6 @@ def run_arm(
     killed = parts[-1] == "kill"
     where = scratch / arm
     if system == "gm":
-        config = msgspec.structs.replace(task.run_config(sync_every, encoding), **(changes or {}))
+        config = task.run_config(sync_every, encoding, **(changes or {}))
         return run_gradientmail(size_name, seed, sync_every, encoding, where, killed, config=config)
     return run_torchft(size_name, seed, sync_every, where, killed)

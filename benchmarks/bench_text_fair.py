@@ -39,7 +39,6 @@ from typing import Any
 
 import _harness as h
 import bench_text_task as task
-import msgspec
 from bench_text_arms import run_gradientmail, run_torchft
 from bench_text_training import run_local
 
@@ -82,8 +81,9 @@ def _run(
     """One run of ``system`` with the outer Nesterov SGD ``outer`` (rate, momentum);
     gradientmail's ``RunConfig`` with ``changes`` (``--overlap``)."""
     if system == "gm":
-        config = msgspec.structs.replace(
-            task.run_config(sync_every, "fp32"),
+        config = task.run_config(
+            sync_every,
+            "fp32",
             outer_lr=outer[0],
             outer_momentum=outer[1],
             **(changes or {}),
@@ -146,9 +146,7 @@ def _parameters(
 ) -> dict[str, Any]:
     """The results file's parameters: the task's, the H and seeds run, the order and both
     systems' outer optimizers (torchft's grid, gradientmail's defaults)."""
-    config = msgspec.structs.replace(
-        task.run_config(chosen[0] if chosen else 1, "fp32"), **(changes or {})
-    )
+    config = task.run_config(chosen[0] if chosen else 1, "fp32", **(changes or {}))
     return {
         "size": size,
         "mode": "fair",

@@ -119,11 +119,14 @@ def model_config(size: dict[str, Any]) -> Any:
     return GPTConfig(vocab_size=256, **size["model"])
 
 
-def run_config(sync_every: int, encoding: str) -> Any:
+def run_config(sync_every: int, encoding: str, **changes: Any) -> Any:
     """The gradientmail arms' config: ``bench_convergence_task``'s (grace 3 s), ``F``
-    fragments."""
+    fragments, with ``changes`` (``RunConfig`` fields, e.g. ``--overlap``'s)."""
     return msgspec.structs.replace(
-        convergence.run_config(sync_every, encoding), fragments=FRAGMENTS, pattern="contiguous"
+        convergence.run_config(sync_every, encoding),
+        fragments=FRAGMENTS,
+        pattern="contiguous",
+        **changes,
     )
 
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import _harness as h
 import bench_text_task as task
-import msgspec
 from bench_text_arms import run_gradientmail, run_torchft
 
 ORDER = ("gm", "torchft", "torchft", "gm")
@@ -65,10 +64,6 @@ def figures(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
             )
         out[sync_every] = entry
     return out
-
-
-def _config(sync_every: int, changes: dict[str, Any] | None) -> Any:
-    return msgspec.structs.replace(task.run_config(sync_every, "fp32"), **(changes or {}))
 
 
 def kept(path: Path, parameters: dict[str, Any], chosen: list[int]) -> dict[str, Any]:
@@ -125,7 +120,7 @@ def run(
         "steps": size["steps"],
         "model": size["model"],
         "pacing": size.get("pacing"),
-        "overlap": _config(size["sync_every"][0], changes).overlap,
+        "overlap": task.run_config(size["sync_every"][0], "fp32", **(changes or {})).overlap,
         "harness": task.HARNESS,
     }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -139,7 +134,7 @@ def run(
                 arm = arm_name(system, sync_every)
                 where = Path(scratch) / f"{arm}-{turn}"
                 if system == "gm":
-                    config = _config(sync_every, changes)
+                    config = task.run_config(sync_every, "fp32", **(changes or {}))
                     result = run_gradientmail(
                         size_name, 0, sync_every, "fp32", where, False, config=config
                     )

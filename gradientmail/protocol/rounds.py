@@ -340,8 +340,11 @@ class RoundState:
 
     @property
     def first_listed(self) -> float | None:
-        """When this node first listed a snapshot in the round (None: it has not)."""
-        return self.arrivals[0][1] if self.arrivals else self.first_snapshot_at
+        """When this node first listed a snapshot in the round (None: it has not): while
+        deciding (``first_snapshot_at``), before a takeover began its ``arrivals``."""
+        if self.first_snapshot_at is not None:
+            return self.first_snapshot_at
+        return self.arrivals[0][1] if self.arrivals else None
 
     def claimed(self, now: float) -> "RoundState":
         """This node won its claim on the round at ``now`` (or holds the last one)."""

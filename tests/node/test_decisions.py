@@ -246,6 +246,11 @@ def test_a_round_whose_first_snapshot_is_expected_is_due_before_one_is_listed() 
     state, step = observed(state, one, late, CONFIG)
     assert step == Wait(due=True)
     assert state.first_listed == late
+    # A follower that listed a snapshot, then took the round over, listed it first then.
+    follower = RoundState(7, "a", claim_timeout=30.0)
+    follower, _ = observed(follower, look(claims=((0, "b"),), snapshots=one.snapshots), 3.0, CONFIG)
+    follower, _ = observed(follower.claimed(4.0), one, late, CONFIG)
+    assert follower.first_listed == 3.0
     assert observed(RoundState(7, "a", claim_timeout=30.0).claimed(0.0), look(), 4.0, CONFIG)[
         1
     ] == Wait(due_at=None)
