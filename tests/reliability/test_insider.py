@@ -20,6 +20,7 @@ from reliability_helpers import CONFIG, FAST, Trainer, history, newest_theta, ti
 
 import gradientmail
 from gradientmail.mailbox import LocalMailbox
+from gradientmail.protocol.bounds import TOKENS_RATIO
 from gradientmail.protocol.records import Participant, RunConfig
 
 pytestmark = pytest.mark.anyio
@@ -107,26 +108,36 @@ async def _shared_rounds(
     return mine, losses, float(norm)
 
 
+def _share(insider: Participant, others: list[int]) -> float:
+    """The most weight ``capped_counts`` leaves the insider in a round beside honest
+    learners of ``others`` steps (each claiming the same tokens per step, the round's lower
+    median): ``TOKENS_RATIO`` × its judged steps against theirs."""
+    judged = min(max(insider.steps, 1), CONFIG.sync_every)
+    mine = TOKENS_RATIO * judged
+    return mine / (mine + sum(others))
+
+
 async def test_a_lying_insider_among_four_moves_a_round_at_most_its_share_of_the_radius(
     tmp_path: Path,
 ) -> None:
     """In a round the insider shares with two or more honest learners (not a final one),
-    its term in the mean, weight × distance from the round's center, is at most ``1/K`` of
-    the round's radius (the record names both when it is outside; inside, its weight is at
-    most ``1/K``), and four times its own steps reversed put
+    its term in the mean, weight × distance from the round's center, is at most its share
+    of the round's steps times its radius (the record names both when it is outside;
+    inside, its weight is at most that share: an honest learner's tokens per step, however
+    many it claims), and four times its own steps reversed put
     it beyond twice the radius of at least one such round, where it weighs nothing. The
     repeatable mode puts every learner in every round."""
     honest = 3
     mine, losses, norm = await _shared_rounds(tmp_path, honest, 4.0, robust=True, overlap=2)
-    crowded = [(p, len(others) + 1) for p, others in mine if len(others) >= 2 and p.steps >= 1]
+    crowded = [(p, _share(p, others)) for p, others in mine if len(others) >= 2 and p.steps >= 1]
     assert crowded, "the insider shared no round with two or more honest learners"
-    for p, k in crowded:
+    for p, share in crowded:
         note = _CENTERED.search(str(p.bounded))
         if note is None:  # within the radius: its share at most
-            assert p.weight <= 1 / k + 1e-9, (p.weight, p.bounded)
+            assert p.weight <= share + 1e-9, (p.weight, share, p.bounded)
             continue
         distance, radius = float(note["distance"]), float(note["radius"])
-        assert p.weight * distance <= radius / k * (1 + 1e-5), (p.weight, distance, radius)
+        assert p.weight * distance <= radius * share * (1 + 1e-5), (p.weight, distance, radius)
     assert 0.0 in [p.weight for p, _ in crowded], [p.weight for p, _ in crowded]
     # A round of two: the insider's delta clipped to the honest one's norm, at half weight.
     assert max(p.weight for p, _ in mine) <= 0.5 + 1e-9
