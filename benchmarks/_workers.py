@@ -10,7 +10,7 @@ watches to kill a learner and a restarted learner resumes from.
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -217,10 +217,27 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
     return anyio.run(main)
 
 
-def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
+def _round_report(event: Any) -> dict[str, Any]:
+    """What a syncer's report keeps of one ``RoundCommitted``."""
+    record = event.record
+    return {
+        "round": record.round,
+        "participants": len(record.participants),
+        "rejected": [r.reason for r in record.rejected],
+        "rejected_by": [[r.learner, r.reason] for r in record.rejected],
+        "cosine": record.cosine,
+        "steps": {p.learner: p.steps for p in record.participants},
+        "seconds": event.seconds,
+        "update_bytes": record.update.size,
+    }
+
+
+def syncer_worker(spec: dict[str, Any], trusted_loss: Any = None) -> dict[str, Any]:
     """A dedicated syncer on the run in ``spec["scratch"]/store`` until its standard input
-    closes (``_launch.launch``); returns its report (bytes, requests, every round it
+    closes (``_launch.launch``), screening rounds with ``trusted_loss`` when given
+    (``NodeOptions.trusted_loss``); returns its report (bytes, requests, every round it
     committed)."""
+
     import anyio
 
     from gradientmail._node import node as join_run
@@ -235,18 +252,7 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
         name = kind_name(event)
         counts[name] = counts.get(name, 0) + 1
         if isinstance(event, RoundCommitted):
-            record = event.record
-            rounds.append(
-                {
-                    "round": record.round,
-                    "participants": len(record.participants),
-                    "rejected": [r.reason for r in record.rejected],
-                    "cosine": record.cosine,
-                    "steps": {p.learner: p.steps for p in record.participants},
-                    "seconds": event.seconds,
-                    "update_bytes": record.update.size,
-                }
-            )
+            rounds.append(_round_report(event))
 
     tally = h.Tally()
 
@@ -257,7 +263,7 @@ def syncer_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 None,
                 h.CountingMailbox(mailbox, tally, "syncer"),
                 learner="syncer",
-                options=_options(syncer=True, spec=spec),
+                options=replace(_options(syncer=True, spec=spec), trusted_loss=trusted_loss),
                 sinks=[sink],
             ) as node,
         ):

@@ -9,17 +9,20 @@ honest delta's norm, a proxy for the round's median), among 2 just under
 the fleet's progress); ``fixed``, one random unit direction per fragment, every round.
 
 For each fleet size (4 and 2 learners) and each aggregation (``robust``: with
-``RunConfig.robust``; ``default``: without it, the control) it runs the honest fleet and each
+``RunConfig.robust``; ``default``: without it, the control; ``screened``: ``robust`` and a
+syncer with ``NodeOptions.trusted_loss``, the task's model on two fixed batches of a shard no
+learner trains on, the operator's own evaluation) it runs the honest fleet and each
 attack, on each of ``SEEDS`` (the same seeds and data for every arm; the default's attacks,
 which diverge, on the first seed only), one dedicated syncer each (``_launch.launch``), in
 the repeatable mode (``OVERLAP``: every learner in every round at the same steps, so two
 runs of one arm give the same losses and two aggregations differ by the rule alone). It
 reports the honest learners' mean final loss, its change over that aggregation's honest run
-of the same seed, and robust's cost on an honest run (over the default's on the same seed),
-each as the median over the seeds.
+of the same seed and over the robust honest run (a fleet of honest learners), and robust's
+and the screen's cost on an honest run (over the default's on the same seed), each as the
+median over the seeds.
 
 Usage: ``.venv/bin/python benchmarks/bench_insider.py [--steps N] [--seeds 0 1 2]
-[--fleets 4 2] [--modes robust default] [--attacks flip fixed] [--adaptive] [--out FILE]``
+[--fleets 4 2] [--modes robust default screened] [--attacks flip fixed] [--adaptive] [--out FILE]``
 (``--adaptive``: the default schedule instead, whose rounds depend on timing); the learner
 and syncer processes run this file with ``--worker``. Its figures: benchmarks/results/
 insider.json, quoted in docs/reliability.md (the threat table) and docs/protocol.md
@@ -50,7 +53,36 @@ SEEDS = (0, 1, 2)
 OVERLAP = 2
 """The repeatable mode (``RunConfig.repeatable``): every learner in every round, at the same
 steps, so two runs of one arm on one seed differ only by the aggregation."""
-MODES = ("robust", "default")
+MODES = ("robust", "default", "screened")
+TRUSTED_SHARD = 1000
+"""The shard of the task's language the screened mode's trusted loss scores (learners train
+on shards ``0 .. K - 1``; the final evaluation is the task's own held-out set)."""
+TRUSTED_BATCHES = 2
+"""Batches of ``EVAL_BATCH_SIZE`` sequences in the trusted loss: one fixed set, every call."""
+
+
+def _trusted_loss(spec: dict[str, Any]) -> Any:
+    """The operator's trusted loss (``NodeOptions.trusted_loss``) of the screened mode: the
+    task's model on ``TRUSTED_BATCHES`` batches of ``TRUSTED_SHARD``."""
+    import torch
+
+    from gradientmail.demo.data import evaluate, synthetic
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    corpus = synthetic(length=task.CONTEXT, seed=spec["seed"])
+    stream = corpus.train(TRUSTED_SHARD, batch_size=task.EVAL_BATCH_SIZE, length=task.CONTEXT)
+    batches = [next(stream) for _ in range(TRUSTED_BATCHES)]
+    model = GPT(task.model_config(), seed=spec["seed"])
+    params = dict(model.named_parameters())
+
+    def loss(state: Any) -> float:
+        with torch.no_grad():
+            for name, tensor in state.items():
+                params[name].copy_(tensor)
+        return evaluate(model, batches)
+
+    return loss
 
 
 def _install_attack(spec: dict[str, Any]) -> None:
@@ -93,7 +125,8 @@ def _install_attack(spec: dict[str, Any]) -> None:
 def _worker(spec_path: Path, role: str) -> None:
     spec = json.loads(spec_path.read_text())
     if role == "syncer":
-        result = syncer_worker(spec)
+        screened = spec["mode"] == "screened"
+        result = syncer_worker(spec, _trusted_loss(spec) if screened else None)
     else:
         index = int(role)
         learning = task.synthetic_learning(spec, index)
@@ -143,20 +176,20 @@ def _bounded(store: Path, insider: str | None) -> dict[str, int]:
 def run_arm(
     learners: int,
     attack: str | None,
-    robust: bool,
+    mode: str,
     seed: int,
     steps: int,
     scratch: Path,
     *,
     adaptive: bool = False,
 ) -> dict[str, Any]:
-    """One fleet of ``learners`` (the last one the insider when ``attack``), ``robust`` or
-    not, on ``seed``, in the repeatable mode (``adaptive``: the default schedule): the
-    honest learners' final losses, and what the syncer's rounds recorded."""
+    """One fleet of ``learners`` (the last one the insider when ``attack``) in ``mode``
+    (``MODES``), on ``seed``, in the repeatable mode (``adaptive``: the default schedule):
+    the honest learners' final losses, and what the syncer's rounds recorded."""
     settings = task.plan(quick=True)
     config = task.run_config(settings["sync_every"][0], settings["encodings"][0])
     overlap = None if adaptive else OVERLAP
-    config = msgspec.structs.replace(config, robust=robust, overlap=overlap)
+    config = msgspec.structs.replace(config, robust=mode != "default", overlap=overlap)
     insider = learners - 1
     spec = {
         "seed": seed,
@@ -167,6 +200,7 @@ def run_arm(
         "scratch": str(scratch),
         "attack": attack,
         "insider": insider,
+        "mode": mode,
     }
     launched = launch(Path(__file__).resolve(), spec)
     reports = launched["reports"]
@@ -180,8 +214,20 @@ def run_arm(
         "insider_final_loss": reports[str(insider)]["final_loss"],
         "rounds": len(rounds),
         "rejected": sum(len(r["rejected"]) for r in rounds),
+        "screened": _screened(rounds, insider_name),
         "wall_seconds": launched["wall_seconds"],
     }
+
+
+def _screened(rounds: list[dict[str, Any]], insider: str | None) -> dict[str, int]:
+    """How many of the honest learners' and the insider's snapshots the trusted loss
+    rejected (``loss``)."""
+    counts = {"honest": 0, "insider": 0}
+    for round in rounds:
+        for learner, reason in round["rejected_by"]:
+            if reason == "loss":
+                counts["insider" if learner == insider else "honest"] += 1
+    return counts
 
 
 def arms(fleets: list[int], modes: list[str], attacks: list[str], seeds: list[int]) -> list[str]:
@@ -212,22 +258,31 @@ def compare(figures: dict[str, Any]) -> None:
     for name, arm in figures.items():
         learners, mode, attack, seed = name.split("-")
         arm["change_percent"] = _change(figures, name, f"{learners}-{mode}-honest-{seed}")
-        if mode == "robust" and attack == "honest":
+        if attack != "honest":
+            arm["over_honest_percent"] = _change(figures, name, f"{learners}-robust-honest-{seed}")
+        if mode != "default" and attack == "honest":
             arm["cost_percent"] = _change(figures, name, f"{learners}-default-honest-{seed}")
 
 
 def summary(figures: dict[str, Any]) -> dict[str, Any]:
-    """Per fleet, mode and attack: the median over the seeds of the change of the honest
-    learners' final loss over the same seed's honest run of that mode (``change``), and,
-    for the robust honest runs, over the same seed's default honest run (``cost``)."""
+    """Per fleet, mode and attack, the median over the seeds of: the change of the honest
+    learners' final loss over the same seed's honest run of that mode (``change``); for an
+    attack, over the same seed's robust honest run (``over_honest``: what the insider costs
+    a fleet of honest learners under ``robust``); for a robust or screened honest run, over
+    the same seed's default honest run (``cost``)."""
     groups: dict[str, dict[str, list[float]]] = {}
     for name, arm in figures.items():
         learners, mode, attack, _ = name.split("-")
-        group = groups.setdefault(f"{learners}-{mode}-{attack}", {"change": [], "cost": []})
-        if arm["change_percent"] is not None:
-            group["change"].append(arm["change_percent"])
-        if arm.get("cost_percent") is not None:
-            group["cost"].append(arm["cost_percent"])
+        group = groups.setdefault(
+            f"{learners}-{mode}-{attack}", {"change": [], "over_honest": [], "cost": []}
+        )
+        for kind, key in (
+            ("change", "change_percent"),
+            ("over_honest", "over_honest_percent"),
+            ("cost", "cost_percent"),
+        ):
+            if arm.get(key) is not None:
+                group[kind].append(arm[key])
     return {
         key: {
             kind: {"median": statistics.median(values), "values": values}
@@ -261,7 +316,7 @@ def main() -> None:
             figures[name] = arm = run_arm(
                 int(learners),
                 None if attack == "honest" else attack,
-                mode == "robust",
+                mode,
                 int(seed),
                 args.steps,
                 Path(scratch) / name,

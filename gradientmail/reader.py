@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
-import msgspec
 
 from gradientmail import mailbox as mailboxes
 from gradientmail.clock import Clock, MonotonicClock
@@ -90,21 +89,9 @@ class Newest:
 
     def state_dict(self, manifest: Manifest) -> dict[str, "Tensor"]:
         """Every parameter by name, cast back to its dtype in the model."""
-        import torch
+        from gradientmail.protocol.fragments import assembled
 
-        parts: dict[str, list[tuple[int, Tensor]]] = {}
-        for spec, thetas in zip(manifest.fragments, self.thetas, strict=True):
-            for param, theta in zip(spec.params, thetas, strict=True):
-                start = 0 if isinstance(param.start, msgspec.UnsetType) else param.start
-                parts.setdefault(param.name, []).append((start, theta))
-        named: dict[str, Tensor] = {}
-        for spec in manifest.fragments:
-            for param in spec.params:
-                if param.name not in named:
-                    pieces = sorted(parts[param.name], key=lambda part: part[0])
-                    whole = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
-                    named[param.name] = whole.to(getattr(torch, param.dtype))
-        return named
+        return assembled(manifest.fragments, self.thetas)
 
 
 @dataclass(frozen=True, slots=True)

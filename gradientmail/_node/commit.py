@@ -1,8 +1,9 @@
 """Committing a round the syncer holds, and collecting the garbage it leaves.
 
-``commit`` loads the fragment's θ and momentum, downloads the round's snapshots and takes
-its outcome (``protocol.outcome``: the aggregate of the counted snapshots, the outer step,
-refused when not finite), writes the update blob (and at a
+``commit`` loads the fragment's θ and momentum (with ``NodeOptions.trusted_loss``, every
+fragment's θ, for the screen's trials: ``protocol.screening``), downloads the round's
+snapshots and takes its outcome (``protocol.outcome``: the aggregate of the counted
+snapshots, screened, the outer step, refused when not finite), writes the update blob (and at a
 checkpoint, ``protocol.checkpoint``, the θ and outer-state blobs), and the record last
 (``RoundClosed``, ``RoundCommitted``; ``RoundIncomplete`` when live learners are missing);
 each participant with when this syncer first listed its snapshot (``Participant.arrived``).
@@ -29,8 +30,8 @@ from gradientmail._node.runtime import Runtime
 from gradientmail._rebuild import Rebuilt
 from gradientmail.errors import CorruptBlob, MailboxUnavailable, RecordError
 from gradientmail.events.kinds import RoundClosed, RoundCommitted, RoundIncomplete
-from gradientmail.protocol import garbage, keys
-from gradientmail.protocol.aggregation import Aggregate, Candidate, counted_snapshots
+from gradientmail.protocol import garbage, keys, screening
+from gradientmail.protocol.aggregation import Aggregate, Candidate, Screen, counted_snapshots
 from gradientmail.protocol.checkpoint import is_checkpoint, stateful
 from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
 from gradientmail.protocol.outcome import outcome
@@ -133,6 +134,7 @@ async def commit(
             f"record holds version {current.version}"
         )
     spec = rt.specs[fragment]
+    state, screen = await _screen(rt, state, fragment)
     snapshots = await rt.store.snapshots(round)
     listed = rt.clock.now()
     candidates = await gather(
@@ -146,6 +148,7 @@ async def commit(
         counted_snapshots(candidates, step.missing),
         spec,
         config,
+        screen,
     )
     result, theta, momentum = done.result, done.theta, done.momentum
     draft = _draft(rt, held, result, started, listed)
@@ -161,6 +164,22 @@ async def commit(
     committed = FragmentState(version, landed, now_held)
     state = state.adopted(landed, config, committed)
     return await collect_garbage(rt, state, round), landed, True
+
+
+async def _screen(
+    rt: Runtime, state: SyncerState, fragment: int
+) -> tuple[SyncerState, Screen | None]:
+    """The screen of a round of ``fragment`` under ``NodeOptions.trusted_loss`` (None
+    without one), and ``state`` holding θ of every fragment, which its trials need."""
+    loss = rt.options.trusted_loss
+    if loss is None:
+        return state, None
+    fragments = [await load_fragment(rt, f, held) for f, held in enumerate(state.fragments)]
+    thetas = [held.loaded.theta for held in fragments if held.loaded is not None]
+    if len(thetas) != len(fragments):
+        raise RecordError("a fragment's θ could not be loaded for the trusted loss")
+    state = replace(state, fragments=tuple(fragments))
+    return state, screening.screen(loss, thetas, rt.specs, fragment)
 
 
 def _draft(

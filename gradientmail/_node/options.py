@@ -4,6 +4,7 @@ import math
 from dataclasses import dataclass
 
 from gradientmail.protocol.identities import AdmissionKey, LearnerKey, check_public_key
+from gradientmail.protocol.screening import TrustedLoss
 
 __all__ = ["NodeOptions"]
 
@@ -63,6 +64,16 @@ class NodeOptions:
         ``AdmissionKey.public``), the only key whose admissions and revocations count. A
         node creating the run names it in the manifest; a node joining refuses a run that
         names another. Never the private key: nodes do not hold it.
+    trusted_loss
+        A syncer's evaluation on data no learner sees (``protocol.screening``): called in a
+        worker thread with every parameter's tensors by name (load them with
+        ``load_state_dict(state, strict=False)``: no buffers, tied parameters once), it
+        returns a loss. Each round
+        this node closes, a delta that, applied alone, raises it above the committed θ's is
+        rejected (``loss``); it costs one call per round and one per delta. Make it
+        deterministic (one fixed batch), and give it to every node that closes rounds:
+        learners the operator does not trust run with ``syncer=False``. What it raises
+        fails the node. None: rounds are not screened.
 
     Raises ``ValueError`` naming the option when a value is out of range.
     """
@@ -80,6 +91,7 @@ class NodeOptions:
     group_timeout: float = 60.0
     learner_key: LearnerKey | None = None
     admission_key: str | None = None
+    trusted_loss: TrustedLoss | None = None
 
     def pause(self, *, due: bool, waiting: bool = False) -> float:
         """The pause before the next poll: while a round is due ``due_poll_interval``, and
@@ -89,6 +101,13 @@ class NodeOptions:
             return self.poll_interval
         paced = min(self.due_poll_interval, self.poll_interval)
         return min(self.wait_poll_interval, paced) if waiting else paced
+
+    def _check_trusted_loss(self) -> None:
+        if self.trusted_loss is not None and not callable(self.trusted_loss):
+            raise TypeError(
+                "NodeOptions.trusted_loss must be a function from the parameters' tensors by "
+                f"name to a loss, got {self.trusted_loss!r}"
+            )
 
     def _check_keys(self) -> None:
         if self.learner_key is not None and not isinstance(self.learner_key, LearnerKey):
@@ -139,5 +158,6 @@ class NodeOptions:
                 f"({self.lease_every}), or a live node would be judged gone between beats"
             )
         self._check_keys()
+        self._check_trusted_loss()
         if not isinstance(self.syncer, bool):
             raise TypeError(f"NodeOptions.syncer must be a bool, got {self.syncer!r}")

@@ -87,7 +87,7 @@ def _report(args: argparse.Namespace) -> int:
 def _syncer(args: argparse.Namespace) -> int:
     from gradientmail.cli.syncer import syncer
 
-    return syncer(args.url, learner=args.learner, backend=args.backend)
+    return syncer(args.url, learner=args.learner, backend=args.backend, trusted=args.trusted_loss)
 
 
 def _keygen(args: argparse.Namespace) -> int:
@@ -278,6 +278,13 @@ def _syncer_command(commands: "argparse._SubParsersAction[argparse.ArgumentParse
         choices=("asyncio", "trio"),
         default="asyncio",
         help="event loop (default asyncio)",
+    )
+    syncer.add_argument(
+        "--trusted-loss",
+        metavar="MODULE:NAME",
+        default=None,
+        help="screen each round's deltas with this function of the parameters' tensors by name "
+        "(a loss on data no learner sees; NodeOptions.trusted_loss)",
     )
     syncer.set_defaults(handler=_syncer)
 

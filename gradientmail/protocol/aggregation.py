@@ -1,22 +1,24 @@
 """A round's aggregation: which snapshots count, with what weight, and their weighted mean.
 
 ``aggregate`` rejects, in this order, each with a reason: ``corrupt``, ``shape``,
-``non-finite``, ``stale``, ``tokens``, ``outlier`` (when each applies: docs/protocol.md,
-"Rejections"). Norms are recomputed here; ``Snapshot.norm`` is the writer's claim and is
-not trusted. The accepted snapshots get weights per ``RunConfig.weighting`` (bounded by
-``robust`` with ``RunConfig.robust``); the mean ``Σ w_i·Δ_i`` is accumulated in
-fp32 in learner order, so every closer computes the same bits.
+``non-finite``, ``stale``, ``tokens``, ``outlier``, and with a trusted loss ``loss``
+(when each applies: docs/protocol.md, "Rejections"). Norms are recomputed here;
+``Snapshot.norm`` is the writer's claim and is not trusted. The accepted snapshots get
+weights per ``RunConfig.weighting`` (bounded by ``robust`` with ``RunConfig.robust``); the
+mean ``Σ w_i·Δ_i`` is accumulated in fp32 in learner order, so every closer computes the
+same bits.
 
 A delta is tensors or a checked blob decoded piece by piece (``pieces.BlobView``): every
 pass takes ``pieces.CHUNK_ELEMENTS`` elements of each delta at a time, never a decoded copy
-of a whole delta.
+of a whole delta (a ``screen``'s trials decode one delta at a time).
 
-Pure: no I/O; runs on whatever thread calls it (the syncer runs it in a worker thread).
+Pure: no I/O but a ``screen``'s trusted loss; runs on whatever thread calls it (the syncer
+runs it in a worker thread).
 """
 
 import math
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -43,8 +45,10 @@ __all__ = [
     "Aggregate",
     "Candidate",
     "Delta",
+    "Screen",
     "aggregate",
     "counted_snapshots",
+    "dense",
     "l2_norm",
     "pairwise_distances",
     "refused",
@@ -58,6 +62,10 @@ times the fragment's norm, or a root-mean-square change of a hundred per element
 
 Delta: TypeAlias = Sequence[Tensor] | FragmentBlob | PartedBlob | SparseBlob
 """A snapshot's delta: its tensors (``spec.params`` order), or its checked blob (or parts)."""
+
+Screen: TypeAlias = Callable[[Iterable[Sequence[Tensor]]], list[str | None]]
+"""A round's deltas (each its tensors in ``spec.params`` order, decoded one at a time) to
+why each is rejected (None: kept), in the order given (``protocol.screening``)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,18 @@ def _piece(delta: Delta, index: int, start: int, end: int) -> Tensor:
     if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
         return delta.piece(index, start, end)
     return delta[index].detach().reshape(-1)[start:end].to(torch.float32)
+
+
+def dense(delta: Delta, spec: FragmentSpec) -> list[Tensor]:
+    """``delta`` as fp32 tensors of ``spec.params``' shapes, decoded a piece at a time: one
+    delta's copy, for a caller that needs it whole (``screening``)."""
+    tensors = []
+    for index, param in enumerate(spec.params):
+        flat = torch.empty(param.numel, dtype=torch.float32)
+        for start, end in chunk_ranges(param.numel):
+            flat[start:end] = _piece(delta, index, start, end)
+        tensors.append(flat.view(tuple(param.shape)))
+    return tensors
 
 
 def _squares(piece: Tensor) -> float:
@@ -282,13 +302,11 @@ def _cosine(
     return math.fsum(cosines) / len(cosines)
 
 
-def refused(result: Aggregate, detail: str) -> Aggregate:
-    """``result`` with every participant rejected as ``non-finite`` (``detail`` says why):
-    the round commits its fragment unchanged."""
+def refused(result: Aggregate, detail: str, reason: RejectReason = "non-finite") -> Aggregate:
+    """``result`` with every participant rejected as ``reason`` (``detail`` says why): the
+    round commits its fragment unchanged."""
     rejected = [
-        Rejection(
-            learner=p.learner, reason="non-finite", steps=p.steps, tokens=p.tokens, detail=detail
-        )
+        Rejection(learner=p.learner, reason=reason, steps=p.steps, tokens=p.tokens, detail=detail)
         for p in result.participants
     ]
     rejected.extend(result.rejected)
@@ -340,6 +358,17 @@ def _drop_large(
     return kept
 
 
+def _drop_screened(
+    kept: Kept, screen: Screen, spec: FragmentSpec, rejected: list[Rejection]
+) -> Kept:
+    """``kept`` without the deltas ``screen`` rejects, which go to ``rejected`` (``loss``)."""
+    reasons = screen(dense(delta, spec) for _, delta, _ in kept)
+    for (candidate, _, _), reason in zip(kept, reasons, strict=True):
+        if reason is not None:
+            rejected.append(_rejection(candidate.snapshot, "loss", f"applied alone it {reason}"))
+    return [entry for entry, reason in zip(kept, reasons, strict=True) if reason is None]
+
+
 def _drop_over(kept: Kept, limit: float, why: str, rejected: list[Rejection]) -> Kept:
     for candidate, _, norm in kept:
         if norm > limit:
@@ -365,11 +394,14 @@ def aggregate(
     *,
     theta: Sequence[Tensor] | None = None,
     momentum: Sequence[Tensor] | None = None,
+    screen: Screen | None = None,
 ) -> Aggregate:
     """Close the round that takes fragment ``spec.index`` from ``version`` to ``version + 1``
     (``theta``: that version's θ, for the bound on a delta's size; None: no bound;
     ``momentum``: the fragment's outer momentum, which bounds a round of one delta under
-    ``RunConfig.robust``; None: no bound).
+    ``RunConfig.robust``; None: no bound; ``screen``: the trusted loss's verdicts,
+    ``protocol.screening``, on each delta that passed every other rejection, or in a final
+    round on the mean, which it refuses whole; None: none).
 
     Deterministic: candidates are taken in learner order, whatever order they come in.
     Raises ``ValueError`` for two candidates of one learner or a candidate with neither a
@@ -389,26 +421,40 @@ def aggregate(
         else:
             rejected.append(_rejection(candidate.snapshot, *checked))
     kept = _drop_large(kept, theta, config, rejected)
+    final = all(candidate.snapshot.final is True for candidate, _, _ in kept)
+    if screen is not None and kept and not final:
+        kept = _drop_screened(kept, screen, spec, rejected)
     rejected.sort(key=lambda r: r.learner)
     if not kept:
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
     snapshots = [candidate.snapshot for candidate, _, _ in kept]
-    notes: list[str | None] = [None] * len(kept)
-    if config.robust:
-        history = None if momentum is None else l2_norm(momentum)
-        deltas = [delta for _, delta, _ in kept]
-        pairwise = pairwise_distances(deltas, spec) if len(kept) >= 3 else None
-        norms = [norm for _, _, norm in kept]
-        weights, notes = bounded_weights(snapshots, norms, config, history, pairwise)
-    else:
-        weights = _weights(snapshots, config)
+    weights, notes = _weighted(kept, spec, config, momentum)
     mean, dots = _mean([delta for _, delta, _ in kept], weights, spec, cosines=True)
-    return Aggregate(
+    result = Aggregate(
         mean=mean,
         participants=_participants(snapshots, weights, notes),
         rejected=tuple(rejected),
         cosine=_cosine([norm for _, _, norm in kept], dots, mean),
     )
+    # A final snapshot is one learner's model, not steps: each alone is worse than the
+    # mean the final round makes, so a screen judges that mean.
+    why = screen([mean])[0] if screen is not None and final else None
+    return result if why is None else refused(result, f"the final models' mean {why}", "loss")
+
+
+def _weighted(
+    kept: Kept, spec: FragmentSpec, config: RunConfig, momentum: Sequence[Tensor] | None
+) -> tuple[list[float], list[str | None]]:
+    """The accepted deltas' weights, and what bounding did to each (``RunConfig.robust``;
+    None: nothing)."""
+    snapshots = [candidate.snapshot for candidate, _, _ in kept]
+    if not config.robust:
+        return _weights(snapshots, config), [None] * len(kept)
+    history = None if momentum is None else l2_norm(momentum)
+    deltas = [delta for _, delta, _ in kept]
+    pairwise = pairwise_distances(deltas, spec) if len(kept) >= 3 else None
+    norms = [norm for _, _, norm in kept]
+    return bounded_weights(snapshots, norms, config, history, pairwise)
 
 
 def _participants(

@@ -38,6 +38,7 @@ from gradientmail.protocol.sparse import TOPK, delta_sparsity, update_sparsity
 __all__ = [
     "FragmentSize",
     "Preview",
+    "assembled",
     "block_of",
     "due",
     "joined_phase",
@@ -179,6 +180,27 @@ def window(tensor: Tensor, param: ParamSpec) -> Tensor:
     if isinstance(param.start, msgspec.UnsetType):
         return tensor
     return tensor.narrow(0, param.start, param.shape[0])
+
+
+def assembled(
+    specs: Sequence[FragmentSpec], thetas: Sequence[Sequence[Tensor]]
+) -> dict[str, Tensor]:
+    """Every parameter by name, in the model's order, from each fragment's tensors
+    (``thetas[f]`` in ``specs[f].params`` order; a parameter split by rows put back
+    together), cast to its dtype in the model."""
+    parts: dict[str, list[tuple[int, Tensor]]] = {}
+    for spec, tensors in zip(specs, thetas, strict=True):
+        for param, tensor in zip(spec.params, tensors, strict=True):
+            start = 0 if isinstance(param.start, msgspec.UnsetType) else param.start
+            parts.setdefault(param.name, []).append((start, tensor))
+    named: dict[str, Tensor] = {}
+    for spec in specs:
+        for param in spec.params:
+            if param.name not in named:
+                pieces = sorted(parts[param.name], key=lambda part: part[0])
+                whole = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
+                named[param.name] = whole.to(getattr(torch, param.dtype))
+    return named
 
 
 def signature(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate, refused
+from gradientmail.protocol.aggregation import Aggregate, Candidate, Screen, aggregate, refused
 from gradientmail.protocol.checkpoint import step
 from gradientmail.protocol.outer import committed_update
 from gradientmail.protocol.records import FragmentSpec, RunConfig
@@ -61,13 +61,17 @@ def outcome(
     candidates: Sequence[Candidate],
     spec: FragmentSpec,
     config: RunConfig,
+    screen: Screen | None = None,
 ) -> Outcome:
     """The outcome of the round that takes fragment ``spec.index`` from ``version`` (θ
     ``theta``, outer momentum ``momentum``; None: no step yet) to ``version + 1``, from the
-    round's ``candidates`` (``aggregation.counted_snapshots``). Inputs are never modified.
-    Raises what ``aggregate`` raises for the caller's bugs."""
+    round's ``candidates`` (``aggregation.counted_snapshots``), screened by ``screen`` when
+    given (``protocol.screening``). Inputs are never modified. Raises what ``aggregate``
+    raises for the caller's bugs, and what ``screen`` raises."""
     final = bool(candidates) and all(c.snapshot.final is True for c in candidates)
-    result = aggregate(version, candidates, spec, config, theta=theta, momentum=momentum)
+    result = aggregate(
+        version, candidates, spec, config, theta=theta, momentum=momentum, screen=screen
+    )
     committed = _numerics(theta, momentum, result.mean, spec, config, final=final)
     refusal = refused_non_finite(result, committed[0], committed[1])
     if refusal is None:

@@ -69,6 +69,7 @@ RejectReason = Literal[
     "stale",
     "outlier",
     "tokens",
+    "loss",
     "unsigned",
     "bad-signature",
     "not-admitted",

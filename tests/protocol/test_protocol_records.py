@@ -39,7 +39,17 @@ floats = st.floats(allow_nan=False, allow_infinity=False)
 sha256s = st.from_regex(r"[0-9a-f]{64}", fullmatch=True)
 encodings = st.sampled_from(["fp32", "bf16", "int8", "int4"])
 reasons = st.sampled_from(
-    ["corrupt", "shape", "non-finite", "stale", "outlier", "tokens", "unsigned", "bad-signature"]
+    [
+        "corrupt",
+        "shape",
+        "non-finite",
+        "stale",
+        "outlier",
+        "tokens",
+        "loss",
+        "unsigned",
+        "bad-signature",
+    ]
 )
 refs = st.builds(BlobRef, sha256=sha256s, size=counts, encoding=encodings)
 params = st.builds(

@@ -10,6 +10,8 @@ only when both took as many steps: that gap is open (docs/reliability.md), and
 Without ``robust`` (the default) the insider weighs what it claims."""
 
 import re
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -19,15 +21,21 @@ import torch
 from reliability_helpers import CONFIG, FAST, Trainer, history, newest_theta, tiny_model
 
 import gradientmail
+from gradientmail import NodeOptions
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol.bounds import TOKENS_RATIO
 from gradientmail.protocol.records import Participant, RunConfig
+from gradientmail.protocol.screening import TrustedLoss
 
 pytestmark = pytest.mark.anyio
 
 SECRET = "the run's secret, which the insider holds"
 _CENTERED = re.compile(
     r"distance (?P<distance>\S+) from the round's center over the radius (?P<radius>\S+) "
+)
+_RAISED = re.compile(
+    r"(?:applied alone it|the final models' mean) raises the trusted loss "
+    r"from (?P<baseline>\S+) to (?P<trial>\S+)"
 )
 ROUNDS = 16
 INSIDER = "mallory"
@@ -60,6 +68,7 @@ async def _member(
     config: RunConfig,
     gain: float,
     losses: dict[str, tuple[float, float]],
+    options: NodeOptions = FAST,
 ) -> None:
     model = tiny_model(seed)
     insider = name == INSIDER
@@ -68,7 +77,7 @@ async def _member(
     async with (
         LocalMailbox(root) as box,
         gradientmail.node(
-            model, box, learner=name, config=config, options=FAST, run_key=SECRET
+            model, box, learner=name, config=config, options=options, run_key=SECRET
         ) as node,
     ):
         first = _loss(model, trainer)
@@ -159,3 +168,55 @@ async def test_by_default_a_lying_insider_weighs_what_it_claims(tmp_path: Path) 
     assert trained, [(p.steps, p.weight) for p, _ in mine]
     assert min(trained) > 0.99, [(p.steps, p.weight) for p, _ in mine]
     assert all(p.bounded is msgspec.UNSET for p, _ in mine)
+
+
+def _trusted_loss() -> TrustedLoss:
+    """The operator's trusted loss: the tiny model's error on a fixed batch (here the honest
+    learner's own data; a real run holds data out, docs/reliability.md)."""
+    model = tiny_model(0)
+    batch = Trainer(model, 0)
+
+    def loss(state: Mapping[str, torch.Tensor]) -> float:
+        model.load_state_dict(state)
+        return _loss(model, batch)
+
+    return loss
+
+
+async def test_a_trusted_loss_screens_out_a_lying_insiders_deltas_in_a_round_of_two(
+    tmp_path: Path,
+) -> None:
+    """Among 2, no rule that treats both alike tells which one lies. With
+    ``NodeOptions.trusted_loss`` at the honest learner's node (the insider, untrusted, closes
+    no rounds: ``syncer=False``), the insider's deltas, its steps reversed
+    (gradient ascent on its own data) are rejected (``loss``) where they raise the trusted
+    loss, each rejection naming both losses; the honest learner learns and θ stays bounded
+    (``benchmarks/bench_insider.py`` measures what the screen saves on a real task)."""
+    config = msgspec.structs.replace(CONFIG, grace=2.0, robust=True)
+    losses: dict[str, tuple[float, float]] = {}
+    trusted = replace(FAST, trusted_loss=_trusted_loss())
+    untrusted = replace(FAST, syncer=False)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_member, tmp_path, "honest-0", 0, config, 1.0, losses, trusted)
+        tg.start_soon(_member, tmp_path, INSIDER, 1, config, 1.0, losses, untrusted)
+    async with LocalMailbox(tmp_path) as box:
+        records = await history(box)
+        theta = await newest_theta(box)
+    screened = [
+        (r.learner, r.steps, r.detail)
+        for record in records
+        for r in record.rejected
+        if r.reason == "loss"
+    ]
+    assert any(who == INSIDER and steps >= 1 for who, steps, _ in screened), screened
+    for _, _, detail in screened:
+        raised = _RAISED.fullmatch(str(detail))
+        assert raised is not None, detail
+        assert float(raised["trial"]) > float(raised["baseline"]), detail
+    first, last = losses["honest-0"]
+    assert last < first, f"the honest learner did not learn: loss {first:.4g} -> {last:.4g}"
+    start = torch.linalg.vector_norm(
+        torch.cat([p.detach().reshape(-1) for p in tiny_model(0).parameters()])
+    )
+    norm = torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in theta.values()]))
+    assert float(norm) < 3 * float(start), f"θ grew from {float(start):.3g} to {float(norm):.3g}"
