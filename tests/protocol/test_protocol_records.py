@@ -1,7 +1,7 @@
 """Records and keys: lossless round trips, strict decoding and the key layout."""
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import pytest
@@ -23,6 +23,7 @@ from gradientmail.protocol.records import (
     ParamSpec,
     Participant,
     Rejection,
+    RejectReason,
     RoundClaim,
     RoundRecord,
     RoundRecordDraft,
@@ -38,19 +39,7 @@ ints = st.integers(-(2**40), 2**40)
 floats = st.floats(allow_nan=False, allow_infinity=False)
 sha256s = st.from_regex(r"[0-9a-f]{64}", fullmatch=True)
 encodings = st.sampled_from(["fp32", "bf16", "int8", "int4"])
-reasons = st.sampled_from(
-    [
-        "corrupt",
-        "shape",
-        "non-finite",
-        "stale",
-        "outlier",
-        "tokens",
-        "loss",
-        "unsigned",
-        "bad-signature",
-    ]
-)
+reasons = st.sampled_from(get_args(RejectReason))
 refs = st.builds(BlobRef, sha256=sha256s, size=counts, encoding=encodings)
 params = st.builds(
     ParamSpec,
