@@ -134,7 +134,7 @@ async def commit(
             f"record holds version {current.version}"
         )
     spec = rt.specs[fragment]
-    state, screen = await _screen(rt, state, fragment)
+    state, screen = await _screen(rt, state, fragment, current)
     snapshots = await rt.store.snapshots(round)
     listed = rt.clock.now()
     candidates = await gather(
@@ -167,14 +167,18 @@ async def commit(
 
 
 async def _screen(
-    rt: Runtime, state: SyncerState, fragment: int
+    rt: Runtime, state: SyncerState, fragment: int, current: FragmentState
 ) -> tuple[SyncerState, Screen | None]:
-    """The screen of a round of ``fragment`` under ``NodeOptions.trusted_loss`` (None
-    without one), and ``state`` holding θ of every fragment, which its trials need."""
+    """The screen of a round of ``fragment`` (``current``: that fragment, loaded) under
+    ``NodeOptions.trusted_loss`` (None without one), and ``state`` holding θ of every
+    fragment, which its trials need."""
     loss = rt.options.trusted_loss
     if loss is None:
         return state, None
-    fragments = [await load_fragment(rt, f, held) for f, held in enumerate(state.fragments)]
+    fragments = [
+        current if f == fragment else await load_fragment(rt, f, held)
+        for f, held in enumerate(state.fragments)
+    ]
     thetas = [held.loaded.theta for held in fragments if held.loaded is not None]
     if len(thetas) != len(fragments):
         raise RecordError("a fragment's θ could not be loaded for the trusted loss")

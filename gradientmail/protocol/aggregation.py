@@ -28,6 +28,7 @@ from torch import Tensor
 
 from gradientmail.protocol import keys
 from gradientmail.protocol.bounds import allowance, judged_steps
+from gradientmail.protocol.codec import tensors_of
 from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
@@ -110,16 +111,12 @@ def _piece(delta: Delta, index: int, start: int, end: int) -> Tensor:
     return delta[index].detach().reshape(-1)[start:end].to(torch.float32)
 
 
-def dense(delta: Delta, spec: FragmentSpec) -> list[Tensor]:
-    """``delta`` as fp32 tensors of ``spec.params``' shapes, decoded a piece at a time: one
-    delta's copy, for a caller that needs it whole (``screening``)."""
-    tensors = []
-    for index, param in enumerate(spec.params):
-        flat = torch.empty(param.numel, dtype=torch.float32)
-        for start, end in chunk_ranges(param.numel):
-            flat[start:end] = _piece(delta, index, start, end)
-        tensors.append(flat.view(tuple(param.shape)))
-    return tensors
+def dense(delta: Delta) -> list[Tensor]:
+    """``delta`` as fp32 tensors (a blob decoded a piece at a time, ``codec.tensors_of``):
+    one delta whole, for a caller that needs it so (``screening``)."""
+    if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
+        return tensors_of(delta)
+    return [tensor.detach().to(torch.float32) for tensor in delta]
 
 
 def _squares(piece: Tensor) -> float:
@@ -358,11 +355,9 @@ def _drop_large(
     return kept
 
 
-def _drop_screened(
-    kept: Kept, screen: Screen, spec: FragmentSpec, rejected: list[Rejection]
-) -> Kept:
+def _drop_screened(kept: Kept, screen: Screen, rejected: list[Rejection]) -> Kept:
     """``kept`` without the deltas ``screen`` rejects, which go to ``rejected`` (``loss``)."""
-    reasons = screen(dense(delta, spec) for _, delta, _ in kept)
+    reasons = screen(dense(delta) for _, delta, _ in kept)
     for (candidate, _, _), reason in zip(kept, reasons, strict=True):
         if reason is not None:
             rejected.append(_rejection(candidate.snapshot, "loss", f"applied alone it {reason}"))
@@ -423,7 +418,7 @@ def aggregate(
     kept = _drop_large(kept, theta, config, rejected)
     final = all(candidate.snapshot.final is True for candidate, _, _ in kept)
     if screen is not None and kept and not final:
-        kept = _drop_screened(kept, screen, spec, rejected)
+        kept = _drop_screened(kept, screen, rejected)
     rejected.sort(key=lambda r: r.learner)
     if not kept:
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
