@@ -278,17 +278,24 @@ def _fp32_blobs(kept: Sequence[Sequence[Tensor]], spec: FragmentSpec) -> list[by
 
 
 async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> SyncerState:
-    """After committing ``round``: read what ``garbage.reads`` names (the retained records
-    of every fragment, the snapshots of the kept rounds, of the rounds that leave and of
-    the rounds ahead) and delete what ``garbage.collectable`` decides: the snapshots and
-    claims of the rounds that left, and the blobs only they or the records that left name.
+    """After committing ``round``: list the rounds that have keys, read what
+    ``garbage.reads`` names (the retained records of every fragment, the snapshots of the
+    kept rounds, of the rounds that leave, of the rounds ahead and of ``garbage.stale``
+    rounds) and delete what ``garbage.collectable`` decides: the snapshots and claims of
+    the rounds that left or were stale, and the blobs only they or the records that left
+    name.
 
     Round records are never deleted. A transient failure, or a record or snapshot that does
-    not decode, is logged and left for nobody: garbage is not worth failing a round over. A
+    not decode, is logged: garbage is not worth failing a round over. The keys of the
+    rounds it left, and any that land in a collected round later, go with the next
+    collection (``garbage.stale``); blobs that only the records that left named stay. A
     ``StoreAccessError`` (the operator's) propagates and fails the node.
     """
     try:
-        wanted = garbage.reads(round, rt.config)
+        listed = await rt.store.list_keys(keys.ROUNDS)
+        present = {r for key in listed if (r := keys.parse_round_key(key)) is not None}
+        stale = garbage.stale(round, rt.config, present)
+        wanted = garbage.reads(round, rt.config, stale)
         if wanted is None:
             return state
         records = {}
@@ -296,12 +303,11 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
             if (found := await rt.store.record(r)) is not None:
                 records[r] = found
         snapshots = {r: await rt.store.snapshots(r) for r in sorted(wanted.snapshots)}
-        doomed = garbage.collectable(round, rt.config, rt.manifest.theta0, records, snapshots)
+        doomed = garbage.collectable(
+            round, rt.config, rt.manifest.theta0, records, snapshots, stale
+        )
         state = replace(state, recent=garbage.still_retained(round, rt.config, records))
-        names: list[str] = []
-        for r in sorted(doomed.rounds):
-            names.extend(await rt.store.list_keys(keys.round_prefix(r)))
-        await rt.store.delete(doomed.deletions(names))
+        await rt.store.delete(doomed.deletions(listed))
     except (MailboxUnavailable, RecordError) as exc:
         _log.warning("%s: garbage collection after round %d failed: %s", rt.learner, round, exc)
     return state

@@ -7,7 +7,8 @@ its round's fragment in a round that left it, names it, and nothing that stays n
 of the rounds ahead (learners may be publishing there). A snapshot that fails the run key or
 names another fragment never dooms a blob, and nothing is deleted while a retained record
 cannot be read. Equal payloads share one blob, so a blob is judged by every name, not by who
-wrote it.
+wrote it. Rounds whose keys outlive their collection (``stale``: a snapshot that landed
+after it, a collection that failed) go with the next.
 
 Pure: the node reads what ``reads`` names and hands it to ``collectable``.
 """
@@ -20,7 +21,7 @@ from gradientmail.protocol.checkpoint import retained
 from gradientmail.protocol.records import BlobRef, RoundRecord, RunConfig, Snapshot
 from gradientmail.protocol.signing import Problem
 
-__all__ = ["Garbage", "Reads", "collectable", "reads", "still_retained"]
+__all__ = ["Garbage", "Reads", "collectable", "reads", "stale", "still_retained"]
 
 Snapshots = Mapping[int, Sequence[tuple[Snapshot, Problem | None]]]
 """Every snapshot listed in a round, with its problem under the run key (None: verified)."""
@@ -44,15 +45,27 @@ class Garbage:
     blobs: frozenset[str]
 
     def deletions(self, listed: Iterable[str]) -> list[str]:
-        """The keys to delete: ``listed`` (the keys under the ``rounds``' prefixes,
-        ``keys.round_prefix``) and the ``blobs``', in order."""
-        return [*listed, *(keys.blob(sha) for sha in sorted(self.blobs))]
+        """The keys to delete: those of ``listed`` (a listing of ``keys.ROUNDS``) in the
+        ``rounds``, then the ``blobs``'."""
+        rounds = [key for key in listed if keys.parse_round_key(key) in self.rounds]
+        return [*rounds, *(keys.blob(sha) for sha in sorted(self.blobs))]
 
 
-def reads(round: int, config: RunConfig) -> Reads | None:
-    """What to read after committing ``round``; None when nothing leaves the retained set."""
+def stale(round: int, config: RunConfig, present: Iterable[int]) -> frozenset[int]:
+    """The rounds before ``round`` (just committed) that still have keys in the store
+    (``present``: the rounds of a listing of ``keys.ROUNDS``) though no retained set holds
+    them: a snapshot published after its round was collected (a learner judged gone that
+    was only slow), or a collection that failed."""
+    kept = retained(round, config).snapshots
+    return frozenset(r for r in present if r < round and r not in kept)
+
+
+def reads(round: int, config: RunConfig, stale: frozenset[int] = frozenset()) -> Reads | None:
+    """What to read after committing ``round`` (``stale``: rounds left over from earlier
+    collections); None when nothing leaves the retained set."""
     before, now = retained(round - 1, config), retained(round, config)
-    gone_records, gone_rounds = before.records - now.records, before.snapshots - now.snapshots
+    gone_records = before.records - now.records
+    gone_rounds = (before.snapshots - now.snapshots) | stale
     if not gone_records and not gone_rounds:
         return None
     ahead = frozenset(range(round + 1, round + config.fragments))
@@ -65,12 +78,15 @@ def collectable(
     theta0: Sequence[BlobRef],
     records: Mapping[int, RoundRecord],
     snapshots: Snapshots,
+    stale: frozenset[int] = frozenset(),
 ) -> Garbage:
     """What goes after committing ``round``, from the ``records`` (verified, by round) and
-    ``snapshots`` that ``reads`` named; nothing when a retained record is missing from
+    ``snapshots`` that ``reads`` named (with the same ``stale`` rounds, which go as the
+    rounds leaving the retained set do); nothing when a retained record is missing from
     ``records`` (it could not be read: what it names is unknown)."""
     before, now = retained(round - 1, config), retained(round, config)
-    gone_records, gone_rounds = before.records - now.records, before.snapshots - now.snapshots
+    gone_records = before.records - now.records
+    gone_rounds = (before.snapshots - now.snapshots) | (stale - now.snapshots)
     if not now.records <= records.keys():
         return Garbage(frozenset(), frozenset())
     keep = _names(theta0) | {name for r in now.records for name in _named(records[r])}

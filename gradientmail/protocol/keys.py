@@ -195,6 +195,15 @@ def parse_snapshot(key: str) -> tuple[int, str] | None:
     return None if parsed is None else parsed[:2]
 
 
+def parse_round_key(key: str) -> int | None:
+    """The round of any key under ``ROUNDS`` (a snapshot, a claim, or anything written
+    there), or None for a key outside the layout."""
+    parts = key.split("/")
+    if len(parts) < 3 or parts[0] != ROUNDS.rstrip("/"):
+        return None
+    return _number(parts[1], 10)
+
+
 def claims_prefix(round: int) -> str:
     return f"{round_prefix(round)}{CLAIMS}"
 

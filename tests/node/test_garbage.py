@@ -4,7 +4,15 @@ round records stay; a node joining afterwards still finds everything it needs.""
 import anyio
 import msgspec
 import pytest
-from node_helpers import CONFIG, FAST, assert_holds_committed, records, tiny_model, train
+from node_helpers import (
+    CONFIG,
+    FAST,
+    assert_holds_committed,
+    records,
+    tiny_model,
+    train,
+    wait_until,
+)
 
 from gradientmail._node import node as open_node
 from gradientmail.mailbox import MemoryMailbox
@@ -63,3 +71,35 @@ async def test_old_objects_are_collected_and_records_kept() -> None:
     late = tiny_model(5)
     async with open_node(late, box, learner="late", options=FAST) as node:
         await assert_holds_committed(box, late, node.state.versions)
+
+
+async def test_a_snapshot_landing_in_a_collected_round_goes_with_a_later_collection() -> None:
+    """A slow learner's snapshot (here junk at its key) lands in a round after that round's
+    keys were collected: a later collection takes it (``garbage.stale``) instead of leaving
+    it for good."""
+    box = MemoryMailbox()
+    late = keys.snapshot(1, "slow")
+    planted = anyio.Event()
+
+    async def member(name: str, seed: int) -> None:
+        model = tiny_model(seed)
+        async with open_node(model, box, learner=name, config=SMALL, options=FAST) as node:
+            await train(node, model, seed=seed, until_round=24)
+
+    async def collected() -> bool:
+        newest = await records(box)
+        if not newest or 1 in retained(newest[-1].round, SMALL).snapshots:
+            return False
+        return not await box.list(keys.round_prefix(1))
+
+    async def plant() -> None:
+        await wait_until(collected, limit=60)
+        assert await box.put_if_absent(late, b"late")
+        planted.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(plant)
+        tg.start_soon(member, "a", 0)
+        tg.start_soon(member, "b", 1)
+    assert planted.is_set()
+    assert late not in await box.list(keys.round_prefix(1))

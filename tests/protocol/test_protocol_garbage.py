@@ -105,13 +105,15 @@ def _names(refs: list[BlobRef | None]) -> set[str]:
 
 
 def _collect(run: Run, round: int) -> None:
-    """What the syncer does after committing ``round``."""
-    wanted = garbage.reads(round, run.config)
+    """What the syncer does after committing ``round``: the rounds with snapshots are the
+    rounds a listing finds."""
+    stale = garbage.stale(round, run.config, run.snapshots)
+    wanted = garbage.reads(round, run.config, stale)
     if wanted is None:
         return
     records = {r: run.records[r] for r in wanted.records if r <= round}
     snapshots = {r: list(run.snapshots.get(r, [])) for r in wanted.snapshots}
-    doomed = garbage.collectable(round, run.config, run.theta0, records, snapshots)
+    doomed = garbage.collectable(round, run.config, run.theta0, records, snapshots, stale)
     for r in doomed.rounds:
         run.snapshots.pop(r, None)
     run.deleted |= doomed.blobs
@@ -154,6 +156,47 @@ def test_every_retained_version_replays_after_every_collection(drawn: tuple[Run,
         lost = _needed(run, round) & run.deleted
         assert not lost, (round, lost)
         assert not untrusted_only & run.deleted
+        assert not garbage.stale(round, run.config, run.snapshots)
+
+
+def test_a_snapshot_that_lands_in_a_collected_round_goes_with_the_next_collection() -> None:
+    """One fragment, every version a checkpoint: round 0 leaves the retained set when round
+    1 commits, and a slow learner's snapshots land in it after that collection. Round 2's
+    collection finds round 0 among the rounds listed (``stale``) and takes its keys and the
+    blob only it names, not one a retained record names, nor keys of other rounds."""
+    config = RunConfig(fragments=1, sync_every=4, checkpoint_every=1)
+    records = {
+        r: RoundRecord.committed(
+            RoundRecordDraft(
+                round=r,
+                fragment=0,
+                version=r + 1,
+                committed_by="s",
+                participants=(),
+                quorum_seconds=0.0,
+                grace_seconds=0.0,
+                cosine=None,
+            ),
+            update=_ref(6 + r),
+            theta=_ref(9 + r),
+            outer=_ref(9 + r),
+        )
+        for r in range(3)
+    }
+    assert garbage.stale(1, config, {0, 1, 2}) == frozenset({0})
+    assert garbage.stale(2, config, {2, 3}) == frozenset()
+    stale = garbage.stale(2, config, {0, 2})
+    wanted = garbage.reads(2, config, stale)
+    assert wanted is not None
+    assert 0 in wanted.snapshots
+    late = [(_snapshot("slow", 0, 0, 5), None), (_snapshot("slower", 0, 0, 11), None)]
+    doomed = garbage.collectable(2, config, [_ref(0)], records, {0: late}, stale)
+    assert 0 in doomed.rounds
+    assert POOL[5] in doomed.blobs
+    assert POOL[11] not in doomed.blobs  # round 2's θ
+    listed = [keys.snapshot(0, "slow"), keys.snapshot(2, "a"), "rounds/junk"]
+    assert doomed.deletions(listed)[0] == keys.snapshot(0, "slow")
+    assert keys.snapshot(2, "a") not in doomed.deletions(listed)
 
 
 def test_nothing_goes_while_a_retained_record_cannot_be_read() -> None:
@@ -181,7 +224,8 @@ def test_the_records_a_syncer_holds_round_after_round_are_the_retained_ones(
         assert all(held[r] is run.records[r] for r in held)
 
 
-def test_the_deletions_are_the_listed_keys_then_the_blobs_in_order() -> None:
+def test_the_deletions_are_the_listed_keys_of_the_rounds_then_the_blobs_in_order() -> None:
     doomed = garbage.Garbage(frozenset({3}), frozenset({POOL[2], POOL[1]}))
-    listed = [keys.round_prefix(3) + "claim/0000"]
-    assert doomed.deletions(listed) == [*listed, keys.blob(POOL[1]), keys.blob(POOL[2])]
+    ours = [keys.round_claim(3, 0), keys.snapshot(3, "a")]
+    listed = [*ours, keys.snapshot(4, "a"), "rounds/x", keys.round_prefix(2) + "planted"]
+    assert doomed.deletions(listed) == [*ours, keys.blob(POOL[1]), keys.blob(POOL[2])]
