@@ -53,6 +53,33 @@ class Run:
     deleted: set[str] = field(default_factory=set)
 
 
+def _record(
+    round: int,
+    fragment: int,
+    version: int,
+    learners: list[str],
+    update: BlobRef,
+    checkpoint: tuple[BlobRef, BlobRef] | None,
+) -> RoundRecord:
+    """The record of ``round``, ``fragment``'s ``version``, with θ and the outer state at a
+    ``checkpoint``."""
+    draft = RoundRecordDraft(
+        round=round,
+        fragment=fragment,
+        version=version,
+        committed_by="a",
+        participants=tuple(
+            Participant(learner=name, weight=1.0, steps=1, tokens=1, base_version=0)
+            for name in learners
+        ),
+        quorum_seconds=0.0,
+        grace_seconds=0.0,
+        cosine=None,
+    )
+    theta, outer = checkpoint or (None, None)
+    return RoundRecord.committed(draft, update=update, theta=theta, outer=outer)
+
+
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[Run, int]:
     fragments = draw(st.integers(1, 3))
@@ -78,24 +105,13 @@ def runs(draw: st.DrawFn) -> tuple[Run, int]:
             listed.append((planted, problem))
         run.snapshots[round] = listed
         checkpoint = is_checkpoint(version, config)
-        draft = RoundRecordDraft(
-            round=round,
-            fragment=fragment,
-            version=version,
-            committed_by="a",
-            participants=tuple(
-                Participant(learner=s.learner, weight=1.0, steps=1, tokens=1, base_version=0)
-                for s in honest
-            ),
-            quorum_seconds=0.0,
-            grace_seconds=0.0,
-            cosine=None,
-        )
-        run.records[round] = RoundRecord.committed(
-            draft,
-            update=_ref(draw(blob)),
-            theta=_ref(draw(blob)) if checkpoint else None,
-            outer=_ref(draw(blob)) if checkpoint else None,
+        run.records[round] = _record(
+            round,
+            fragment,
+            version,
+            [s.learner for s in honest],
+            _ref(draw(blob)),
+            (_ref(draw(blob)), _ref(draw(blob))) if checkpoint else None,
         )
     return run, count
 
@@ -165,24 +181,8 @@ def test_a_snapshot_that_lands_in_a_collected_round_goes_with_the_next_collectio
     collection finds round 0 among the rounds listed (``stale``) and takes its keys and the
     blob only it names, not one a retained record names, nor keys of other rounds."""
     config = RunConfig(fragments=1, sync_every=4, checkpoint_every=1)
-    records = {
-        r: RoundRecord.committed(
-            RoundRecordDraft(
-                round=r,
-                fragment=0,
-                version=r + 1,
-                committed_by="s",
-                participants=(),
-                quorum_seconds=0.0,
-                grace_seconds=0.0,
-                cosine=None,
-            ),
-            update=_ref(6 + r),
-            theta=_ref(9 + r),
-            outer=_ref(9 + r),
-        )
-        for r in range(3)
-    }
+    checkpoints = {r: (_ref(9 + r), _ref(9 + r)) for r in range(3)}
+    records = {r: _record(r, 0, r + 1, [], _ref(6 + r), checkpoints[r]) for r in range(3)}
     assert garbage.stale(1, config, {0, 1, 2}) == frozenset({0})
     assert garbage.stale(2, config, {2, 3}) == frozenset()
     stale = garbage.stale(2, config, {0, 2})
