@@ -280,7 +280,7 @@ def _fp32_blobs(kept: Sequence[Sequence[Tensor]], spec: FragmentSpec) -> list[by
 async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> SyncerState:
     """After committing ``round``: list the rounds that have keys, read what
     ``garbage.reads`` names (the retained records of every fragment, the snapshots of the
-    kept rounds, of the rounds that leave, of the rounds ahead and of ``garbage.stale``
+    kept rounds, of the rounds that leave, of every round ahead and of ``garbage.stale``
     rounds) and delete what ``garbage.collectable`` decides: the snapshots and claims of
     the rounds that left or were stale, and the blobs only they or the records that left
     name.
@@ -295,7 +295,8 @@ async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> Syncer
         listed = await rt.store.list_keys(keys.ROUNDS)
         present = {r for key in listed if (r := keys.parse_round_key(key)) is not None}
         stale = garbage.stale(round, rt.config, present)
-        wanted = garbage.reads(round, rt.config, stale)
+        ahead = frozenset(r for r in present if r > round)
+        wanted = garbage.reads(round, rt.config, stale, ahead)
         if wanted is None:
             return state
         records = {}

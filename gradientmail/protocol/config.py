@@ -112,7 +112,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         checkpoint (θ and momentum), its last ``C = checkpoint_every`` updates and the ``K``
         learners' deltas of its last ``C − 1`` rounds; and while a round closes, its new
         checkpoint and update and the deltas of it and of the rounds ahead that collection
-        spares (``F − 1``; learners running ahead, or leaving, publish there). For a model
+        spares (``F − 1``; learners running ahead, or leaving, publish there; each further
+        round they run on to when their waits for a slow closer end adds ``K·d·S / F``,
+        and collection spares it too). For a model
         of ``S`` fp32 bytes in ``F`` equal fragments, updates ``u·S`` and deltas ``d·S``
         bytes in all (1 for fp32, about ¼ for int8): ``(3 + C·u + C·K·d + (2 + u) / F)·S``,
         plus about 1 kB of record per round. The defaults give 13.75·S for fp32 at

@@ -4,7 +4,8 @@
 only when a committed, verified record that left the retained set, or a verified snapshot of
 its round's fragment in a round that left it, names it, and nothing that stays names it:
 Θ⁰ (the manifest), a retained record (of any fragment), or any snapshot of a kept round or
-of the rounds ahead (learners may be publishing there). A snapshot that fails the run key or
+of a round ahead (learners may be publishing there: up to ``F − 1`` rounds while the closer
+keeps up, more when their waits for a slow one end). A snapshot that fails the run key or
 names another fragment never dooms a blob, and nothing is deleted while a retained record
 cannot be read. Equal payloads share one blob, so a blob is judged by every name, not by who
 wrote it. Rounds whose keys outlive their collection (``stale``: a snapshot that landed
@@ -60,15 +61,21 @@ def stale(round: int, config: RunConfig, present: Iterable[int]) -> frozenset[in
     return frozenset(r for r in present if r < round and r not in kept)
 
 
-def reads(round: int, config: RunConfig, stale: frozenset[int] = frozenset()) -> Reads | None:
+def reads(
+    round: int,
+    config: RunConfig,
+    stale: frozenset[int] = frozenset(),
+    ahead: frozenset[int] = frozenset(),
+) -> Reads | None:
     """What to read after committing ``round`` (``stale``: rounds left over from earlier
-    collections); None when nothing leaves the retained set."""
+    collections; ``ahead``: the rounds after it a listing found, read with the next
+    ``F − 1`` whether listed or not); None when nothing leaves the retained set."""
     before, now = retained(round - 1, config), retained(round, config)
     gone_records = before.records - now.records
     gone_rounds = (before.snapshots - now.snapshots) | stale
     if not gone_records and not gone_rounds:
         return None
-    ahead = frozenset(range(round + 1, round + config.fragments))
+    ahead = ahead | frozenset(range(round + 1, round + config.fragments))
     return Reads(now.records | gone_records, now.snapshots | gone_rounds | ahead)
 
 

@@ -124,7 +124,8 @@ def _collect(run: Run, round: int) -> None:
     """What the syncer does after committing ``round``: the rounds with snapshots are the
     rounds a listing finds."""
     stale = garbage.stale(round, run.config, run.snapshots)
-    wanted = garbage.reads(round, run.config, stale)
+    ahead = frozenset(r for r in run.snapshots if r > round)
+    wanted = garbage.reads(round, run.config, stale, ahead)
     if wanted is None:
         return
     records = {r: run.records[r] for r in wanted.records if r <= round}
@@ -137,13 +138,14 @@ def _collect(run: Run, round: int) -> None:
 
 def _needed(run: Run, round: int) -> set[str]:
     """What replaying every retained version reads after ``round``, and what the learners
-    of the rounds ahead have published."""
+    have published to any round ahead (beyond the next ``F − 1`` when a slow closer's
+    learners ran on)."""
     kept = retained(round, run.config)
     needed = _names(list(run.theta0))
     for r in kept.records:
         record = run.records[r]
         needed |= _names([record.update, record.theta, record.outer])
-    for r in [*kept.snapshots, *range(round + 1, round + run.config.fragments)]:
+    for r in [*kept.snapshots, *(r for r in run.honest if r > round)]:
         needed |= _names([s.delta for s in run.honest[r]])  # type: ignore[misc]
     return needed
 
