@@ -120,7 +120,8 @@ class Peak:
         """The rounds past the ``F − 1`` after the newest record that learners had
         published to at the peak: their waits for a slow closer ended (``rounds.due_for``)
         and they ran on, which the bound leaves out."""
-        newest = max(r for key in self._keys() if (r := keys.parse_record(key)) is not None)
+        held = [r for key in self._keys() if (r := keys.parse_record(key)) is not None]
+        newest = max(held, default=-1)
         ahead = max(self.snapshots(), default=newest) - newest
         return max(ahead - (config.fragments - 1), 0)
 
