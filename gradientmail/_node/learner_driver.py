@@ -257,7 +257,7 @@ class LearnerDriver:
                 raise AssertionError("a Download is asked for (Learner.downloads), not answered")
 
     def _apply(self, a: Apply) -> None:
-        self._publisher.resolved(a.fragment, a.round, a.outcome)
+        kept = self._publisher.resolved(a.fragment, a.round, a.outcome)
         merge_into(
             self._params[a.fragment],
             a.outcome,
@@ -266,6 +266,7 @@ class LearnerDriver:
             base=a.base,
             rule=a.rule,
             alpha=a.alpha,
+            kept=kept,
             non_blocking=self._pin,
         )
         rt = self._rt

@@ -1,10 +1,10 @@
-"""A learner's publisher task (``_node.learner_driver``): it takes the ``Publish`` actions of the
-pure learner off its stream, in order, encodes ``S − B`` in a worker thread, uploads the
+"""A learner's publisher task (``_node.learner_driver``): it takes the ``Publish`` actions of
+the pure learner off its stream, in order, encodes ``S − B`` in a worker thread, uploads the
 blob and then the snapshot, and reports how each publish ended (``PublishEnded``, fed back
-to the learner). Under the ``topk`` delta encoding it encodes ``S − B`` plus the fragment's
-error feedback (``protocol.feedback``), whose value it holds: the driver resolves it with
-each ``Apply`` (``resolved``). On a rank of a sharded group each rank uploads its rows of a
-snapshot as a part (``codec.part_spec``); a follower reports it (the group's next tick
+to the learner). Under the ``topk`` delta encoding it holds each snapshot's unsent residual
+(``protocol.feedback``) until the driver's ``Apply`` resolves it (``resolved``), which hands
+an included snapshot's to the merge. On a rank of a sharded group each rank uploads its rows
+of a snapshot as a part (``codec.part_spec``); a follower reports it (the group's next tick
 carries it) and the leader, once every rank's part is in, writes the snapshot with every
 part. Used on the event-loop thread: ``queue``, ``resolved`` and ``close`` by the driver,
 ``run`` as a task of the node's task group."""
@@ -79,10 +79,11 @@ class Publisher:
         """No more snapshots: ``run`` ends once it has drained its jobs."""
         self._jobs.close()
 
-    def resolved(self, fragment: int, round: int, outcome: Outcome) -> None:
-        """The round ``round`` of ``fragment`` was applied as ``outcome`` (the error
-        feedback's residual of a snapshot for it is settled)."""
-        self._feedback = self._feedback.resolved(fragment, round, outcome)
+    def resolved(self, fragment: int, round: int, outcome: Outcome) -> tuple[Tensor, ...] | None:
+        """The round ``round`` of ``fragment`` is being applied as ``outcome``: the error
+        feedback's residual the merge adds back to the weights (``Feedback.resolved``)."""
+        self._feedback, kept = self._feedback.resolved(fragment, round, outcome)
+        return kept
 
     async def run(self) -> None:
         """Publish each snapshot in turn: ``SnapshotPublished``, or ``PublishFailed`` when the
@@ -181,21 +182,20 @@ class Publisher:
         p, config = job.publish, self._rt.config
         if config.delta_encoding != TOPK:
             return await anyio.to_thread.run_sync(encode_delta, job, spec, config)
-        residual = self._feedback.residual(p.fragment)
         data, norm, left = await anyio.to_thread.run_sync(
-            _encode_topk, job, spec, residual, delta_sparsity(config)
+            _encode_topk, job, spec, delta_sparsity(config)
         )
         self._feedback = self._feedback.taken(p.fragment, p.round, left)
         return data, norm
 
 
 def _encode_topk(
-    job: Job, spec: FragmentSpec, residual: tuple[Tensor, ...] | None, sparsity: Sparsity
+    job: Job, spec: FragmentSpec, sparsity: Sparsity
 ) -> tuple[bytes, float | None, tuple[Tensor, ...]]:
     if job.ready is not None:
         job.ready.synchronize()
     p = job.publish
-    data, opened, left = encoded(p.snapshot, p.base, residual, spec, sparsity)
+    data, opened, left = encoded(p.snapshot, p.base, spec, sparsity)
     return data, l2_norm(opened), left
 
 

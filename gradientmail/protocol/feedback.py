@@ -1,28 +1,30 @@
-"""Error feedback for ``topk`` deltas: what a learner's delta did not send stays with the
-learner and is added to its next delta of the same fragment.
+"""Error feedback for ``topk`` deltas: what a learner's delta did not send stays in the
+learner's weights and goes out with its next delta of the same fragment.
 
-For a snapshot ``S`` of a fragment taken from the base ``B``, with the fragment's residual
-``e`` (zeros at first), the learner encodes ``x = (S − B) + e`` (fp32, element by element) as
-``topk`` (``encoded``) and keeps ``e' = x − decode(blob)``: exactly what was not sent, bit
-for bit (``x̂ + e' = x``; ``protocol.sparse`` sends an element only where that holds).
+For a snapshot ``S`` of a fragment taken from the base ``B`` the learner encodes
+``x = S − B`` (fp32, element by element) as ``topk`` (``encoded``) and keeps
+``e = x − decode(blob)``: exactly what was not sent, bit for bit (``x̂ + e = x``;
+``protocol.sparse`` sends an element only where that holds).
 
-``e'`` becomes the fragment's residual only when the round *includes* the snapshot
-(``Feedback.resolved``): a late snapshot's steps stay in the learner's weights (the merge
-keeps ``θ_local − B``) and go out with its next delta, and a rejected one's are dropped, so in
-both cases the residual stays ``e``, and nothing is counted twice or lost by the merge.
+When the round *includes* the snapshot, the merge adds ``e`` back to the learner's weights
+(``merge.merge_into``'s ``kept``): ``θ_local ← θ_{v+1} + (θ_local − S) + e``, so the next
+delta, taken from ``θ_{v+1}``, holds ``e`` with the steps since. A late snapshot's steps
+stay in the weights whole (the merge keeps ``θ_local − B``), and ``e`` is forgotten; a
+rejected one's are dropped with whatever the weights held unsent. Nothing is counted twice:
+a learner's weights always equal the committed θ plus what it has not yet sent.
 
-The residuals live with the learner only, in its driver (``_node.learner_driver``): they are not
-in the store, and a learner that restarts or joins starts from zeros. What it loses is what
-its deltas had not yet sent (each element below its chunk's selection), the same kind of loss
-as the local steps a restart drops.
+Held this way, the residual costs no memory beyond the pending ``e`` of each snapshot
+waiting for its round, and it lives nowhere but the learner's weights: a learner that
+restarts or joins starts from the committed θ, losing what its deltas had not yet sent (the
+same kind of loss as the local steps a restart drops).
 
 Pure: ``Feedback`` is an immutable value whose tensors are never modified once in it;
 ``encoded`` runs on whatever thread calls it (a worker thread in the node) and returns fresh
-tensors. Memory: the residual (one fp32 copy of the fragment) and the blob.
+tensors. Memory: ``e`` (one fp32 copy of the fragment) and the blob.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -37,23 +39,19 @@ __all__ = ["Feedback", "encoded"]
 
 
 def encoded(
-    snapshot: Sequence[Tensor],
-    base: Sequence[Tensor],
-    residual: Sequence[Tensor] | None,
-    spec: FragmentSpec,
-    sparsity: Sparsity,
+    snapshot: Sequence[Tensor], base: Sequence[Tensor], spec: FragmentSpec, sparsity: Sparsity
 ) -> tuple[bytes, SparseBlob, tuple[Tensor, ...]]:
-    """``(blob, opened, e')``: the ``topk`` blob of ``x = (snapshot − base) + residual``
-    (``residual`` None: zeros), the blob opened, and ``e' = x − decode(blob)``, fresh fp32
-    CPU tensors. Raises ``ValueError`` for tensors that do not match ``spec``."""
-    x = []
-    for i, (s, b) in enumerate(zip(snapshot, base, strict=True)):
-        flat = s.detach().to("cpu", torch.float32).reshape(-1) - b.detach().to(
-            "cpu", torch.float32
-        ).reshape(-1)
-        if residual is not None:
-            flat.add_(residual[i].reshape(-1))
-        x.append(flat.view(s.shape))
+    """``(blob, opened, e)``: the ``topk`` blob of ``x = snapshot − base``, the blob opened,
+    and ``e = x − decode(blob)``, fresh fp32 CPU tensors. Raises ``ValueError`` for tensors
+    that do not match ``spec``."""
+    x = [
+        s.detach()
+        .to("cpu", torch.float32)
+        .reshape(-1)
+        .sub(b.detach().to("cpu", torch.float32).reshape(-1))
+        .view(s.shape)
+        for s, b in zip(snapshot, base, strict=True)
+    ]
     blob = encode_fragment(x, spec, TOPK, block_size=sparsity.chunk, sparsity=sparsity)
     opened = open_fragment(blob, spec)
     assert isinstance(opened, SparseBlob)
@@ -66,30 +64,24 @@ def encoded(
 
 @dataclass(frozen=True, slots=True)
 class Feedback:
-    """The residual of each fragment (``residuals``; absent: zeros) and the residual of the
-    snapshot of each fragment still waiting for its round (``pending``: fragment ->
-    ``(round, e')``)."""
+    """The unsent residual of each fragment's snapshot still waiting for its round
+    (``pending``: fragment -> ``(round, e)``)."""
 
-    residuals: Mapping[int, tuple[Tensor, ...]] = field(default_factory=dict)
     pending: Mapping[int, tuple[int, tuple[Tensor, ...]]] = field(default_factory=dict)
-
-    def residual(self, fragment: int) -> tuple[Tensor, ...] | None:
-        """The residual the next delta of ``fragment`` adds (None: zeros)."""
-        return self.residuals.get(fragment)
 
     def taken(self, fragment: int, round: int, residual: tuple[Tensor, ...]) -> "Feedback":
         """The snapshot of ``fragment`` for ``round`` was encoded, leaving ``residual``."""
-        return replace(self, pending={**self.pending, fragment: (round, residual)})
+        return Feedback({**self.pending, fragment: (round, residual)})
 
-    def resolved(self, fragment: int, round: int, outcome: Outcome) -> "Feedback":
+    def resolved(
+        self, fragment: int, round: int, outcome: Outcome
+    ) -> tuple["Feedback", tuple[Tensor, ...] | None]:
         """``round`` of ``fragment`` was committed with the learner's snapshot ``outcome``:
-        an included snapshot's residual becomes the fragment's; a pending snapshot of that
-        round or an earlier one is otherwise forgotten (the residual stays)."""
+        the feedback without the pending residual of that round or an earlier one, and the
+        residual the merge adds back to the weights (an included snapshot of that very round;
+        otherwise None)."""
         found = self.pending.get(fragment)
         if found is None or found[0] > round:
-            return self
-        pending = {f: p for f, p in self.pending.items() if f != fragment}
-        residuals = dict(self.residuals)
-        if outcome == "included" and found[0] == round:
-            residuals[fragment] = found[1]
-        return Feedback(residuals, pending)
+            return self, None
+        left = Feedback({f: p for f, p in self.pending.items() if f != fragment})
+        return left, found[1] if outcome == "included" and found[0] == round else None

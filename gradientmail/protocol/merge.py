@@ -3,9 +3,10 @@ accounting of every local step until a round carries it or it is dropped.
 
 ``merged`` applies version ``v+1`` of a fragment to the learner's ``local`` one by the
 round's outcome for its snapshot: ``included`` keeps the progress since the snapshot,
-``late`` all since its base, ``rejected`` none (``keep-progress``); ``alpha`` mixes
-``α·local + (1 − α)·θ`` whatever the outcome. The table: docs/protocol.md, "The learner's
-merge".
+``late`` all since its base, ``rejected`` none (``keep-progress``), an included ``topk``
+snapshot adding back what its delta did not send (``kept``, ``protocol.feedback``);
+``alpha`` mixes ``α·local + (1 − α)·θ`` whatever the outcome. The table: docs/protocol.md,
+"The learner's merge".
 
 The accounting (``Ledger``, one ``FragmentLedger`` per fragment) is an immutable value with
 pure transitions: it folds local steps, publishes (and failed ones) and every committed
@@ -52,19 +53,25 @@ def merge_into(
     base: Sequence[Tensor] | None,
     rule: MergeRule,
     alpha: float,
+    kept: Sequence[Tensor] | None = None,
     non_blocking: bool = False,
 ) -> None:
     """Replace the live fragment ``params`` by the learner's new fragment after a round (see
     the module docstring), in place: the one implementation of the merge, which the node
     runs on its parameters and ``merged`` on copies.
 
-    ``theta``, ``snapshot`` and ``base`` may live on another device (the CPU); they are
-    copied to each parameter's (``non_blocking`` from pinned memory). ``snapshot`` is needed
-    for ``included`` and ``base`` for ``late`` under ``keep-progress``. Raises
-    ``ValueError``, before changing anything, if the one needed is None, for mismatched
-    tensors, an unknown outcome or rule, or ``alpha`` outside [0, 1].
+    ``theta``, ``snapshot``, ``base`` and ``kept`` may live on another device (the CPU);
+    they are copied to each parameter's (``non_blocking`` from pinned memory). ``snapshot``
+    is needed for ``included`` and ``base`` for ``late`` under ``keep-progress``; ``kept``
+    (an included snapshot's unsent residual) is added after an ``included`` merge under
+    ``keep-progress`` and ignored otherwise. Raises ``ValueError``, before changing anything,
+    if the one needed is None, for mismatched tensors, an unknown outcome or rule, or
+    ``alpha`` outside [0, 1].
     """
     reference = _reference(params, outcome, theta, snapshot, base, rule, alpha)
+    added = kept if rule == "keep-progress" and outcome == "included" else None
+    if added is not None:
+        _same(theta, added, "kept")
     with torch.no_grad():
         for i, param in enumerate(params):
             new = theta[i].to(param.device, non_blocking=non_blocking)
@@ -74,6 +81,8 @@ def merge_into(
                 param.copy_(new)
             else:
                 param.sub_(reference[i].to(param.device, non_blocking=non_blocking)).add_(new)
+            if added is not None:
+                param.add_(added[i].to(param.device, non_blocking=non_blocking))
 
 
 def _reference(
@@ -105,12 +114,19 @@ def _reference(
         reference, name = base, "base"
     else:
         raise ValueError(f"unknown outcome {outcome!r}")
-    if reference is None or len(reference) != len(theta):
+    if reference is None:
         raise ValueError(f"a {outcome} merge needs the {name}, one tensor per parameter")
-    for i, (a, b) in enumerate(zip(reference, theta, strict=True)):
+    _same(theta, reference, name)
+    return reference
+
+
+def _same(theta: Sequence[Tensor], tensors: Sequence[Tensor], name: str) -> None:
+    """Raise ``ValueError`` unless ``tensors`` are one per parameter of ``theta``'s shapes."""
+    if len(tensors) != len(theta):
+        raise ValueError(f"the {name} has {len(tensors)} tensors, theta {len(theta)}")
+    for i, (a, b) in enumerate(zip(tensors, theta, strict=True)):
         if a.shape != b.shape:
             raise ValueError(f"tensor {i}: {name} shape {list(a.shape)}, theta {list(b.shape)}")
-    return reference
 
 
 def merged(
@@ -122,11 +138,21 @@ def merged(
     base: Sequence[Tensor] | None,
     rule: MergeRule,
     alpha: float,
+    kept: Sequence[Tensor] | None = None,
 ) -> list[Tensor]:
     """The learner's new fragment after a round (see the module docstring); new tensors,
     computed by ``merge_into`` on copies of ``local``. Raises as ``merge_into`` does."""
     result = [x.detach().clone() for x in local]
-    merge_into(result, outcome, theta=theta, snapshot=snapshot, base=base, rule=rule, alpha=alpha)
+    merge_into(
+        result,
+        outcome,
+        theta=theta,
+        snapshot=snapshot,
+        base=base,
+        rule=rule,
+        alpha=alpha,
+        kept=kept,
+    )
     return result
 
 

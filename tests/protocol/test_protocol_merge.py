@@ -160,13 +160,39 @@ def test_in_place_merge_is_merged_bit_for_bit(outcome: str, rule: str) -> None:
     def tensors() -> list[torch.Tensor]:
         return [torch.randn(shape, generator=generator) * 1e3 for shape in [(7, 5), (5,)]]
 
-    local, theta, snapshot, base = tensors(), tensors(), tensors(), tensors()
-    kwargs = {"theta": theta, "snapshot": snapshot, "base": base, "alpha": 0.3}
+    local, theta, snapshot, base, kept = tensors(), tensors(), tensors(), tensors(), tensors()
+    kwargs = {"theta": theta, "snapshot": snapshot, "base": base, "alpha": 0.3, "kept": kept}
     expected = merged(outcome, local=local, rule=rule, **kwargs)  # type: ignore[arg-type]
     params = [t.clone() for t in local]
     merge_into(params, outcome, rule=rule, **kwargs)  # type: ignore[arg-type]
     for got, want in zip(params, expected, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "rule"),
+    [("included", "keep-progress"), ("late", "keep-progress"), ("rejected", "keep-progress")]
+    + [(outcome, "alpha") for outcome in ("included", "late", "rejected")],
+)
+def test_only_an_included_keep_progress_merge_adds_what_was_kept(outcome: str, rule: str) -> None:
+    """``kept`` (a ``topk`` snapshot's unsent residual) goes back into the weights after an
+    included merge, and nowhere else: a late merge keeps it already (``θ_local − B``), a
+    rejected one drops it with the steps, and ``alpha`` has no reference to add it to."""
+    kept = [torch.tensor([0.5, -0.25]), torch.tensor([[0.125]])]
+    out = merged(
+        outcome,  # type: ignore[arg-type]
+        local=LOCAL,
+        theta=THETA,
+        snapshot=SNAPSHOT,
+        base=BASE,
+        rule=rule,  # type: ignore[arg-type]
+        alpha=0.5,
+        kept=kept,
+    )
+    plain = merge(outcome, rule)
+    added = outcome == "included" and rule == "keep-progress"
+    for got, want, k in zip(out, plain, kept, strict=True):
+        assert torch.equal(got, want + k if added else want)
 
 
 def test_in_place_merge_checks_everything_before_changing_anything() -> None:
@@ -185,6 +211,17 @@ def test_in_place_merge_checks_everything_before_changing_anything() -> None:
             base=None,
             rule="keep-progress",
             alpha=0,
+        )
+    with pytest.raises(ValueError, match="kept"):
+        merge_into(
+            params,
+            "included",
+            theta=[torch.zeros(3), torch.zeros(2)],
+            snapshot=[torch.zeros(3), torch.zeros(2)],
+            base=None,
+            rule="keep-progress",
+            alpha=0,
+            kept=[torch.zeros(3)],
         )
     assert all(torch.equal(p, torch.ones_like(p)) for p in params)
 

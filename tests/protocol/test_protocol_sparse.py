@@ -17,6 +17,7 @@ from gradientmail.protocol import pieces
 from gradientmail.protocol.codec import decode_fragment, encode_fragment, open_fragment
 from gradientmail.protocol.feedback import Feedback, encoded
 from gradientmail.protocol.framing import FRAGMENT_FORMAT, Meta, spec_digest, write_header
+from gradientmail.protocol.merge import merged
 from gradientmail.protocol.records import FragmentSpec, ParamSpec, RunConfig
 from gradientmail.protocol.sparse import BITS, SparseBlob, Sparsity, delta_sparsity
 
@@ -81,17 +82,14 @@ def test_round_trip_sends_the_selection_within_a_factor_two(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
-@given(fragments, fragments, fragments, sparsities)
+@given(fragments, fragments, sparsities)
 def test_sent_plus_residual_is_the_input_bit_for_bit(
-    snapshot: list[torch.Tensor],
-    base: list[torch.Tensor],
-    residual: list[torch.Tensor],
-    sparsity: Sparsity,
+    snapshot: list[torch.Tensor], base: list[torch.Tensor], sparsity: Sparsity
 ) -> None:
-    """``decode(blob) + e' == (S − B) + e`` in fp32, element by element and bit for bit
-    (a zero's sign aside), for any finite input, subnormals included."""
-    x = [(s - b) + e for s, b, e in zip(snapshot, base, residual, strict=True)]
-    blob, opened, left = encoded(snapshot, base, residual, SPEC, sparsity)
+    """``decode(blob) + e == S − B`` in fp32, element by element and bit for bit (a zero's
+    sign aside), for any finite input, subnormals included."""
+    x = [s - b for s, b in zip(snapshot, base, strict=True)]
+    blob, opened, left = encoded(snapshot, base, SPEC, sparsity)
     sent = decode_fragment(blob, SPEC)
     for t, y, r in zip(x, sent, left, strict=True):
         total = y + r
@@ -231,38 +229,62 @@ def test_a_huge_declared_count_is_refused_before_allocating() -> None:
 # -- error feedback --------------------------------------------------------------------------
 
 
-def test_the_residual_carries_over_only_from_an_included_snapshot() -> None:
+def test_only_an_included_snapshot_hands_its_residual_to_the_merge() -> None:
     gen = torch.Generator().manual_seed(0)
     base = [torch.randn(shape, generator=gen) for shape in SHAPES]
     snapshot = [b + torch.randn(b.shape, generator=gen) for b in base]
     sparsity = delta_sparsity(RunConfig(topk_chunk=64, topk_density=0.1))
-    _, _, left = encoded(snapshot, base, None, SPEC, sparsity)
+    _, _, left = encoded(snapshot, base, SPEC, sparsity)
     feedback = Feedback().taken(1, 9, left)
-    assert feedback.residual(1) is None
-    assert feedback.resolved(1, 9, "late").residual(1) is None
-    assert feedback.resolved(1, 9, "rejected").residual(1) is None
-    assert feedback.resolved(1, 8, "included").pending == feedback.pending
-    included = feedback.resolved(1, 9, "included")
-    assert included.residual(1) is left
-    assert not included.pending
-    # The next delta adds the residual: a zero step still sends what was left.
-    blob, _, again = encoded(base, base, included.residual(1), SPEC, sparsity)
-    assert any(bool(t.any()) for t in decode_fragment(blob, SPEC))
-    x = [t.clone() for t in left]
-    assert all(
-        torch.equal(y + r, t) for y, r, t in zip(decode_fragment(blob, SPEC), again, x, strict=True)
+    for outcome in ("late", "rejected"):
+        after, kept = feedback.resolved(1, 9, outcome)
+        assert kept is None
+        assert not after.pending
+    earlier, kept = feedback.resolved(1, 8, "included")
+    assert kept is None
+    assert earlier.pending == feedback.pending
+    assert feedback.resolved(2, 9, "included") == (feedback, None)
+    after, kept = feedback.resolved(1, 9, "included")
+    assert kept is left
+    assert not after.pending
+    # A later round settles a snapshot it did not include: forgotten, nothing kept.
+    assert feedback.resolved(1, 10, "included")[1] is None
+
+
+def test_the_unsent_residual_goes_out_with_the_next_delta() -> None:
+    """An included snapshot's merge adds what its delta did not send to the weights, so a
+    learner with no steps since still sends it from the new θ, and its weights are the
+    committed θ plus what it has not sent."""
+    gen = torch.Generator().manual_seed(1)
+    base = [torch.randn(shape, generator=gen) for shape in SHAPES]
+    snapshot = [b + torch.randn(b.shape, generator=gen) for b in base]
+    theta = [b + torch.randn(b.shape, generator=gen) * 0.1 for b in base]
+    sparsity = Sparsity(64, 2, 0.05)
+    _, _, left = encoded(snapshot, base, SPEC, sparsity)
+    local = merged(
+        "included",
+        local=snapshot,
+        theta=theta,
+        snapshot=snapshot,
+        base=base,
+        rule="keep-progress",
+        alpha=0.0,
+        kept=left,
     )
+    for weights, t, e in zip(local, theta, left, strict=True):
+        assert torch.equal(weights, t + e)
+    blob, _, _ = encoded(local, theta, SPEC, sparsity)
+    assert any(bool(t.any()) for t in decode_fragment(blob, SPEC))
 
 
-def test_a_fresh_learner_starts_without_residual() -> None:
-    """What a restarted or joining learner holds: no residual, so its first delta is the
-    plain ``topk`` of ``S − B``."""
+def test_a_delta_is_the_plain_topk_of_its_snapshot_minus_base() -> None:
+    """What every learner sends, a restarted or joining one included: the residual lives
+    in the weights, so the delta is the plain ``topk`` of ``S − B``."""
     gen = torch.Generator().manual_seed(1)
     base = [torch.randn(shape, generator=gen) for shape in SHAPES]
     snapshot = [b + torch.randn(b.shape, generator=gen) for b in base]
     sparsity = Sparsity(64, 2, 0.05)
-    fresh = Feedback()
-    blob, _, _ = encoded(snapshot, base, fresh.residual(1), SPEC, sparsity)
+    blob, _, _ = encoded(snapshot, base, SPEC, sparsity)
     assert blob == encode_fragment(
         snapshot, SPEC, "topk", block_size=1, sparsity=sparsity, minus=base
     )
