@@ -53,7 +53,12 @@ SNAPSHOT = [torch.tensor([2.0, 4.0]), torch.tensor([[6.0]])]
 BASE = [torch.tensor([1.0, 1.0]), torch.tensor([[2.0]])]
 
 
-def merge(outcome: str, rule: str = "keep-progress", alpha: float = 0.5) -> list[torch.Tensor]:
+def merge(
+    outcome: str,
+    rule: str = "keep-progress",
+    alpha: float = 0.5,
+    kept: list[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
     return merged(
         outcome,  # type: ignore[arg-type]
         local=LOCAL,
@@ -62,6 +67,7 @@ def merge(outcome: str, rule: str = "keep-progress", alpha: float = 0.5) -> list
         base=BASE,
         rule=rule,  # type: ignore[arg-type]
         alpha=alpha,
+        kept=kept,
     )
 
 
@@ -179,16 +185,7 @@ def test_only_an_included_keep_progress_merge_adds_what_was_kept(outcome: str, r
     included merge, and nowhere else: a late merge keeps it already (``θ_local − B``), a
     rejected one drops it with the steps, and ``alpha`` has no reference to add it to."""
     kept = [torch.tensor([0.5, -0.25]), torch.tensor([[0.125]])]
-    out = merged(
-        outcome,  # type: ignore[arg-type]
-        local=LOCAL,
-        theta=THETA,
-        snapshot=SNAPSHOT,
-        base=BASE,
-        rule=rule,  # type: ignore[arg-type]
-        alpha=0.5,
-        kept=kept,
-    )
+    out = merge(outcome, rule, kept=kept)
     plain = merge(outcome, rule)
     added = outcome == "included" and rule == "keep-progress"
     for got, want, k in zip(out, plain, kept, strict=True):
