@@ -97,7 +97,9 @@ def _install_attack(spec: dict[str, Any]) -> None:
 
     mode, fleet = spec["attack"], spec["learners"]
 
-    def crafted(job: Any, fragment_spec: Any, config: Any) -> tuple[bytes, float | None]:
+    def crafted(
+        job: Any, fragment_spec: Any, encoding: str, block_size: int
+    ) -> tuple[bytes, float | None]:
         p = job.publish
         honest = [s.float() - b.float() for s, b in zip(p.snapshot, p.base, strict=True)]
         own = math.sqrt(sum(float(t.double().pow(2).sum()) for t in honest))
@@ -114,9 +116,7 @@ def _install_attack(spec: dict[str, Any]) -> None:
             numel = sum(b.numel() for b in p.base)
             target = 0.95 * MAX_DELTA_RATIO * (base + math.sqrt(numel))
         delta = [t * (target / length) for t in direction]
-        data = encode_fragment(
-            delta, fragment_spec, config.delta_encoding, block_size=config.block_size
-        )
+        data = encode_fragment(delta, fragment_spec, encoding, block_size=block_size)
         return data, own
 
     publisher.encode_delta = crafted  # type: ignore[assignment]

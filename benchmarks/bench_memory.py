@@ -128,7 +128,9 @@ async def _publish(size: int, scratch: Path) -> dict[str, Any]:
     publish = Publish(
         fragment=0, round=0, base_version=0, base=base, snapshot=snapshot, steps=1, tokens=1
     )
-    data, _ = await anyio.to_thread.run_sync(encode_delta, Job(publish, None), spec, CONFIG)
+    data, _ = await anyio.to_thread.run_sync(
+        encode_delta, Job(publish, None), spec, CONFIG.delta_encoding, CONFIG.block_size
+    )
     async with LocalMailbox(scratch) as mailbox:
         await Store(mailbox).put_blob(data, CONFIG.delta_encoding)
     return {"start": start, "peak": _status("VmHWM"), "seconds": time.perf_counter() - began}

@@ -34,7 +34,7 @@ from gradientmail.protocol import garbage, keys, screening
 from gradientmail.protocol.aggregation import Aggregate, Candidate, Screen, counted_snapshots
 from gradientmail.protocol.checkpoint import is_checkpoint, stateful
 from gradientmail.protocol.codec import CodecError, encode_fragment, open_delta
-from gradientmail.protocol.outcome import outcome
+from gradientmail.protocol.outcome import Outcome, outcome
 from gradientmail.protocol.records import (
     FragmentSpec,
     Participant,
@@ -155,7 +155,7 @@ async def commit(
     rt.emit(RoundClosed(rt.learner, draft))
     if step.missing or not step.published:
         rt.emit(RoundIncomplete(rt.learner, round, tuple(sorted(step.missing)), not step.published))
-    ours = await _written(rt, draft, done.update, theta, momentum, spec)
+    ours = await _written(rt, draft, done, spec)
     landed, mine = await rt.store.put_record(ours)
     if not mine:
         return state, landed, False
@@ -218,20 +218,15 @@ def _arrived(participant: Participant, held: RoundState, listed: float) -> Parti
 
 
 async def _written(
-    rt: Runtime,
-    draft: RoundRecordDraft,
-    update: bytes,
-    theta: Sequence[Tensor],
-    momentum: Sequence[Tensor],
-    spec: FragmentSpec,
+    rt: Runtime, draft: RoundRecordDraft, done: Outcome, spec: FragmentSpec
 ) -> RoundRecord:
-    """The record of ``draft`` once its update, and at a checkpoint θ and, in a run whose
-    outer step keeps a state, the momentum (fp32), are in the store."""
+    """The record of ``draft`` once the update of ``done``, and at a checkpoint θ and, in a
+    run whose outer step keeps a state, the momentum (fp32), are in the store."""
     # θ and the update carry a chunk index: a sharded learner's ranks read them by ranges.
-    update_ref = await rt.store.put_blob(update, rt.config.update_encoding, indexed=True)
+    update_ref = await rt.store.put_blob(done.update, done.encoding, indexed=True)
     if not is_checkpoint(draft.version, rt.config):
         return RoundRecord.committed(draft, update=update_ref)
-    kept = (theta, momentum) if stateful(rt.config) else (theta,)
+    kept = (done.theta, done.momentum) if stateful(rt.config) else (done.theta,)
     blobs = await anyio.to_thread.run_sync(_fp32_blobs, kept, spec)
     refs = await gather(
         [partial(rt.store.put_blob, blobs[0], "fp32", indexed=True)]

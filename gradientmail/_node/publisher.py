@@ -33,9 +33,9 @@ from gradientmail.protocol.group import PartReport
 from gradientmail.protocol.learner_inputs import PublishEnded
 from gradientmail.protocol.learner_values import Publish
 from gradientmail.protocol.merge import Outcome
-from gradientmail.protocol.records import BlobRef, FragmentSpec, RunConfig, SnapshotPart
+from gradientmail.protocol.records import BlobRef, Encoding, FragmentSpec, SnapshotPart
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
-from gradientmail.protocol.sparse import TOPK, Sparsity, delta_sparsity
+from gradientmail.protocol.sparse import TOPK, Sparsity, delta_sparsity, sent_as
 
 __all__ = ["Job", "Publisher", "encode_delta"]
 
@@ -124,8 +124,8 @@ class Publisher:
         p = job.publish
         rows = sharded.rows[p.fragment]
         spec = part_spec(rt.specs[p.fragment], rows)
-        data, norm = await self._encoded(job, spec)
-        ref = await rt.store.put_blob(data, rt.config.delta_encoding)
+        data, norm, encoding = await self._encoded(job, spec)
+        ref = await rt.store.put_blob(data, encoding)
         part = SnapshotPart(delta=ref, rows=tuple(rows))
         return PartReport(sharded.rank, p.round, p.fragment, part, squares(norm))
 
@@ -137,8 +137,8 @@ class Publisher:
         delta: BlobRef | msgspec.UnsetType = msgspec.UNSET
         parts: tuple[SnapshotPart, ...] | msgspec.UnsetType = msgspec.UNSET
         if sharded is None:
-            data, norm = await self._encoded(job, rt.specs[p.fragment])
-            delta = await rt.store.put_blob(data, rt.config.delta_encoding)
+            data, norm, encoding = await self._encoded(job, rt.specs[p.fragment])
+            delta = await rt.store.put_blob(data, encoding)
             size = len(data)
         else:
             try:
@@ -176,17 +176,24 @@ class Publisher:
             SnapshotPublished(rt.learner, p.round, p.fragment, p.steps, p.tokens, size, seconds)
         )
 
-    async def _encoded(self, job: Job, spec: FragmentSpec) -> tuple[bytes, float | None]:
-        """The delta blob of ``job`` and its norm, encoded in a worker thread; under
-        ``topk`` the error feedback's residual of the snapshot is pending from then on."""
+    async def _encoded(self, job: Job, spec: FragmentSpec) -> tuple[bytes, float | None, Encoding]:
+        """The delta blob of ``job``, its norm and its encoding (``sparse.sent_as``), encoded
+        in a worker thread; under ``topk`` the error feedback's residual of the snapshot is
+        pending from then on, except a closing learner's: its final snapshot, dense and
+        taken from the model closing began with, sends what the flush leaves."""
         p, config = job.publish, self._rt.config
-        if config.delta_encoding != TOPK:
-            return await anyio.to_thread.run_sync(encode_delta, job, spec, config)
+        encoding = sent_as(config, "delta", final=p.final)
+        if encoding != TOPK:
+            data, norm = await anyio.to_thread.run_sync(
+                encode_delta, job, spec, encoding, config.block_size
+            )
+            return data, norm, encoding
         data, norm, left = await anyio.to_thread.run_sync(
             _encode_topk, job, spec, delta_sparsity(config)
         )
-        self._feedback = self._feedback.taken(p.fragment, p.round, left)
-        return data, norm
+        if not p.closing:
+            self._feedback = self._feedback.taken(p.fragment, p.round, left)
+        return data, norm, encoding
 
 
 def _encode_topk(
@@ -199,12 +206,12 @@ def _encode_topk(
     return data, l2_norm(opened), left
 
 
-def encode_delta(job: Job, spec: FragmentSpec, config: RunConfig) -> tuple[bytes, float | None]:
+def encode_delta(
+    job: Job, spec: FragmentSpec, encoding: Encoding, block_size: int
+) -> tuple[bytes, float | None]:
     if job.ready is not None:
         job.ready.synchronize()
     p = job.publish
     # S − B piece by piece: no whole copy of the delta (docs/mailbox.md, "Large blobs end to end").
-    data = encode_fragment(
-        p.snapshot, spec, config.delta_encoding, block_size=config.block_size, minus=p.base
-    )
+    data = encode_fragment(p.snapshot, spec, encoding, block_size=block_size, minus=p.base)
     return data, l2_norm(p.snapshot, minus=p.base)

@@ -2,7 +2,8 @@
 
 ``outcome`` aggregates the round's candidates (``aggregation.aggregate``) and runs the step
 (``checkpoint.step``) and the committed update (``outer.committed_update``). A final round
-(its candidates all final) commits θ + Δ̄ with no outer step and the momentum unchanged.
+(its candidates all final) commits θ + Δ̄ with no outer step and the momentum unchanged,
+its update dense even in a ``topk`` run (``sparse.sent_as``).
 An outer step that is not finite (finite deltas whose sum overflows) is refused
 (``refused_non_finite``): every accepted snapshot is rejected as ``non-finite`` and the
 fragment stays as it was.
@@ -19,8 +20,8 @@ from torch import Tensor
 from gradientmail.protocol.aggregation import Aggregate, Candidate, Screen, aggregate, refused
 from gradientmail.protocol.checkpoint import step
 from gradientmail.protocol.outer import committed_update
-from gradientmail.protocol.records import FragmentSpec, RunConfig
-from gradientmail.protocol.sparse import update_sparsity
+from gradientmail.protocol.records import Encoding, FragmentSpec, RunConfig
+from gradientmail.protocol.sparse import sent_as, update_sparsity
 
 __all__ = ["NON_FINITE", "Outcome", "finite", "outcome", "refused_non_finite"]
 
@@ -31,12 +32,13 @@ NON_FINITE = "the outer step gives a non-finite θ or momentum"
 @dataclass(frozen=True)
 class Outcome:
     """What a round commits: its aggregate (``result``), θ_{v+1}, the momentum after it and
-    the update blob every learner applies."""
+    the update blob every learner applies, in ``encoding`` (``sparse.sent_as``)."""
 
     result: Aggregate
     theta: list[Tensor]
     momentum: list[Tensor]
     update: bytes
+    encoding: Encoding
 
 
 def finite(*groups: Sequence[Tensor]) -> bool:
@@ -87,16 +89,17 @@ def _numerics(
     config: RunConfig,
     *,
     final: bool,
-) -> tuple[list[Tensor], list[Tensor], bytes]:
-    """θ_{v+1}, the new momentum and the update blob of one round: the raw θ' of
-    ``checkpoint.step`` (which a replay runs again), committed through its update."""
+) -> tuple[list[Tensor], list[Tensor], bytes, Encoding]:
+    """θ_{v+1}, the new momentum, the update blob of one round and its encoding: the raw θ'
+    of ``checkpoint.step`` (which a replay runs again), committed through its update."""
     raw, stepped = step(theta, momentum, mean, config, final=final)
+    encoding = sent_as(config, "update", final=final)
     update, committed = committed_update(
         theta,
         raw,
         spec,
-        config.update_encoding,
+        encoding,
         block_size=config.block_size,
         sparsity=update_sparsity(config),
     )
-    return committed, stepped, update
+    return committed, stepped, update, encoding

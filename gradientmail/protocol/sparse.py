@@ -21,7 +21,7 @@ Pure: no I/O; the caller's thread. Memory: the blob and a few pieces of
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from torch import Tensor
 from gradientmail.errors import CodecError
 from gradientmail.protocol import pieces
 from gradientmail.protocol.framing import Expected, Meta, check_header, check_offsets, write_header
-from gradientmail.protocol.records import FragmentSpec, RunConfig
+from gradientmail.protocol.records import Encoding, FragmentSpec, RunConfig
 
 __all__ = [
     "BITS",
@@ -41,6 +41,7 @@ __all__ = [
     "delta_sparsity",
     "encode_sparse",
     "open_sparse",
+    "sent_as",
     "update_sparsity",
 ]
 
@@ -51,6 +52,9 @@ MAX_CHUNK: Final = 1 << 16
 """The largest chunk: an index within it fits 16 bits."""
 UPDATE_BITS: Final = 8
 """The value width of a ``topk`` update (every non-zero element of ``U``)."""
+FINAL_DELTA: Final = "int4"
+FINAL_UPDATE: Final = "int8"
+"""What a ``topk`` run's final snapshots and final rounds' updates are sent in (``sent_as``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,19 @@ def delta_sparsity(config: RunConfig) -> Sparsity:
 def update_sparsity(config: RunConfig) -> Sparsity:
     """A ``topk`` update under ``config``: every non-zero element at ``UPDATE_BITS``."""
     return Sparsity(config.topk_chunk, UPDATE_BITS, None)
+
+
+def sent_as(config: RunConfig, blob: Literal["delta", "update"], *, final: bool) -> Encoding:
+    """The encoding a ``blob`` of a run under ``config`` goes out in: the configured one,
+    except that a ``topk`` run's final snapshots and the updates of its final rounds are
+    dense (``FINAL_DELTA``, ``FINAL_UPDATE``). Between rounds a ``topk`` learner's weights
+    hold what its deltas have not sent (``protocol.feedback``); its final snapshot sends all
+    of it, so the final round commits the mean of the closing learners' models, as under a
+    dense encoding."""
+    encoding = config.delta_encoding if blob == "delta" else config.update_encoding
+    if not final or encoding != TOPK:
+        return encoding
+    return FINAL_DELTA if blob == "delta" else FINAL_UPDATE
 
 
 def _values(codes: Tensor, scales: Tensor, bits: int) -> Tensor:

@@ -1,5 +1,6 @@
 """One node alone on a MemoryMailbox: creates the run, commits rounds, closes aligned."""
 
+import msgspec
 import pytest
 from node_helpers import (
     CONFIG,
@@ -15,16 +16,25 @@ from node_helpers import (
 from gradientmail._node import node as open_node
 from gradientmail.events import Closed, Joined, RoundCommitted
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.protocol.records import RunConfig
+from gradientmail.protocol.sparse import sent_as
 
 pytestmark = pytest.mark.anyio
 
+TOPK = msgspec.structs.replace(
+    CONFIG, delta_encoding="topk", update_encoding="topk", topk_chunk=64, outer_lr=2.0
+)
 
-async def test_one_node_commits_rounds_and_closes_aligned() -> None:
+
+@pytest.mark.parametrize("config", [CONFIG, TOPK], ids=["fp32", "topk"])
+async def test_one_node_commits_rounds_and_closes_aligned(config: RunConfig) -> None:
+    """Under ``topk`` too, where until its final round the learner's weights hold what its
+    deltas did not send: the final snapshots and updates, dense, leave it on the run's θ."""
     box = MemoryMailbox()
     sink = Recorder()
     model = tiny_model()
     async with open_node(
-        model, box, learner="solo", config=CONFIG, options=FAST, sinks=[sink]
+        model, box, learner="solo", config=config, options=FAST, sinks=[sink]
     ) as node:
         await train(node, model, seed=1, until_round=6)
     state = node.state
@@ -35,4 +45,11 @@ async def test_one_node_commits_rounds_and_closes_aligned() -> None:
     assert sink.of(Joined)[0].round == -1
     assert sink.of(Closed)
     await assert_holds_committed(box, model, state.versions)
+    last = {r.fragment: r for r in history}
+    assert all(p.closing and not p.steps for r in last.values() for p in r.participants)
+    encodings = {
+        r.update.encoding for r in history if r.fragment not in last or r is not last[r.fragment]
+    }
+    assert encodings == {config.update_encoding}
+    assert {r.update.encoding for r in last.values()} == {sent_as(config, "update", final=True)}
     assert_steps_accounted("solo", state.steps, state.tokens, sink.events, history)

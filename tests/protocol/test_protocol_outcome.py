@@ -15,6 +15,7 @@ from gradientmail.protocol.records import (
     RunConfig,
     Snapshot,
 )
+from gradientmail.protocol.sparse import sent_as
 
 SPEC = FragmentSpec(index=0, params=(ParamSpec(name="w", shape=(3,), dtype="float32"),))
 CONFIG = RunConfig(fragments=1, sync_every=4, outer_lr=1.0, outer_momentum=0.9)
@@ -67,6 +68,25 @@ def test_a_final_round_adds_the_mean_and_keeps_the_momentum() -> None:
     done = outcome(5, theta, momentum, finals, SPEC, CONFIG)
     assert torch.equal(done.theta[0], torch.full((3,), 4.0))
     assert torch.equal(done.momentum[0], momentum[0])
+
+
+def test_a_topk_runs_final_round_commits_the_mean_through_a_dense_update() -> None:
+    """A ``topk`` run's final round sends its update dense (``sent_as``): θ_{v+1} is θ plus
+    the mean of what the closing learners' weights held, to int8's rounding; its other
+    rounds keep the ``topk`` update."""
+    config = RunConfig(
+        fragments=1, sync_every=4, delta_encoding="topk", update_encoding="topk", topk_chunk=3
+    )
+    theta = (torch.zeros(3),)
+    residuals = {"a": [0.4, 1.0, -0.5], "b": [0.2, 3.0, 0.5]}
+    finals = [candidate(n, torch.tensor(v), final=True) for n, v in residuals.items()]
+    done = outcome(5, theta, None, finals, SPEC, config)
+    assert done.encoding == sent_as(config, "update", final=True) == "int8"
+    assert sent_as(config, "delta", final=True) == "int4"
+    assert sent_as(config, "delta", final=False) == "topk"
+    assert torch.allclose(done.theta[0], torch.tensor([0.3, 2.0, 0.0]), atol=2.0 / 127)
+    ordinary = [candidate(n, torch.tensor(v)) for n, v in residuals.items()]
+    assert outcome(5, theta, None, ordinary, SPEC, config).encoding == "topk"
 
 
 MAGNITUDES = st.sampled_from([1.0, 1e30, 3e36, 1e38, 3e38])
