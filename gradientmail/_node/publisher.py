@@ -32,7 +32,7 @@ from gradientmail.protocol.feedback import Feedback, encoded
 from gradientmail.protocol.group import PartReport
 from gradientmail.protocol.learner_inputs import PublishEnded
 from gradientmail.protocol.learner_values import Publish
-from gradientmail.protocol.merge import Outcome
+from gradientmail.protocol.merge import Merge
 from gradientmail.protocol.records import BlobRef, Encoding, FragmentSpec, SnapshotPart
 from gradientmail.protocol.records import Snapshot as SnapshotRecord
 from gradientmail.protocol.sparse import TOPK, Sparsity, delta_sparsity, sent_as
@@ -79,7 +79,7 @@ class Publisher:
         """No more snapshots: ``run`` ends once it has drained its jobs."""
         self._jobs.close()
 
-    def resolved(self, fragment: int, round: int, outcome: Outcome) -> tuple[Tensor, ...] | None:
+    def resolved(self, fragment: int, round: int, outcome: Merge) -> tuple[Tensor, ...] | None:
         """The round ``round`` of ``fragment`` is being applied as ``outcome``: the error
         feedback's residual the merge adds back to the weights (``Feedback.resolved``)."""
         self._feedback, kept = self._feedback.resolved(fragment, round, outcome)
@@ -179,8 +179,7 @@ class Publisher:
     async def _encoded(self, job: Job, spec: FragmentSpec) -> tuple[bytes, float | None, Encoding]:
         """The delta blob of ``job``, its norm and its encoding (``sparse.sent_as``), encoded
         in a worker thread; under ``topk`` the error feedback's residual of the snapshot is
-        pending from then on, except a closing learner's: its final snapshot, dense and
-        taken from the model closing began with, sends what the flush leaves."""
+        pending from then on (a final snapshot goes out dense and leaves none)."""
         p, config = job.publish, self._rt.config
         encoding = sent_as(config, "delta", final=p.final)
         if encoding != TOPK:
@@ -191,8 +190,7 @@ class Publisher:
         data, norm, left = await anyio.to_thread.run_sync(
             _encode_topk, job, spec, delta_sparsity(config)
         )
-        if not p.closing:
-            self._feedback = self._feedback.taken(p.fragment, p.round, left)
+        self._feedback = self._feedback.taken(p.fragment, p.round, left)
         return data, norm, encoding
 
 

@@ -11,7 +11,10 @@ When the round *includes* the snapshot, the merge adds ``e`` back to the learner
 delta, taken from ``θ_{v+1}``, holds ``e`` with the steps since. A late snapshot's steps
 stay in the weights whole (the merge keeps ``θ_local − B``), and ``e`` is forgotten; a
 rejected one's are dropped with whatever the weights held unsent. Nothing is counted twice:
-a learner's weights always equal the committed θ plus what it has not yet sent.
+a learner's weights always equal the committed θ plus what it has not yet sent. A closing
+learner's final snapshot, dense (``sparse.sent_as``) and taken from the model closing began
+with, sends all those weights held beyond θ, and its round leaves the learner on θ
+(``merge``'s ``final``).
 
 Held this way, the residual costs no memory beyond the pending ``e`` of each snapshot
 waiting for its round, and it lives nowhere but the learner's weights: a learner that
@@ -30,7 +33,7 @@ import torch
 from torch import Tensor
 
 from gradientmail.protocol.codec import encode_fragment, open_fragment
-from gradientmail.protocol.merge import Outcome
+from gradientmail.protocol.merge import Merge
 from gradientmail.protocol.pieces import chunk_ranges
 from gradientmail.protocol.records import FragmentSpec
 from gradientmail.protocol.sparse import TOPK, SparseBlob, Sparsity
@@ -74,7 +77,7 @@ class Feedback:
         return Feedback({**self.pending, fragment: (round, residual)})
 
     def resolved(
-        self, fragment: int, round: int, outcome: Outcome
+        self, fragment: int, round: int, outcome: Merge
     ) -> tuple["Feedback", tuple[Tensor, ...] | None]:
         """``round`` of ``fragment`` was committed with the learner's snapshot ``outcome``:
         the feedback without the pending residual of that round or an earlier one, and the

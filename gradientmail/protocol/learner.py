@@ -77,7 +77,7 @@ from gradientmail.protocol.learner_values import (
     Tensors,
     Unavailable,
 )
-from gradientmail.protocol.merge import Outcome
+from gradientmail.protocol.merge import Merge
 from gradientmail.protocol.records import DropReason, RoundRecord
 
 __all__ = [
@@ -306,9 +306,11 @@ class Learner(LearnerState):
             ):
                 continue
             mine = published is not None and published.round <= ready.round
-            outcome: Outcome = "late"
+            outcome: Merge = "late"
             if mine and published is not None and published.outcome is not None:
                 outcome = published.outcome
+            elif state.closing is not None and state.closing.took_final(fragment, ready.round):
+                outcome = "final"
             lag = None
             if outcome == "included" and published is not None:
                 lag = state.step - published.step

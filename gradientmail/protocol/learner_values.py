@@ -8,7 +8,7 @@ from torch import Tensor
 
 from gradientmail.protocol import keys
 from gradientmail.protocol.config import MergeRule
-from gradientmail.protocol.merge import Dropped, Outcome, Resolution
+from gradientmail.protocol.merge import Dropped, Merge, Outcome, Resolution
 from gradientmail.protocol.records import RoundRecord
 
 __all__ = [
@@ -45,7 +45,7 @@ class Apply:
     fragment: int
     round: int
     version: int
-    outcome: Outcome
+    outcome: Merge
     theta: Tensors
     snapshot: Tensors | None
     base: Tensors
@@ -215,6 +215,11 @@ class FlushingClose:
         if fragment in state.again and not flushing:
             return state
         return replace(state, missed=state.missed | {fragment})
+
+    def took_final(self, fragment: int, round: int) -> bool:
+        """Whether ``round`` is where ``fragment``'s final snapshot went, no resend of it
+        pending (the learner ends on that round's θ: ``merge``'s ``final``)."""
+        return bool(self.finals) and self.finals[fragment] == round and fragment not in self.missed
 
     def done(self, slots: tuple[Slot, ...]) -> bool:
         """Every final round applied, and no left-out final waiting to go out again."""

@@ -5,8 +5,10 @@ accounting of every local step until a round carries it or it is dropped.
 round's outcome for its snapshot: ``included`` keeps the progress since the snapshot,
 ``late`` all since its base, ``rejected`` none (``keep-progress``), an included ``topk``
 snapshot adding back what its delta did not send (``kept``, ``protocol.feedback``);
-``alpha`` mixes ``α·local + (1 − α)·θ`` whatever the outcome. The table: docs/protocol.md,
-"The learner's merge".
+``alpha`` mixes ``α·local + (1 − α)·θ`` whatever the outcome. The round of a closing
+learner's final snapshot (``final``) leaves it on θ under either rule: a closing learner
+takes no steps, and its final snapshot sent everything its weights held beyond θ. The
+table: docs/protocol.md, "The learner's merge".
 
 The accounting (``Ledger``, one ``FragmentLedger`` per fragment) is an immutable value with
 pure transitions: it folds local steps, publishes (and failed ones) and every committed
@@ -33,6 +35,7 @@ __all__ = [
     "FragmentLedger",
     "InFlight",
     "Ledger",
+    "Merge",
     "Outcome",
     "Resolution",
     "Tally",
@@ -42,11 +45,13 @@ __all__ = [
 
 Outcome = Literal["included", "rejected", "late"]
 """What a round did with a learner's snapshot (see the module docstring)."""
+Merge = Literal["included", "rejected", "late", "final"]
+"""How a version merges: by the outcome for the learner's snapshot, or ``final``."""
 
 
 def merge_into(
     params: Sequence[Tensor],
-    outcome: Outcome,
+    outcome: Merge,
     *,
     theta: Sequence[Tensor],
     snapshot: Sequence[Tensor] | None,
@@ -75,7 +80,7 @@ def merge_into(
     with torch.no_grad():
         for i, param in enumerate(params):
             new = theta[i].to(param.device, non_blocking=non_blocking)
-            if rule == "alpha":
+            if rule == "alpha" and outcome != "final":
                 param.copy_(torch.add(new.mul(1.0 - alpha), param, alpha=alpha))
             elif reference is None:
                 param.copy_(new)
@@ -87,7 +92,7 @@ def merge_into(
 
 def _reference(
     local: Sequence[Tensor],
-    outcome: Outcome,
+    outcome: Merge,
     theta: Sequence[Tensor],
     snapshot: Sequence[Tensor] | None,
     base: Sequence[Tensor] | None,
@@ -106,7 +111,7 @@ def _reference(
         return None
     if rule != "keep-progress":
         raise ValueError(f"unknown merge rule {rule!r}: use 'keep-progress' or 'alpha'")
-    if outcome == "rejected":
+    if outcome in ("rejected", "final"):
         return None
     if outcome == "included":
         reference, name = snapshot, "snapshot"
@@ -130,7 +135,7 @@ def _same(theta: Sequence[Tensor], tensors: Sequence[Tensor], name: str) -> None
 
 
 def merged(
-    outcome: Outcome,
+    outcome: Merge,
     *,
     local: Sequence[Tensor],
     theta: Sequence[Tensor],

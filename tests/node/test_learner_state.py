@@ -209,11 +209,12 @@ def test_a_closing_learner_publishes_its_model_at_the_close_as_final_once_settle
         learner, _ = learner.handle(RecordSeen(record(job.round, included=("me",)), now=4.0))
         learner, _ = learner.handle(VersionReady(job.fragment, job.round, (torch.full((2,), 2.0),)))
     learner, actions = learner.handle(Flushed(now=5.0))
-    # Applied as late: θ_new + (θ − B), θ = B after the settled flush, so the learner ends
-    # on the final round's θ; the steps were all accounted for before.
+    # The learner ends on the final round's θ, whatever its weights held beyond θ (under
+    # ``topk``, what its deltas had not sent, which its final snapshots carried); the steps
+    # were all accounted for before.
     assert [(a.outcome, a.version) for a in actions if isinstance(a, Apply)] == [
-        ("late", 2),
-        ("late", 2),
+        ("final", 2),
+        ("final", 2),
     ]
     assert learner.finished
     assert learner.ledger == ledger
@@ -223,18 +224,20 @@ def test_a_final_snapshot_a_round_left_out_goes_out_once_more_for_the_next_round
     """Rounds 2 and 3 commit without this learner's finals (another learner's flush filled
     them): it publishes them again for rounds 4 and 5 once it holds 2's and 3's θ, and is
     not finished before. Left out again, it publishes no third time and ends on the
-    others' θ."""
+    others' θ: a left-out final's round merges as late (what the weights held beyond θ
+    goes out again with the next final), the last as final."""
     model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
     learner, finals = finals_out(model)
     assert [j.round for j in finals] == [2, 3]
-    for cycle, expected in ((1, [4, 5]), (2, [])):
+    for cycle, expected, merge in ((1, [4, 5], "late"), (2, [], "final")):
         for job in finals:
             learner, _ = learner.handle(PublishEnded(job.fragment, job.round, True))
             learner, _ = learner.handle(RecordSeen(record(job.round, included=("other",)), now=4.0))
             assert not learner.finished  # the left-out round's θ is not applied yet
             theta = (torch.full((2,), float(cycle + 1)),)
             learner, _ = learner.handle(VersionReady(job.fragment, job.round, theta))
-        learner, _ = learner.handle(Flushed(now=5.0))
+        learner, actions = learner.handle(Flushed(now=5.0))
+        assert [a.outcome for a in actions if isinstance(a, Apply)] == [merge, merge]
         learner, finals = learner.handle(Finalized())
         assert [j.round for j in finals] == expected
         assert all(j.final and j.snapshot is model[j.fragment] for j in finals)

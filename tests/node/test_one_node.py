@@ -26,7 +26,11 @@ TOPK = msgspec.structs.replace(
 )
 
 
-@pytest.mark.parametrize("config", [CONFIG, TOPK], ids=["fp32", "topk"])
+@pytest.mark.parametrize(
+    "config",
+    [CONFIG, TOPK, msgspec.structs.replace(TOPK, overlap=0)],
+    ids=["fp32", "topk", "topk-synchronous"],
+)
 async def test_one_node_commits_rounds_and_closes_aligned(config: RunConfig) -> None:
     """Under ``topk`` too, where until its final round the learner's weights hold what its
     deltas did not send: the final snapshots and updates, dense, leave it on the run's θ."""

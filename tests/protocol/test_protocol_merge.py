@@ -90,6 +90,14 @@ def test_rejected_takes_the_global_theta() -> None:
     assert torch.equal(THETA[0], torch.tensor([10.0, 20.0]))
 
 
+@pytest.mark.parametrize("rule", ["keep-progress", "alpha"])
+def test_a_final_round_takes_the_global_theta_under_either_rule(rule: str) -> None:
+    """A closing learner's final snapshot sent all its weights held beyond θ (under ``topk``
+    the residual too), so the final round's merge adds nothing back, ``kept`` included."""
+    out = merge("final", rule, alpha=0.25, kept=[torch.ones(2), torch.ones(1, 1)])
+    assert all(torch.equal(a, b) for a, b in zip(out, THETA, strict=True))
+
+
 @pytest.mark.parametrize("outcome", ["included", "late", "rejected"])
 def test_alpha_mixes_whatever_the_outcome(outcome: str) -> None:
     out = merge(outcome, rule="alpha", alpha=0.25)
@@ -156,7 +164,7 @@ def steps(ledger: Ledger, n: int, tokens: int = 10) -> Ledger:
     return ledger
 
 
-@pytest.mark.parametrize("outcome", ["included", "late", "rejected"])
+@pytest.mark.parametrize("outcome", ["included", "late", "rejected", "final"])
 @pytest.mark.parametrize("rule", ["keep-progress", "alpha"])
 def test_in_place_merge_is_merged_bit_for_bit(outcome: str, rule: str) -> None:
     """The node merges its live parameters in place with ``merge_into``; ``merged`` is the
@@ -175,7 +183,7 @@ def test_in_place_merge_is_merged_bit_for_bit(outcome: str, rule: str) -> None:
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("outcome", ["included", "late", "rejected"])
+@pytest.mark.parametrize("outcome", ["included", "late", "rejected", "final"])
 @pytest.mark.parametrize("rule", ["keep-progress", "alpha"])
 def test_only_an_included_keep_progress_merge_adds_what_was_kept(outcome: str, rule: str) -> None:
     """``kept`` (a ``topk`` snapshot's unsent residual) goes back into the weights after an
