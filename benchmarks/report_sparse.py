@@ -5,6 +5,17 @@ from typing import Any
 
 from _page import Page, byte_size, num, provenance, table
 
+ARMS = (
+    "`topkN`: deltas at N% density, 2 bits, chunks of 4096, error feedback, plain averaging "
+    "(no momentum) at outer lr 2, updates in `topk` (the union of the selections), the final "
+    "snapshots `int4` and the final round's update `int8` (the run's closing round, counted "
+    "in the bytes); `lrX`: the same at outer lr X; `nag`: the default Nesterov step "
+    "(1.0 / 0.6) with int8 updates (its update is dense). Bytes per learner are measured, up "
+    "and down; the delta and update columns are the mean blob sizes; peak storage is the "
+    "largest size of the run's directory (sampled every 0.1 s) over the model's fp32 size."
+)
+"""What the section's arms and columns are."""
+
 
 def convergence_sparse(page: Page, result: dict[str, Any] | None) -> None:
     """The ``topk`` arms against int8 (``bench_convergence.py --sparse``)."""
@@ -21,14 +32,7 @@ def convergence_sparse(page: Page, result: dict[str, Any] | None) -> None:
         provenance(result),
         "",
         f"Section 1's task and model ({p['params']:,} parameters, {p['steps']} steps, "
-        f"{p['learners']} learners, seed {p['seeds'][0]}), H {p['sync_every'][0]}. "
-        "`topkN`: deltas at N% density, 2 bits, chunks of 4096, error feedback, plain "
-        "averaging (no momentum) at outer lr 2, updates in `topk` (the union of the "
-        "selections); `lrX`: the same at outer lr X; `nag`: the default Nesterov step "
-        "(1.0 / 0.6) with int8 updates (its update is dense). Bytes per learner "
-        "are measured, up and down; the delta and update columns are the mean blob sizes; "
-        "peak storage is the largest size of the run's directory (sampled every 0.1 s) over "
-        "the model's fp32 size.",
+        f"{p['learners']} learners, seed {p['seeds'][0]}), H {p['sync_every'][0]}. " + ARMS,
         "",
     )
     rows = []

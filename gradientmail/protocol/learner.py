@@ -306,11 +306,7 @@ class Learner(LearnerState):
             ):
                 continue
             mine = published is not None and published.round <= ready.round
-            outcome: Merge = "late"
-            if mine and published is not None and published.outcome is not None:
-                outcome = published.outcome
-            elif state.closing is not None and state.closing.took_final(fragment, ready.round):
-                outcome = "final"
+            outcome = state._merge(fragment, ready.round, published if mine else None)
             lag = None
             if outcome == "included" and published is not None:
                 lag = state.step - published.step
@@ -347,6 +343,16 @@ class Learner(LearnerState):
                 if gone.steps or gone.tokens:
                     actions.append(gone)
         return state, actions
+
+    def _merge(self, fragment: int, round: int, mine: Published | None) -> Merge:
+        """How ``round``'s version of ``fragment`` merges: by the outcome for this learner's
+        snapshot ``mine`` (None: none went to it or before), ``final`` for the round of a
+        closing learner's final snapshot, else ``late``."""
+        if mine is not None and mine.outcome is not None:
+            return mine.outcome
+        if self.closing is not None and self.closing.took_final(fragment, round):
+            return "final"
+        return "late"
 
     def _published(self, fragment: int, round: int, *, ok: bool) -> tuple["Learner", list[Action]]:
         slot = self.slots[fragment]
