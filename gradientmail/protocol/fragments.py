@@ -33,7 +33,7 @@ from gradientmail.protocol.codec import ENCODINGS, decode_fragment, encode_fragm
 from gradientmail.protocol.config import Encoding, Pattern, RunConfig
 from gradientmail.protocol.costs import Costs, costs
 from gradientmail.protocol.records import FragmentSpec, ParamSpec
-from gradientmail.protocol.sparse import TOPK, delta_sparsity, update_sparsity
+from gradientmail.protocol.sparse import TOPK, delta_sparsity, sent_as, update_sparsity
 
 __all__ = [
     "FragmentSize",
@@ -383,6 +383,15 @@ class Preview:
         down = sum(f.blob_bytes[self.config.update_encoding] for f in self.fragments)
         return up, down
 
+    def closing_bytes(self) -> tuple[int, int]:
+        """``(up, down)`` bytes of blobs one learner moves in the run's final rounds: its
+        final snapshots and their rounds' updates, dense in a ``topk`` run
+        (``sparse.sent_as``)."""
+        config = self.config
+        up = sum(f.blob_bytes[sent_as(config, "delta", final=True)] for f in self.fragments)
+        down = sum(f.blob_bytes[sent_as(config, "update", final=True)] for f in self.fragments)
+        return up, down
+
     def costs(self) -> Costs:
         """What a run of this split with ``learners`` learners costs (``protocol.costs``;
         a ``topk`` update counted as the union of every learner's selection, its most)."""
@@ -420,6 +429,13 @@ class Preview:
                 else ""
             )
         )
+        if TOPK in (config.delta_encoding, config.update_encoding):
+            up, down = self.closing_bytes()
+            lines.append(
+                f"one learner at the close, once: {_megabytes(up)} up "
+                f"({sent_as(config, 'delta', final=True)} final snapshots), "
+                f"{_megabytes(down)} down ({sent_as(config, 'update', final=True)} updates)"
+            )
         lines.extend(self.costs().lines())
         name, numel = self.largest_tensor
         if numel * config.fragments > total and config.pattern != "even":

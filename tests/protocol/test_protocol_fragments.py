@@ -248,6 +248,13 @@ def test_preview_shows_the_topk_bytes_a_learner_moves() -> None:
     assert up == sum(f.blob_bytes["topk"] for f in shown.fragments)
     assert down == sum(f.topk_update_bytes for f in shown.fragments)
     assert "(topk updates) of one learner's selection" in str(shown)
+    closing = shown.closing_bytes()
+    assert closing == (
+        sum(f.blob_bytes["int4"] for f in shown.fragments),
+        sum(f.blob_bytes["int8"] for f in shown.fragments),
+    )
+    assert "at the close, once: " in str(shown)
+    assert "at the close" not in str(preview(model.named_parameters(), RunConfig(fragments=2)))
 
 
 def test_preview_says_when_one_tensor_outweighs_a_fragment() -> None:
