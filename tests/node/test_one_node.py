@@ -51,9 +51,7 @@ async def test_one_node_commits_rounds_and_closes_aligned(config: RunConfig) -> 
     await assert_holds_committed(box, model, state.versions)
     last = {r.fragment: r for r in history}
     assert all(p.closing and not p.steps for r in last.values() for p in r.participants)
-    encodings = {
-        r.update.encoding for r in history if r.fragment not in last or r is not last[r.fragment]
-    }
+    encodings = {r.update.encoding for r in history if r is not last[r.fragment]}
     assert encodings == {config.update_encoding}
     assert {r.update.encoding for r in last.values()} == {sent_as(config, "update", final=True)}
     assert_steps_accounted("solo", state.steps, state.tokens, sink.events, history)
