@@ -148,8 +148,11 @@ async def test_a_lying_insider_among_four_moves_a_round_at_most_its_share_of_the
         distance, radius = float(note["distance"]), float(note["radius"])
         assert p.weight * distance <= radius * share * (1 + 1e-5), (p.weight, distance, radius)
     assert 0.0 in [p.weight for p, _ in crowded], [p.weight for p, _ in crowded]
-    # A round of two: the insider's delta clipped to the honest one's norm, at half weight.
-    assert max(p.weight for p, _ in mine) <= 0.5 + 1e-9
+    # Every shared round, two included: at most its share of the steps (half of a round of
+    # two only when both took as many).
+    assert all(p.weight <= _share(p, others) + 1e-9 for p, others in mine), [
+        (p.weight, p.steps, others) for p, others in mine
+    ]
     start = torch.linalg.vector_norm(
         torch.cat([p.detach().reshape(-1) for p in tiny_model(0).parameters()])
     )
