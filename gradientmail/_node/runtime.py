@@ -60,30 +60,24 @@ class Nudge:
 
     def __init__(self) -> None:
         self._pending = False
-        self._event: anyio.Event | None = None
+        self._scope: anyio.CancelScope | None = None
 
     def set(self) -> None:
         self._pending = True
-        if self._event is not None:
-            self._event.set()
+        if self._scope is not None:
+            self._scope.cancel()
 
     async def pause(self, clock: Clock, seconds: float) -> None:
-        """Sleep ``seconds`` on ``clock``, or until ``set``."""
+        """Sleep ``seconds`` on ``clock``, or until ``set``. A pause that runs its time
+        starts no task and cancels nothing (it is every idle poll of every node)."""
         if self._pending:
             self._pending = False
             await anyio.lowlevel.checkpoint()
             return
-        event = self._event = anyio.Event()
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def sleep() -> None:
-                    await clock.sleep(seconds)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(sleep)
-                await event.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            self._event = None
-            self._pending = False
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                await clock.sleep(seconds)
+            finally:
+                self._scope = None
+                self._pending = False
