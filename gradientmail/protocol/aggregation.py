@@ -29,7 +29,7 @@ from torch import Tensor
 from gradientmail.protocol import keys
 from gradientmail.protocol.bounds import allowance, judged_steps
 from gradientmail.protocol.codec import tensors_of
-from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, chunk_ranges
+from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, all_finite, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
     Participant,
@@ -142,7 +142,7 @@ def _finite_norm(delta: Delta, spec: FragmentSpec) -> str | float:
     for index, param in enumerate(spec.params):
         for start, end in chunk_ranges(param.numel):
             piece = _piece(delta, index, start, end)
-            if not bool(torch.isfinite(piece).all()):
+            if not all_finite(piece):
                 return param.name
             squares.append(_squares(piece))
     norm = math.sqrt(math.fsum(squares))

@@ -14,12 +14,12 @@ Pure: no I/O; runs on whatever thread calls it (the syncer runs it in a worker t
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from gradientmail.protocol.aggregation import Aggregate, Candidate, Screen, aggregate, refused
 from gradientmail.protocol.checkpoint import step
 from gradientmail.protocol.outer import committed_update
+from gradientmail.protocol.pieces import all_finite
 from gradientmail.protocol.records import Encoding, FragmentSpec, RunConfig
 from gradientmail.protocol.sparse import sent_as, update_sparsity
 
@@ -43,7 +43,7 @@ class Outcome:
 
 def finite(*groups: Sequence[Tensor]) -> bool:
     """Whether every element of every tensor of ``groups`` is finite."""
-    return all(bool(torch.isfinite(t).all()) for group in groups for t in group)
+    return all(all_finite(t) for group in groups for t in group)
 
 
 def refused_non_finite(

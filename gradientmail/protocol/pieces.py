@@ -24,6 +24,7 @@ __all__ = [
     "BlobView",
     "FragmentBlob",
     "PartedBlob",
+    "all_finite",
     "chunk_ranges",
     "row_count",
     "row_width",
@@ -48,6 +49,18 @@ def chunk_ranges(numel: int, step: int | None = None) -> list[tuple[int, int]]:
     at a time."""
     step = CHUNK_ELEMENTS if step is None else step
     return [(start, min(start + step, numel)) for start in range(0, numel, step)]
+
+
+def all_finite(tensor: Tensor) -> bool:
+    """Whether every element of ``tensor`` is finite, a piece at a time: ``x − x`` is 0 for
+    a finite ``x`` and NaN for NaN or ±Inf, and a NaN makes its piece's sum NaN. The
+    answer of ``torch.isfinite(tensor).all()``, which on CPU costs many times more."""
+    flat = tensor.detach().reshape(-1)
+    for start, end in chunk_ranges(flat.numel()):
+        piece = flat[start:end]
+        if math.isnan(float((piece - piece).sum())):
+            return False
+    return True
 
 
 def quantize(flat: Tensor, levels: int, block_size: int) -> tuple[Tensor, Tensor]:

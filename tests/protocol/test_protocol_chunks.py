@@ -12,6 +12,8 @@ import msgspec
 import pytest
 import safetensors.torch
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gradientmail.protocol.pieces as pieces
 from gradientmail.protocol.aggregation import Candidate, aggregate, l2_norm
@@ -25,6 +27,7 @@ from gradientmail.protocol.codec import (
     spec_digest,
 )
 from gradientmail.protocol.outer import apply_update, committed_update, outer_step
+from gradientmail.protocol.pieces import all_finite
 from gradientmail.protocol.records import BlobRef, FragmentSpec, ParamSpec, RunConfig, Snapshot
 
 SPEC = FragmentSpec(
@@ -231,3 +234,30 @@ def test_the_outer_step_and_the_update_in_pieces_give_the_whole_tensor_bits() ->
     assert all(
         torch.equal(a, b) for a, b in zip(apply_update(theta, blob, SPEC), new_theta, strict=True)
     )
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.integers(0, 9),
+    columns=st.integers(0, 40),
+    planted=st.lists(
+        st.tuples(
+            st.integers(0, 359),
+            st.sampled_from([math.nan, math.inf, -math.inf, 3.4e38, -3.4e38, -0.0, 1e-45]),
+        ),
+        max_size=3,
+    ),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+)
+def test_all_finite_answers_what_isfinite_answers_over_many_pieces(
+    rows: int, columns: int, planted: list[tuple[int, float]], dtype: torch.dtype
+) -> None:
+    """A NaN or ±Inf anywhere, in any piece (the first, a middle one, the last, shorter
+    one), makes ``all_finite`` false; the largest finite values, whose sums overflow, and
+    negative zero do not."""
+    tensor = torch.randn(rows, columns, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    flat = tensor.view(-1)
+    for index, value in planted:
+        if index < flat.numel():
+            flat[index] = value
+    assert all_finite(tensor) == bool(torch.isfinite(tensor).all())
