@@ -2,7 +2,8 @@
 does the run learn more for it?
 
 The real-text task of ``bench_text.py`` (the standard library's source, the byte GPT of its
-``medium`` size, AdamW, ``K = 4`` learners, ``F = 5`` fragments, H 50). Every learner gets
+``medium`` size, AdamW, ``K = 4`` learners, ``F = 5`` fragments, H 50 unless the fleet
+names another). Every learner gets
 the same wall-clock budget. A learner of speed ``s`` takes ``s × BASE_STEP`` seconds a step:
 its compute, then a sleep up to that time (slowness made by sleep, so that a slow learner
 does not take the fast ones' cores on this 2-core machine; a step whose compute alone is
@@ -11,9 +12,10 @@ fraction of the budget elapsed, so a slow learner is not left at a high rate.
 
 Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and ``pausing``
 (1/1/1/1, learner 3 pausing ``PAUSE`` seconds every ``PAUSE_EVERY`` steps, a validation pass
-as a user's trainer makes one); ``mixed-matched`` and ``straggler-matched``, equal fleets
-that take as many steps in the budget as those (every learner at the harmonic mean of
-their speeds): the reference an unequal fleet is held to. Arms: ``gm`` (the default,
+as a user's trainer makes one); ``equal-H100`` and ``equal-H250``, the equal fleet at H 100
+and 250 (``sync_every``); ``mixed-matched`` and ``straggler-matched``, equal fleets that
+take as many steps in the budget as those (every learner at the harmonic mean of their
+speeds): the reference an unequal fleet is held to. Arms: ``gm`` (the default,
 ``RunConfig.overlap`` None: the adaptive schedule), ``gm-repeatable`` (``overlap=2``: the
 rounds pace every learner), and ``dp`` (data-parallel, one process, every learner's batch
 per step at the fastest speed), and ``torchft`` (its DiLoCo, ``bench_text_torchft``'s
@@ -66,6 +68,8 @@ FLEETS: dict[str, list[float]] = {
     "mixed": [1.0, 1.5, 2.0, 3.0],
     "straggler": [1.0, 1.0, 1.0, 4.0],
     "pausing": [1.0, 1.0, 1.0, 1.0],
+    "equal-H100": [1.0, 1.0, 1.0, 1.0],
+    "equal-H250": [1.0, 1.0, 1.0, 1.0],
 }
 ARMS = ("gm", "gm-repeatable", "torchft", "dp")
 
@@ -82,9 +86,15 @@ for _name in ("mixed", "straggler"):
     FLEETS[f"{_name}-matched"] = matched(_name)
 
 
-def config(arm: str) -> Any:
+def sync_every(fleet: str) -> int:
+    """The fleet's H: ``SYNC_EVERY`` unless its name ends in ``-H<steps>``."""
+    _, marked, steps = fleet.rpartition("-H")
+    return int(steps) if marked and steps.isdigit() else SYNC_EVERY
+
+
+def config(arm: str, fleet: str) -> Any:
     overlap = 2 if arm == "gm-repeatable" else None
-    return task.run_config(SYNC_EVERY, "fp32", overlap=overlap)
+    return task.run_config(sync_every(fleet), "fp32", overlap=overlap)
 
 
 def lr_scale(started: float, budget: float) -> float:
@@ -278,7 +288,7 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
         seed,
         scratch,
         system="gm",
-        config=msgspec.structs.asdict(config(arm)),
+        config=msgspec.structs.asdict(config(arm, fleet)),
         learners=len(speeds),
         speeds=speeds,
         fleet=fleet,
@@ -388,7 +398,7 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
     lighthouse; its figures (waiting: the share of its budget a learner's steps overran
     their time, blocked in a sync)."""
     speeds = FLEETS[fleet]
-    base = config("gm")
+    base = config("gm", fleet)
     scratch.mkdir(parents=True)
     with lighthouse(scratch / "log-lighthouse.txt") as address:
         spec = worker_spec(
@@ -397,7 +407,7 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
             scratch / "run",
             system="torchft",
             lighthouse=address,
-            sync_every=SYNC_EVERY,
+            sync_every=base.sync_every,
             fragments=task.FRAGMENTS,
             outer_lr=base.outer_lr,
             outer_momentum=base.outer_momentum,

@@ -7,6 +7,7 @@ import bench_fleet
 from _page import Page, num, provenance, table
 
 HETEROGENEOUS = ("mixed", "straggler", "pausing")
+EQUAL = ("equal", "equal-H100", "equal-H250")
 ARM_LABEL = {
     "gm": "gradientmail, default (adaptive)",
     "gm-repeatable": "gradientmail, repeatable mode",
@@ -87,7 +88,8 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         return
     p, runs = result["parameters"], result["figures"]["runs"]
     page.add(
-        f"The real-text task at size `{p['size']}` (K = 4, H {p['sync_every']}), every arm "
+        f"The real-text task at size `{p['size']}` (K = 4, H {p['sync_every']} but where the "
+        "fleet's name gives another, as `equal-H100`), every arm "
         f"{p['budget']:.0f} s of wall time per learner; a learner of speed s takes s × "
         f"{p['base_step']} s a step (its compute, then a sleep); `pausing`'s learner 3 stops "
         f"{p['pause'][0]:.0f} s every {p['pause'][1]} steps; `*-matched` fleets are equal "
@@ -173,16 +175,35 @@ def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], p: dict[str, Any
                 worst <= 1.01 * matched,
                 "bench_fleet",
             )
-    equal = _median(runs.get("equal/gm", []), "bits_per_byte")
-    repeatable = _median(runs.get("equal/gm-repeatable", []), "bits_per_byte")
-    if equal is not None and repeatable is not None:
-        page.target(
-            "equal fleet: default vs the repeatable mode",
-            "within 0.5%",
-            f"{num(equal)} against {num(repeatable)} ({equal / repeatable - 1:+.2%})",
-            equal <= 1.005 * repeatable,
-            "bench_fleet",
-        )
+    _equal_targets(page, runs)
+
+
+def _equal_targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
+    """At each H measured, the equal fleet's default against the repeatable mode and
+    against torchft."""
+    for fleet in EQUAL:
+        equal = _median(runs.get(f"{fleet}/gm", []), "bits_per_byte")
+        if equal is None:
+            continue
+        at = f"H {bench_fleet.sync_every(fleet)}"
+        repeatable = _median(runs.get(f"{fleet}/gm-repeatable", []), "bits_per_byte")
+        if repeatable is not None:
+            page.target(
+                f"equal fleet, {at}: default vs the repeatable mode",
+                "within 0.5%",
+                f"{num(equal)} against {num(repeatable)} ({equal / repeatable - 1:+.2%})",
+                equal <= 1.005 * repeatable,
+                "bench_fleet",
+            )
+        torchft = _median(runs.get(f"{fleet}/torchft", []), "bits_per_byte")
+        if torchft is not None:
+            page.target(
+                f"equal fleet, {at}: default vs torchft DiLoCo",
+                "no worse",
+                f"{num(equal)} against {num(torchft)} ({equal / torchft - 1:+.2%})",
+                equal <= torchft,
+                "bench_fleet",
+            )
 
 
 def _plot(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:

@@ -96,3 +96,28 @@ def test_the_section_names_the_dates_of_its_runs_not_their_commits(tmp_path: Pat
     assert "- 2026-01-02T00:00:00+00:00: straggler/torchft" in text
     assert "decade" not in text
     assert "c0ffee" not in text
+
+
+def test_the_equal_fleet_is_judged_at_each_h_against_the_repeatable_mode_and_torchft(
+    tmp_path: Path,
+) -> None:
+    """The H of a fleet is in its name (``equal-H250``); at each H the default is held within
+    0.5% of the repeatable mode and no worse than torchft, each verdict naming its H."""
+    equal = [(1.0, 100, 100.0)] * 4
+    measured = result()
+    measured["figures"]["runs"] = {
+        "equal/gm": [run(2.70, 0.0, *equal)],
+        "equal/gm-repeatable": [run(2.71, 0.0, *equal)],
+        "equal/torchft": [{"bits_per_byte": 2.72, "fastest_waiting_share": 0.01}],
+        "equal-H250/gm": [run(3.00, 0.0, *equal)],
+        "equal-H250/gm-repeatable": [run(2.90, 0.0, *equal)],
+        "equal-H250/torchft": [{"bits_per_byte": 2.95, "fastest_waiting_share": 0.01}],
+    }
+    page = _page.Page(tmp_path)
+    report_fleet.fleets(page, measured)
+    verdicts = {row[0]: row[3] for row in page.targets}
+    assert verdicts["equal fleet, H 50: default vs the repeatable mode"] == "met"
+    assert verdicts["equal fleet, H 50: default vs torchft DiLoCo"] == "met"
+    assert verdicts["equal fleet, H 250: default vs the repeatable mode"] == "**missed**"
+    assert verdicts["equal fleet, H 250: default vs torchft DiLoCo"] == "**missed**"
+    assert not any("H 100" in name for name in verdicts)
