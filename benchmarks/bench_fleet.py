@@ -13,9 +13,9 @@ fraction of the budget elapsed, so a slow learner is not left at a high rate.
 Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and ``pausing``
 (1/1/1/1, learner 3 pausing ``PAUSE`` seconds every ``PAUSE_EVERY`` steps, a validation pass
 as a user's trainer makes one); ``equal-H100`` and ``equal-H250``, the equal fleet at H 100
-and 250 (``sync_every``); ``mixed-matched`` and ``straggler-matched``, equal fleets that
-take as many steps in the budget as those (every learner at the harmonic mean of their
-speeds): the reference an unequal fleet is held to. Arms: ``gm`` (the default,
+and 250 (``sync_every``); ``mixed-matched``, ``straggler-matched`` and ``pausing-matched``,
+equal fleets that take as many steps in the budget as those (``matched``): the reference an
+unequal fleet is held to. Arms: ``gm`` (the default,
 ``RunConfig.overlap`` None: the adaptive schedule), ``gm-repeatable`` (``overlap=2``: the
 rounds pace every learner), and ``dp`` (data-parallel, one process, every learner's batch
 per step at the fastest speed), and ``torchft`` (its DiLoCo, ``bench_text_torchft``'s
@@ -75,15 +75,16 @@ ARMS = ("gm", "gm-repeatable", "torchft", "dp")
 
 
 def matched(fleet: str) -> list[float]:
-    """An equal fleet of ``fleet``'s size that takes as many steps in a budget: every
-    learner at the harmonic mean of its speeds (``X-matched``: the reference a fleet of
-    unequal machines is held to)."""
+    """An equal fleet of ``fleet``'s size that takes as many steps in ``BUDGET``: every
+    learner at the harmonic mean of its speeds, or for ``pausing`` at the speed that takes
+    what its learners take alone, the pauses included (``X-matched``: the reference a fleet
+    of unequal machines is held to)."""
     speeds = FLEETS[fleet]
-    return [len(speeds) / sum(1 / s for s in speeds)] * len(speeds)
-
-
-for _name in ("mixed", "straggler"):
-    FLEETS[f"{_name}-matched"] = matched(_name)
+    if fleet != "pausing":
+        return [len(speeds) / sum(1 / s for s in speeds)] * len(speeds)
+    last = len(speeds) - 1
+    steps = sum(alone_steps(s, BUDGET, pauses=k == last) for k, s in enumerate(speeds))
+    return [len(speeds) * BUDGET / (BASE_STEP * steps)] * len(speeds)
 
 
 def sync_every(fleet: str) -> int:
@@ -269,6 +270,10 @@ def alone_steps(
         steps += 1
         elapsed += speed * base_step + (seconds if pauses and steps % every == 0 else 0.0)
     return steps
+
+
+for _name in ("mixed", "straggler", "pausing"):
+    FLEETS[f"{_name}-matched"] = matched(_name)
 
 
 def committed_steps(rounds: list[dict[str, Any]], fragments: int) -> dict[str, float]:

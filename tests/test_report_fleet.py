@@ -121,3 +121,23 @@ def test_the_equal_fleet_is_judged_at_each_h_against_the_repeatable_mode_and_tor
     assert verdicts["equal fleet, H 250: default vs the repeatable mode"] == "**missed**"
     assert verdicts["equal fleet, H 250: default vs torchft DiLoCo"] == "**missed**"
     assert not any("H 100" in name for name in verdicts)
+
+
+def test_each_unequal_fleet_has_an_equal_fleet_taking_as_many_steps_alone() -> None:
+    """``X-matched`` takes what ``X``'s learners take alone in the budget, pauses included
+    (within a step per learner: steps are whole)."""
+    fleet_module = report_fleet.bench_fleet
+    budget = fleet_module.BUDGET
+    for fleet in ("mixed", "straggler", "pausing"):
+        speeds = fleet_module.FLEETS[fleet]
+        last = len(speeds) - 1
+        unequal = sum(
+            fleet_module.alone_steps(s, budget, pauses=fleet == "pausing" and k == last)
+            for k, s in enumerate(speeds)
+        )
+        equal = sum(
+            fleet_module.alone_steps(s, budget, pauses=False)
+            for s in fleet_module.FLEETS[f"{fleet}-matched"]
+        )
+        assert abs(equal - unequal) <= len(speeds), (fleet, equal, unequal)
+        assert len(set(fleet_module.FLEETS[f"{fleet}-matched"])) == 1
