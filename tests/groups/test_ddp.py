@@ -65,7 +65,9 @@ def test_a_rank_that_hangs_fails_its_group_within_the_timeout(ranks: Ranks) -> N
     assert leader["raised"] == "GroupFailed", leader["message"]
     assert "did not complete" in leader["message"]
     stepping = float((ranks.out / "g1.stepping").read_text())
-    assert 2.0 <= leader["at"] - stepping < 20.0
+    # The hanging rank marks the file once it trained its sixth step, which can be a moment
+    # after the leader began waiting on that step's exchange: the timeout runs from there.
+    assert 1.9 <= leader["at"] - stepping < 20.0
 
 
 def test_a_killed_rank_fails_its_group_which_restarts_and_rejoins(ranks: Ranks) -> None:
