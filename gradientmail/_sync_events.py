@@ -1,6 +1,7 @@
 """``Events``: a node's events as a blocking iterator, for ``gradientmail.sync.Node.events``."""
 
 import concurrent.futures
+import threading
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Self
@@ -10,7 +11,12 @@ from anyio.from_thread import BlockingPortal
 from gradientmail._node import Node as AsyncNode
 from gradientmail.events import Event
 
-__all__ = ["Events"]
+__all__ = ["DRAIN_TIMEOUT", "Events"]
+
+DRAIN_TIMEOUT = 5.0
+"""How long a closing node waits, at most, for its open iterators to read the events it
+emitted up to its close (``Events.wait_drained``): an iterator whose thread has stopped
+reading without ``close()`` holds the close this long."""
 
 
 class Events(Iterator[Event]):
@@ -27,6 +33,7 @@ class Events(Iterator[Event]):
         self._subscription = portal.wrap_async_context_manager(node.events(buffer))
         self._events = self._subscription.__enter__()
         self._open = True
+        self._drained = threading.Event()
 
     def __next__(self) -> Event:
         if not self._open:
@@ -41,10 +48,17 @@ class Events(Iterator[Event]):
             if not self._closed():
                 raise
             self._open = False
+            self._drained.set()
             raise StopIteration from None
+
+    def wait_drained(self, timeout: float) -> None:
+        """Block until this iterator has ended (read to the end of its stream, or closed),
+        or ``timeout`` seconds; on the closing node's thread, before its portal stops."""
+        self._drained.wait(timeout)
 
     def close(self) -> None:
         """End the subscription; idempotent, and a no-op once the node has closed."""
+        self._drained.set()
         if not self._open:
             return
         self._open = False

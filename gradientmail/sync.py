@@ -28,6 +28,7 @@ import concurrent.futures.thread
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from types import FrameType
@@ -44,7 +45,7 @@ from gradientmail._node import NodeOptions, NodeState
 from gradientmail._node.node import running
 from gradientmail._node.spec import NodeSpec, node_spec
 from gradientmail._node.stepping import Steps
-from gradientmail._sync_events import Events
+from gradientmail._sync_events import DRAIN_TIMEOUT, Events
 from gradientmail.clock import Clock
 from gradientmail.events import Sink
 from gradientmail.mailbox import Mailbox
@@ -92,6 +93,7 @@ class Node:
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._served: concurrent.futures.Future[None] | None = None
         self._opened: ExitStack | None = None
+        self._iterators: list[Events] = []
 
     # -- what users see ---------------------------------------------------------------------
 
@@ -195,7 +197,9 @@ class Node:
         """Every event of this node from now on, as a blocking iterator (``Events``); the
         newest are dropped, with an ``EventsDropped`` notice, when the consumer falls more
         than ``buffer`` behind."""
-        return Events(self._portal, self._joined(), buffer, lambda: self._final is not None)
+        events = Events(self._portal, self._joined(), buffer, lambda: self._final is not None)
+        self._iterators.append(events)
+        return events
 
     def __repr__(self) -> str:
         if self._node is None:
@@ -276,6 +280,13 @@ class Node:
             # flush instead, and let the interrupt propagate.
             self._cancel_and_wait()
             raise
+
+    def _drain(self) -> None:
+        """Wait, ``DRAIN_TIMEOUT`` at most in all, for every events iterator to read to its
+        end what the node emitted up to its close."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        for events in self._iterators:
+            events.wait_drained(max(0.0, deadline - time.monotonic()))
 
     def _cancel_and_wait(self) -> None:
         assert self._served is not None
@@ -444,6 +455,8 @@ def _served(spec: NodeSpec, backend: Backend, handle_signals: bool) -> Iterator[
         else:
             facade._exit(None)
         finally:
-            # Only event subscriptions can be left (their streams have ended): end them.
+            # Only event subscriptions can be left (their streams have ended): let their
+            # readers take what is still buffered, then end them.
+            facade._drain()
             with suppress(RuntimeError):
                 portal.call(portal.stop, True)

@@ -4,6 +4,7 @@ directory: training from a plain loop, the flush, events, failures and interrupt
 import concurrent.futures
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,41 @@ def test_events_iterate_in_another_thread_until_the_node_closes(
     assert not any(isinstance(e, Joined) for e in seen), "events before the subscription"
     assert any(isinstance(e, Closed) for e in seen)
     assert isinstance(seen[-1], LeaseReleased), "the iteration ended before the node closed"
+
+
+def test_an_iterator_that_reads_only_after_the_close_still_gets_every_event(
+    backend: str, tmp_path: Path
+) -> None:
+    """The reader starts once the node has emitted its last event (a sink sees
+    ``LeaseReleased``): leaving the block waits for it to read what its stream holds, so it
+    gets the close's events too, instead of the portal stopping under it."""
+    model = tiny_model()
+    seen: list[Event] = []
+    released = threading.Event()
+
+    def sink(event: Event) -> None:
+        if isinstance(event, LeaseReleased):
+            released.set()
+
+    def read_after_the_close(events: Iterator[Event]) -> None:
+        assert released.wait(timeout=30), "the node never released its lease"
+        seen.extend(events)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with gradientmail.sync.node(
+            model,
+            str(tmp_path),
+            learner="solo",
+            config=CONFIG,
+            options=FAST,
+            sinks=[sink],
+            backend=backend,
+        ) as node:
+            watcher = pool.submit(read_after_the_close, node.events())
+            _train_until(node, Trainer(model, seed=1), round=2)
+        watcher.result(timeout=30)
+    assert any(isinstance(e, Closed) for e in seen), [type(e).__name__ for e in seen[-5:]]
+    assert isinstance(seen[-1], LeaseReleased)
 
 
 def test_a_broken_store_raises_from_step_and_from_leaving(backend: str, tmp_path: Path) -> None:
