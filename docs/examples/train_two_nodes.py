@@ -3,9 +3,11 @@
     python docs/examples/train_two_nodes.py [DIRECTORY] [STEPS]
 
 Each node trains the same MLP on its own two-spirals data with AdamW (the inner optimizer);
-gradientmail averages their progress fragment by fragment. The two meet at a barrier before
-their first step, so that a new run of the same steps computes the same model (the rounds
-pace the learners: RunConfig.overlap). Rerun on a DIRECTORY to continue.
+gradientmail averages their progress fragment by fragment. The run is in the repeatable mode
+(RunConfig.repeatable: the rounds pace the learners) and the two meet at a barrier before
+their first step, so that a new run of the same steps computes the same model; under the
+default schedule each node trains at its own pace and two runs end differently. Rerun on a
+DIRECTORY to continue.
 """
 
 import math
@@ -19,7 +21,7 @@ from torch import nn
 import gradientmail
 from gradientmail import Barrier, NodeOptions, node
 
-CONFIG = gradientmail.RunConfig(fragments=3, sync_every=24, grace=0.5)
+CONFIG = gradientmail.RunConfig.repeatable(fragments=3, sync_every=24, grace=0.5)
 OPTIONS = NodeOptions(poll_interval=0.05, lease_every=0.5, lease_timeout=5.0)
 BATCH = 64
 
