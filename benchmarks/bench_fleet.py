@@ -2,24 +2,24 @@
 does the run learn more for it?
 
 The real-text task of ``bench_text.py`` (the standard library's source, the byte GPT of its
-``medium`` size, AdamW, ``K = 4`` learners, ``F = 5`` fragments, H 50 unless the fleet
-names another). Every learner gets
-the same wall-clock budget. A learner of speed ``s`` takes ``s × BASE_STEP`` seconds a step:
-its compute, then a sleep up to that time (slowness made by sleep, so that a slow learner
-does not take the fast ones' cores on this 2-core machine; a step whose compute alone is
-longer is not padded). The learning rate follows ``bench_convergence_task.lr_at`` over the
-fraction of the budget elapsed, so a slow learner is not left at a high rate.
+``medium`` size, AdamW, ``K = 4`` learners, ``F = 5`` fragments, H 50 unless the fleet names
+another). Every learner gets the same wall-clock budget. A learner of speed ``s`` takes
+``s × BASE_STEP`` seconds a step: its compute, then a sleep up to that time (slowness made by
+sleep, so that a slow learner does not take the fast ones' cores on this 2-core machine; a
+step whose compute alone is longer is not padded). The learning rate follows
+``bench_convergence_task.lr_at`` over the fraction of the budget elapsed, so a slow learner
+is not left at a high rate.
 
 Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and ``pausing``
 (1/1/1/1, learner 3 pausing ``PAUSE`` seconds every ``PAUSE_EVERY`` steps, a validation pass
 as a user's trainer makes one); ``equal-H100`` and ``equal-H250``, the equal fleet at H 100
 and 250 (``sync_every``); ``mixed-matched``, ``straggler-matched`` and ``pausing-matched``,
 equal fleets that take as many steps in the budget as those (``matched``): the reference an
-unequal fleet is held to. Arms: ``gm`` (the default,
-``RunConfig.overlap`` None: the adaptive schedule), ``gm-repeatable`` (``overlap=2``: the
-rounds pace every learner), and ``dp`` (data-parallel, one process, every learner's batch
-per step at the fastest speed), and ``torchft`` (its DiLoCo, ``bench_text_torchft``'s
-replicas with the same speeds: synchronous, every sync waits for the slowest).
+unequal fleet is held to. Arms: ``gm`` (the default, ``RunConfig.overlap`` None: the
+adaptive schedule), ``gm-repeatable`` (``overlap=2``: the rounds pace every learner), and
+``dp`` (data-parallel, one process, every learner's batch per step at the fastest speed),
+and ``torchft`` (its DiLoCo, ``bench_text_torchft``'s replicas with the same speeds:
+synchronous, every sync waits for the slowest).
 
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
 a fragment, averaged over fragments, against what it would take alone in the budget, its

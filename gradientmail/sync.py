@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from types import FrameType
@@ -93,7 +94,8 @@ class Node:
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._served: concurrent.futures.Future[None] | None = None
         self._opened: ExitStack | None = None
-        self._iterators: list[Events] = []
+        # Held weakly: an iterator nobody can read any more is not waited for.
+        self._iterators: weakref.WeakSet[Events] = weakref.WeakSet()
 
     # -- what users see ---------------------------------------------------------------------
 
@@ -198,7 +200,7 @@ class Node:
         newest are dropped, with an ``EventsDropped`` notice, when the consumer falls more
         than ``buffer`` behind."""
         events = Events(self._portal, self._joined(), buffer, lambda: self._final is not None)
-        self._iterators.append(events)
+        self._iterators.add(events)
         return events
 
     def __repr__(self) -> str:
@@ -285,7 +287,7 @@ class Node:
         """Wait, ``DRAIN_TIMEOUT`` at most in all, for every events iterator to read to its
         end what the node emitted up to its close."""
         deadline = time.monotonic() + DRAIN_TIMEOUT
-        for events in self._iterators:
+        for events in list(self._iterators):
             events.wait_drained(max(0.0, deadline - time.monotonic()))
 
     def _cancel_and_wait(self) -> None:
