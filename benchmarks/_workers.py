@@ -227,6 +227,7 @@ def _round_report(event: Any) -> dict[str, Any]:
         "rejected_by": [[r.learner, r.reason] for r in record.rejected],
         "cosine": record.cosine,
         "steps": {p.learner: p.steps for p in record.participants},
+        "closing": sum(p.closing is True for p in record.participants),
         "seconds": event.seconds,
         "update_bytes": record.update.size,
     }

@@ -24,14 +24,16 @@ synchronous, every sync waits for the slowest).
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
 a fragment, averaged over fragments, against what it would take alone in the budget, its
 pauses included), the mean of the learners' own models' bits per byte
-when their budget ended (before their close), what each would do alone in the budget
+when their budget ended (before their close) and that of the newest committed θ then (the
+model the final rounds start from: ``before_final``), what each would do alone in the budget
 (``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
 rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model (the mean
 of the learners' models after their close) and the learners' bits per byte against wall
 time (every ``CURVE_EVERY`` seconds, on the final evaluation's windows).
 
 Usage: ``.venv/bin/python benchmarks/bench_fleet.py [--fleets NAME ...] [--arms NAME ...]
-[--repeats N] [--budget SECONDS] [--keep]``.
+[--repeats N] [--budget SECONDS] [--keep]`` (``--keep``: the stored runs of the fleets
+and arms not run now stay in ``fleet.json``).
 """
 
 import argparse
@@ -179,11 +181,38 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
         (Path(spec["scratch"]) / f"overrun-{index}").write_text(str(overrun))
         before = evaluate(model, final_set)
         (Path(spec["scratch"]) / f"before-{index}").write_text(str(before))
+        if spec["system"] == "gm":
+            _committed(spec, index, model, lambda m: evaluate(m, final_set))
         return curve
 
     return Learning(
         model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
     )
+
+
+def _committed(spec: dict[str, Any], index: int, model: Any, loss: Callable[[Any], float]) -> None:
+    """The newest committed θ when learner ``index``'s budget ended (before its close): its
+    validation loss and newest round, in ``committed-{index}`` (the close is judged against
+    it: a final round must not make the shared model worse)."""
+    import copy
+
+    import gradientmail.sync
+
+    committed = copy.deepcopy(model)
+    sources = gradientmail.sync.load(str(Path(spec["scratch"]) / "store"), committed)
+    newest = max((s.round for s in sources if s.round is not None), default=-1)
+    figures = {"loss": loss(committed), "round": newest}
+    (Path(spec["scratch"]) / f"committed-{index}").write_text(json.dumps(figures))
+
+
+def before_final(scratch: Path, learners: int, rounds: list[dict[str, Any]]) -> float | None:
+    """The validation loss of the newest committed θ that a learner read at its budget's end
+    and that no closing snapshot had reached yet (None when every reading came after a final
+    round): the model the close started from."""
+    first_final = min((r["round"] for r in rounds if r.get("closing")), default=None)
+    readings = [json.loads((scratch / f"committed-{k}").read_text()) for k in range(learners)]
+    clean = [r for r in readings if first_final is None or r["round"] < first_final]
+    return max(clean, key=lambda r: r["round"])["loss"] if clean else None
 
 
 def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
@@ -319,11 +348,13 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
     before = [float((scratch / f"before-{k}").read_text()) for k in range(len(speeds))]
     curve = fleet_curve(reports, budget)
     rounds = launched["reports"]["syncer"]["rounds"]
+    committed_loss = before_final(scratch, len(speeds), rounds)
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     return {
         "bits_per_byte": task.bits(sum(finals) / len(finals)),
         "bits_per_byte_before_close": task.bits(sum(before) / len(before)),
+        "bits_per_byte_committed": None if committed_loss is None else task.bits(committed_loss),
         "curve": _bits_curve(curve),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
@@ -341,8 +372,9 @@ def run(
 ) -> Path:
     """Every fleet × arm × repeat (seed 0, run again: the timing differs), written to
     ``results/fleet.json`` after each, every run marked with the invocation that measured it
-    (``measured``: date, commit); with ``keep`` the runs already stored there stay (a matrix
-    measured in parts; ``SystemExit`` when their budget or sizes differ)."""
+    (``measured``: date, commit); with ``keep`` the stored runs of the fleets and arms not
+    run now stay (a matrix measured in parts; ``SystemExit`` when their budget or sizes
+    differ)."""
     result = h.header(
         NAME,
         quick=budget < BUDGET,
@@ -375,6 +407,7 @@ def run(
     measured = {"date": result["date"], "git_commit": result["git_commit"]}
     for fleet in fleets:
         for arm in arms:
+            runs.pop(f"{fleet}/{arm}", None)
             for repeat in range(repeats if arm != "dp" else 1):
                 with tempfile.TemporaryDirectory(prefix="gm-fleet-") as tmp:
                     if arm == "dp":
@@ -393,7 +426,8 @@ def run(
 
 
 def _brief(figures: dict[str, Any]) -> dict[str, Any]:
-    keys = ("bits_per_byte", "bits_per_byte_before_close", "fastest_waiting_share")
+    keys = ("bits_per_byte", "bits_per_byte_before_close", "bits_per_byte_committed")
+    keys += ("fastest_waiting_share",)
     keys += ("committed_over_alone", "rounds")
     return {k: round(figures[k], 4) for k in keys if k in figures}
 

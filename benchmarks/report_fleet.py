@@ -77,6 +77,7 @@ def _row(fleet: str, arm: str, runs: list[dict[str, Any]], p: dict[str, Any]) ->
         str(len(runs)),
         _range(runs, "bits_per_byte"),
         _range(runs, "bits_per_byte_before_close"),
+        _range(runs, "bits_per_byte_committed"),
         _range(runs, "fastest_waiting_share", 2),
         _range(ratios, "committed_over_taken", 3) if any(committed) else "–",
         _range(ratios, "taken_over_alone", 2) if learners else "–",
@@ -101,8 +102,10 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         f"{p['pause'][0]:.0f} s every {p['pause'][1]} steps; `*-matched` fleets are equal "
         "fleets that take as many steps in the budget. Bits per byte: the shared model after "
         "the close (the mean of the learners' models); before close: the learners' own "
-        "models when the budget ended. Waiting: the fastest learner's share of its time "
-        "waiting on rounds (torchft: its steps' time beyond their own, blocked in a sync). "
+        "models when the budget ended; committed θ: the newest committed model then, "
+        "before any final round (the model the close starts from). Waiting: the fastest "
+        "learner's share of its time waiting on rounds (torchft: its steps' time beyond "
+        "their own, blocked in a sync). "
         "Committed ÷ taken: the steps that reached a committed round over the steps the "
         "learners took (1: none lost); taken ÷ alone: over what each takes alone in the "
         "budget at its nominal speed (below 1: waiting, or a machine too busy for its "
@@ -113,7 +116,8 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         *_invocations(result),
     )
     rows = [_row(*key.split("/"), entries, p) for key, entries in sorted(runs.items())]
-    header = ["fleet", "arm", "runs", "bits/byte", "before close", "fastest waits"]
+    header = ["fleet", "arm", "runs", "bits/byte", "before close", "committed θ"]
+    header += ["fastest waits"]
     header += [
         "committed ÷ taken",
         "taken ÷ alone",
@@ -182,6 +186,24 @@ def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], p: dict[str, Any
                 "bench_fleet",
             )
     _equal_targets(page, runs)
+    _close_targets(page, runs)
+
+
+def _close_targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Per fleet, the default's close against the newest committed θ before it: stale final
+    snapshots must not make the shared model worse."""
+    for fleet in ("equal", *HETEROGENEOUS):
+        gm = [r for r in runs.get(f"{fleet}/gm", []) if r.get("bits_per_byte_committed")]
+        if not gm:
+            continue
+        margins = [r["bits_per_byte_committed"] - r["bits_per_byte"] for r in gm]
+        page.target(
+            f"fleet {fleet}: the close vs the committed θ it started from, default",
+            "lower in every run",
+            f"{num(min(margins))} bits per byte lower at least, {len(gm)} run(s)",
+            min(margins) > 0,
+            "bench_fleet",
+        )
 
 
 def _equal_targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
