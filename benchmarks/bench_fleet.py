@@ -23,13 +23,15 @@ synchronous, every sync waits for the slowest).
 
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
 a fragment, averaged over fragments, against what it would take alone in the budget, its
-pauses included), the mean of the learners' own models' bits per byte
-when their budget ended (before their close) and that of the newest committed θ then (the
-model the final rounds start from: ``before_final``), what each would do alone in the budget
+pauses included), the mean of the learners' own models' bits per byte when their budget
+ended (before their close) and that of the newest committed θ then (the model the final
+rounds start from: ``before_final``), what each would do alone in the budget
 (``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
-rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model (the mean
-of the learners' models after their close) and the learners' bits per byte against wall
-time (every ``CURVE_EVERY`` seconds, on the final evaluation's windows).
+rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model
+(gradientmail: the newest committed model once every learner closed, ``shared_loss``;
+torchft: the mean of its replicas' losses after their last sync) and the learners' bits
+per byte against wall time (every ``CURVE_EVERY`` seconds, on the final evaluation's
+windows).
 
 Usage: ``.venv/bin/python benchmarks/bench_fleet.py [--fleets NAME ...] [--arms NAME ...]
 [--repeats N] [--budget SECONDS] [--keep]`` (``--keep``: the stored runs of the fleets
@@ -205,6 +207,25 @@ def _committed(spec: dict[str, Any], index: int, model: Any, loss: Callable[[Any
     (Path(spec["scratch"]) / f"committed-{index}").write_text(json.dumps(figures))
 
 
+def shared_loss(scratch: Path, seed: int, learners: int) -> float:
+    """The validation loss of the run's newest committed model once every learner closed:
+    the shared model (a learner whose final snapshot was left out ends on an older θ, so the
+    learners' own models after their close may differ from it)."""
+    import torch
+
+    import gradientmail.sync
+    from gradientmail.demo.data import evaluate
+    from gradientmail.demo.model import GPT
+
+    torch.set_num_threads(1)
+    size = task.SIZES[SIZE]
+    corpus = data.stdlib_corpus(shards=learners, seed=seed)
+    model = GPT(task.model_config(size), seed=seed)
+    gradientmail.sync.load(str(scratch / "store"), model)
+    length = size["model"]["context"]
+    return evaluate(model, corpus.evaluation(*size["final_eval"], length=length))
+
+
 def before_final(scratch: Path, learners: int, rounds: list[dict[str, Any]]) -> float | None:
     """The validation loss of the newest committed θ that a learner read at its budget's end
     and that no closing snapshot had reached yet (None when every reading came after a final
@@ -265,12 +286,12 @@ def _bits_curve(curve: list[list[float]]) -> list[list[float]]:
     return [[t, task.bits(loss)] for t, loss in curve]
 
 
-def fleet_curve(reports: list[dict[str, Any]], budget: float) -> list[list[float]]:
+def fleet_curve(reports: list[dict[str, Any]], budget: float, final: float) -> list[list[float]]:
     """The learners' validation loss against the seconds of the budget, averaged over
-    learners: their own models while they train, then the final model after their close
-    (at the budget's end)."""
+    learners: their own models while they train, then ``final`` (the final model's, after
+    their close) at the budget's end."""
     trained = mean_curve([r["curve"][:-1] for r in reports])
-    return [*trained, [budget, statistics.fmean(r["final_loss"] for r in reports)]]
+    return [*trained, [budget, final]]
 
 
 def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
@@ -346,13 +367,15 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
         )
     finals = [r["final_loss"] for r in reports]
     before = [float((scratch / f"before-{k}").read_text()) for k in range(len(speeds))]
-    curve = fleet_curve(reports, budget)
+    shared = shared_loss(scratch, seed, len(speeds))
+    curve = fleet_curve(reports, budget, shared)
     rounds = launched["reports"]["syncer"]["rounds"]
     committed_loss = before_final(scratch, len(speeds), rounds)
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     return {
-        "bits_per_byte": task.bits(sum(finals) / len(finals)),
+        "bits_per_byte": task.bits(shared),
+        "bits_per_byte_learners_after_close": task.bits(sum(finals) / len(finals)),
         "bits_per_byte_before_close": task.bits(sum(before) / len(before)),
         "bits_per_byte_committed": None if committed_loss is None else task.bits(committed_loss),
         "curve": _bits_curve(curve),
@@ -474,7 +497,7 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
         )
     finals = [r["final_loss"] for r in reports]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
-    curve = fleet_curve(reports, budget)
+    curve = fleet_curve(reports, budget, sum(finals) / len(finals))
     return {
         "bits_per_byte": task.bits(sum(finals) / len(finals)),
         "curve": _bits_curve(curve),

@@ -203,22 +203,22 @@ class Learner(LearnerState):
             raise ValueError(f"a run of {self.config.fragments} fragments needs one model each")
         fragments = self.config.fragments
         nxt = max(keys.round_of(f, s.version + 1, fragments) for f, s in enumerate(self.slots))
-        closing = FlushingClose(tuple(tuple(m) for m in models), max(nxt, self.seen_round))
-        return replace(self, closing=closing)
+        return replace(self, closing=FlushingClose(tuple(tuple(m) for m in models), nxt))
 
     def _finalize(self) -> tuple["Learner", list[Action]]:
         """The final snapshots, once settled (none before, none without ``BeganClosing``):
         per fragment the model closing began with minus the newest θ held, for round
         ``round_of(f, version + 1)``. None from a learner that never stepped (its model is
-        θ), nor from one that saw others train on (a snapshot of another learner that was not
-        closing) more than ``F`` rounds past the rounds it was in when closing began (its
-        model is behind theirs). A fragment whose final round committed without it
+        θ), nor from one whose model, when closing began, lacked more than ``F`` rounds in
+        which others trained on (a snapshot of another learner that was not closing), be it
+        rounds that went by while it paused or while its flush settled (its model is behind
+        theirs). A fragment whose final round committed without it
         publishes it again, for its next round, once that round's θ is applied (how often:
         ``FlushingClose``). They carry no steps, so the ledger is untouched whatever the rounds
         do."""
         if self.closing is None or not self.settled or not self.step:
             return self, []
-        closing, jobs = self.closing.jobs(self.slots)
+        closing, jobs = self.closing.jobs(self.slots, self.went_on)
         return replace(self, closing=closing), list(jobs)
 
     def _record_seen(self, record: RoundRecord, now: float) -> tuple["Learner", list[Action]]:

@@ -58,8 +58,14 @@ def _fold(learner: S, record: RoundRecord, seen_at: float) -> tuple[S, list[Acti
         slot = replace(slot, wanted=record, update_failed=False, reported=False)
     committed = learner.committed + (record.committed_by == learner.name)
     closing = learner.closing.folded(record, learner.name) if learner.closing else None
+    others = any(p.learner != learner.name and p.closing is not True for p in record.participants)
     state = replace(
-        learner, ledger=ledger, newest_round=record.round, committed=committed, closing=closing
+        learner,
+        ledger=ledger,
+        newest_round=record.round,
+        committed=committed,
+        closing=closing,
+        went_on=record.round if others else learner.went_on,
     )
     state = state.with_slot(fragment, replace(slot, published=published))
     if learner.paced:

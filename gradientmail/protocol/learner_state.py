@@ -30,7 +30,8 @@ class LearnerState:
     joined a run in progress); the steps after ``step`` up to ``hold_until`` do not advance
     the schedule (each takes its advance from the phase), ``stood`` counts those taken so
     far; ``position`` is the schedule's count of positions (``pace``: how many a step
-    advances; the step count itself at rate 1)."""
+    advances; the step count itself at rate 1); ``went_on`` the newest round folded that
+    holds a snapshot of another learner that was not closing (others trained on in it)."""
 
     config: RunConfig
     name: str
@@ -47,6 +48,7 @@ class LearnerState:
     stood: int = 0
     position: int = 0
     pace: Pace = _STILL
+    went_on: int = -1
     closing: FlushingClose | None = None
 
     @classmethod

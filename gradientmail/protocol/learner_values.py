@@ -179,8 +179,8 @@ class Slot:
 class FlushingClose:
     """A close with flush (``BeganClosing``, docs/protocol.md "The last round of a
     run"): ``models`` the live model when it began (one tuple per fragment), ``round`` the
-    newest round it was in then, ``went_on`` the newest round folded since that holds a
-    snapshot of another learner that was not closing (the others trained on), ``finals``
+    first round past every version that model held (its final snapshots are skipped once
+    others trained on in a round more than ``F`` past it: ``jobs``), ``finals``
     the round each fragment's final snapshot went to (empty until published), ``missed``
     the fragments whose final round committed without their final snapshot and that
     publish it again, ``again`` those whose final snapshot went out again. A left-out final
@@ -194,27 +194,22 @@ class FlushingClose:
 
     models: tuple[Tensors, ...]
     round: int
-    went_on: int = -1
     finals: tuple[int, ...] = ()
     missed: frozenset[int] = frozenset()
     again: frozenset[int] = frozenset()
 
     def folded(self, record: RoundRecord, name: str) -> "FlushingClose":
-        """``record`` was folded: note whether others trained on in it, and a final round of
-        this learner's that left it out."""
-        state = self
-        if any(p.learner != name and p.closing is not True for p in record.participants):
-            state = replace(state, went_on=max(state.went_on, record.round))
+        """``record`` was folded: note a final round of this learner's that left it out."""
         fragment = record.fragment
-        if not state.finals or record.round != state.finals[fragment]:
-            return state
+        if not self.finals or record.round != self.finals[fragment]:
+            return self
         participants = record.participants
         if any(p.learner == name for p in participants):
-            return state
+            return self
         flushing = not record.rejected and all(p.closing is True for p in participants)
-        if fragment in state.again and not flushing:
-            return state
-        return replace(state, missed=state.missed | {fragment})
+        if fragment in self.again and not flushing:
+            return self
+        return replace(self, missed=self.missed | {fragment})
 
     def took_final(self, fragment: int, round: int) -> bool:
         """Whether ``round`` is where ``fragment``'s final snapshot went, no resend of it
@@ -229,13 +224,15 @@ class FlushingClose:
             for slot, round in zip(slots, self.finals, strict=False)
         )
 
-    def jobs(self, slots: tuple[Slot, ...]) -> tuple["FlushingClose", list[Publish]]:
-        """The final snapshots to publish now (the ``Finalized`` input of ``Learner.handle``)."""
+    def jobs(self, slots: tuple[Slot, ...], went_on: int) -> tuple["FlushingClose", list[Publish]]:
+        """The final snapshots to publish now (the ``Finalized`` input of ``Learner.handle``),
+        ``went_on`` the newest round folded in which another learner trained on."""
         fragments = len(slots)
         if not self.finals:
-            if self.went_on > self.round + fragments:
-                # Others trained on for a whole cycle of rounds while this flush settled: the
-                # model closing began with is behind theirs, and must not pull the run back.
+            if went_on > self.round + fragments:
+                # Others trained on for a whole cycle of rounds that the model closing began
+                # with lacks (they went by while this learner paused, or while its flush
+                # settled): that model is behind theirs, and must not pull the run back.
                 # Their flush rounds do not count: learners closing together, each flush
                 # slow, must still end on a final round, not on a flush round's look-ahead.
                 return self, []

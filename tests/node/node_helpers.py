@@ -70,17 +70,23 @@ class Trainer:
 
 
 async def train(
-    node: Node, model: nn.Module, seed: int, until_round: int, limit: float = 60.0
+    node: Node,
+    model: nn.Module,
+    seed: int,
+    until_round: int,
+    limit: float = 60.0,
+    compute: float = 0.001,
 ) -> None:
-    """Train until the node has seen ``until_round``'s record (or ``limit`` seconds pass)."""
+    """Train until the node has seen ``until_round``'s record (or ``limit`` seconds pass),
+    each step followed by ``compute`` seconds of simulated compute (the default, a
+    millisecond, keeps three learners in step with the syncers' polling on a loaded
+    machine)."""
     trainer = Trainer(model, seed)
     with anyio.fail_after(limit):
         while node.state.round < until_round:
             await anyio.to_thread.run_sync(trainer.step)
             await node.step(tokens=16)
-            # One simulated millisecond of compute per step keeps three learners in step
-            # with the syncers' polling on a loaded machine.
-            await anyio.sleep(0.001)
+            await anyio.sleep(compute)
 
 
 async def wait_until(condition: Callable[[], Awaitable[bool]], limit: float = 30.0) -> None:

@@ -323,6 +323,35 @@ def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final(
     assert learner.finished
 
 
+@pytest.mark.parametrize(("others", "finals"), [(4, 0), (3, 2)])
+def test_a_learner_that_paused_while_the_others_went_on_a_whole_cycle_publishes_no_final(
+    others: int, finals: int
+) -> None:
+    """It stepped, then stood still (a validation pass, a pause) through the others' rounds
+    0 … ``others``; its model holds none of them when closing begins. Past a whole cycle
+    of them its model is behind theirs: no final snapshot (it ends on their θ); within one
+    it closes with them."""
+    learner, _ = fresh().handle(Stepped(5, now=0.0))
+    for round in range(others + 1):
+        learner, _ = learner.handle(RecordSeen(record(round, included=("a",)), 1.0))
+    for round in (others - 1, others):
+        learner, _ = learner.handle(VersionReady(round % 2, round, (torch.full((2,), 1.0),)))
+    learner, _ = learner.handle(BeganClosing(((torch.ones(2),), (torch.ones(2),))))
+    learner, actions = learner.handle(Flushed(now=2.0))
+    learner, jobs = take(learner, actions)
+    assert sorted(job.round for job in jobs) == [others + 1, others + 2]
+    for job in jobs:
+        learner, _ = learner.handle(PublishEnded(job.fragment, job.round, True))
+    for round in (others + 1, others + 2):
+        learner, _ = learner.handle(RecordSeen(record(round, included=("me",)), 3.0))
+        learner, _ = learner.handle(VersionReady(round % 2, round, (torch.full((2,), 2.0),)))
+        learner, _ = learner.handle(Flushed(now=3.0))
+    assert learner.settled
+    learner, jobs = learner.handle(Finalized())
+    assert [(job.final, job.closing) for job in jobs] == [(True, True)] * finals
+    assert learner.finished == (finals == 0)
+
+
 def test_learners_closing_together_publish_finals_however_long_their_flushes_take() -> None:
     learner, _ = fresh().handle(Stepped(5, now=0.0))
     learner, _ = learner.handle(BeganClosing(((torch.ones(2),), (torch.ones(2),))))
