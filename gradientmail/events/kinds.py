@@ -184,8 +184,10 @@ class StepsDropped:
     ``"reset"`` when that rejection reset the fragment to the global θ and so wiped the
     steps taken since, ``"closed-without-flush"`` when the node closed without publishing
     them (an exception, a cancellation, a failure of the node), ``"gave-up"`` when
-    ``close()`` stopped waiting for the round that carried them. ``detail`` says more in
-    words (which round, which rejection)."""
+    ``close()`` stopped waiting for the round that carried them, ``"behind"`` when closing
+    began with the learner's model more than a cycle of the others' rounds behind theirs
+    (it stood still through them; docs/protocol.md, "The last round of a run"). ``detail``
+    says more in words (which round, which rejection)."""
 
     learner: str
     fragment: int

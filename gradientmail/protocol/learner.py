@@ -136,7 +136,7 @@ class Learner(LearnerState):
             case PublishEnded(fragment=fragment, round=round, ok=ok):
                 return self._published(fragment, round, ok=ok)
             case BeganClosing(models=models):
-                return self._began_closing(models), []
+                return self._began_closing(models)
             case Finalized():
                 return self._finalize()
             case DroppedAll(reason=reason, detail=detail):
@@ -198,12 +198,29 @@ class Learner(LearnerState):
             actions.extend(more)
         return state, actions
 
-    def _began_closing(self, models: Sequence[Tensors]) -> "Learner":
+    def _began_closing(self, models: Sequence[Tensors]) -> tuple["Learner", list[Action]]:
+        """Closing begins with ``models``, the live model. A learner ``behind`` the others
+        (it stood still through more than a cycle of their rounds) with nothing in flight
+        drops its unsent steps (``Dropped``, ``"behind"``): taken on a model a whole cycle
+        behind theirs, at the close no later round would train them in, and a round of them
+        alone would move the run's last θ by them at full weight."""
         if len(models) != self.config.fragments:
             raise ValueError(f"a run of {self.config.fragments} fragments needs one model each")
-        fragments = self.config.fragments
-        nxt = max(keys.round_of(f, s.version + 1, fragments) for f, s in enumerate(self.slots))
-        return replace(self, closing=FlushingClose(tuple(tuple(m) for m in models), nxt))
+        behind = self.behind and all(f.in_flight is None for f in self.ledger.fragments)
+        closing = FlushingClose(tuple(tuple(m) for m in models), self.past_versions, behind)
+        state = replace(self, closing=closing)
+        if not behind:
+            return state, []
+        detail = (
+            f"its model lacked rounds up to {self.went_on} in which others trained, more than "
+            f"a cycle past round {self.past_versions} when closing began"
+        )
+        ledger, actions = state.ledger, list[Action]()
+        for fragment in range(self.config.fragments):
+            ledger, gone = ledger.dropped(fragment, "behind", detail)
+            if gone.steps or gone.tokens:
+                actions.append(gone)
+        return replace(state, ledger=ledger), actions
 
     def _finalize(self) -> tuple["Learner", list[Action]]:
         """The final snapshots, once settled (none before, none without ``BeganClosing``):
@@ -211,11 +228,11 @@ class Learner(LearnerState):
         ``round_of(f, version + 1)``. None from a learner that never stepped (its model is
         θ), nor from one whose model, when closing began, lacked more than ``F`` rounds in
         which others trained on (a snapshot of another learner that was not closing), be it
-        rounds that went by while it paused or while its flush settled (its model is behind
-        theirs). A fragment whose final round committed without it
-        publishes it again, for its next round, once that round's θ is applied (how often:
-        ``FlushingClose``). They carry no steps, so the ledger is untouched whatever the rounds
-        do."""
+        rounds that went by while it stood still (``behind``: its unsent steps were dropped
+        when closing began) or while its flush settled (its model is behind theirs). A
+        fragment whose final round committed without it publishes it again, for its next
+        round, once that round's θ is applied (how often: ``FlushingClose``). They carry no
+        steps, so the ledger is untouched whatever the rounds do."""
         if self.closing is None or not self.settled or not self.step:
             return self, []
         closing, jobs = self.closing.jobs(self.slots, self.went_on)
@@ -350,7 +367,9 @@ class Learner(LearnerState):
         closing learner's final snapshot, else ``late``."""
         if mine is not None and mine.outcome is not None:
             return mine.outcome
-        if self.closing is not None and self.closing.took_final(fragment, round):
+        if self.closing is not None and (
+            self.closing.behind or self.closing.took_final(fragment, round)
+        ):
             return "final"
         return "late"
 

@@ -102,6 +102,19 @@ class LearnerState:
         )
 
     @property
+    def past_versions(self) -> int:
+        """The first round past every version this learner holds."""
+        fragments = len(self.slots)
+        return max(keys.round_of(f, s.version + 1, fragments) for f, s in enumerate(self.slots))
+
+    @property
+    def behind(self) -> bool:
+        """Whether others trained on (``went_on``) in a round more than ``F`` past every
+        version this learner holds: its model lacks a whole cycle of their progress (it
+        stood still through those rounds, a pause or a validation pass)."""
+        return self.went_on > self.past_versions + len(self.slots)
+
+    @property
     def finished(self) -> bool:
         """Closing is done: settled, and every final round (if any) applied."""
         return self.settled and (self.closing is None or self.closing.done(self.slots))

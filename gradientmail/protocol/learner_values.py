@@ -180,7 +180,10 @@ class FlushingClose:
     """A close with flush (``BeganClosing``, docs/protocol.md "The last round of a
     run"): ``models`` the live model when it began (one tuple per fragment), ``round`` the
     first round past every version that model held (its final snapshots are skipped once
-    others trained on in a round more than ``F`` past it: ``jobs``), ``finals``
+    others trained on in a round more than ``F`` past it: ``jobs``), ``behind`` whether
+    the learner was ``behind`` then (its unsent steps dropped, it publishes nothing more and
+    ends on the newest θ: every version it applies while closing merges as ``final``),
+    ``finals``
     the round each fragment's final snapshot went to (empty until published), ``missed``
     the fragments whose final round committed without their final snapshot and that
     publish it again, ``again`` those whose final snapshot went out again. A left-out final
@@ -194,6 +197,7 @@ class FlushingClose:
 
     models: tuple[Tensors, ...]
     round: int
+    behind: bool = False
     finals: tuple[int, ...] = ()
     missed: frozenset[int] = frozenset()
     again: frozenset[int] = frozenset()
@@ -229,7 +233,7 @@ class FlushingClose:
         ``went_on`` the newest round folded in which another learner trained on."""
         fragments = len(slots)
         if not self.finals:
-            if went_on > self.round + fragments:
+            if self.behind or went_on > self.round + fragments:
                 # Others trained on for a whole cycle of rounds that the model closing began
                 # with lacks (they went by while this learner paused, or while its flush
                 # settled): that model is behind theirs, and must not pull the run back.

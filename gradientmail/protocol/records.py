@@ -76,7 +76,7 @@ RejectReason = Literal[
     "revoked",
 ]
 """Why a round rejected a snapshot; each is explained in ``docs/protocol.md``."""
-DropReason = Literal["rejected", "reset", "closed-without-flush", "gave-up"]
+DropReason = Literal["rejected", "reset", "closed-without-flush", "gave-up", "behind"]
 """Why a learner's local steps will never reach a round (``events.StepsDropped``)."""
 
 

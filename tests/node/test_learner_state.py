@@ -323,22 +323,39 @@ def test_a_closing_learner_whose_peers_went_on_a_whole_cycle_publishes_no_final(
     assert learner.finished
 
 
-@pytest.mark.parametrize(("others", "finals"), [(4, 0), (3, 2)])
-def test_a_learner_that_paused_while_the_others_went_on_a_whole_cycle_publishes_no_final(
-    others: int, finals: int
+@pytest.mark.parametrize("others", [3, 4])
+def test_a_learner_that_stood_still_while_the_others_went_on_a_whole_cycle_drops_its_steps(
+    others: int,
 ) -> None:
     """It stepped, then stood still (a validation pass, a pause) through the others' rounds
-    0 … ``others``; its model holds none of them when closing begins. Past a whole cycle
-    of them its model is behind theirs: no final snapshot (it ends on their θ); within one
-    it closes with them."""
+    0 … ``others``; its model holds none of them when closing begins. Past a whole cycle of
+    them (``behind``) its unsent steps are dropped, it publishes nothing and ends on their θ
+    (every version it applies merges as ``final``); within one it flushes and closes with
+    them."""
     learner, _ = fresh().handle(Stepped(5, now=0.0))
     for round in range(others + 1):
         learner, _ = learner.handle(RecordSeen(record(round, included=("a",)), 1.0))
     for round in (others - 1, others):
         learner, _ = learner.handle(VersionReady(round % 2, round, (torch.full((2,), 1.0),)))
-    learner, _ = learner.handle(BeganClosing(((torch.ones(2),), (torch.ones(2),))))
+    behind = others > 3
+    assert learner.behind == behind
+    learner, dropped = learner.handle(BeganClosing(((torch.ones(2),), (torch.ones(2),))))
     learner, actions = learner.handle(Flushed(now=2.0))
     learner, jobs = take(learner, actions)
+    if behind:
+        assert [(d.fragment, d.steps, d.reason) for d in dropped] == [
+            (0, 1, "behind"),
+            (1, 1, "behind"),
+        ]
+        assert jobs == []
+        applied = sorted((a.outcome, a.round) for a in actions if isinstance(a, Apply))
+        assert applied == [("final", others - 1), ("final", others)]
+        assert all(ledger.dropped.steps == 1 for ledger in learner.ledger.fragments)
+        assert learner.settled
+        assert learner.handle(Finalized()) == (learner, [])
+        assert learner.finished
+        return
+    assert dropped == []
     assert sorted(job.round for job in jobs) == [others + 1, others + 2]
     for job in jobs:
         learner, _ = learner.handle(PublishEnded(job.fragment, job.round, True))
@@ -347,9 +364,9 @@ def test_a_learner_that_paused_while_the_others_went_on_a_whole_cycle_publishes_
         learner, _ = learner.handle(VersionReady(round % 2, round, (torch.full((2,), 2.0),)))
         learner, _ = learner.handle(Flushed(now=3.0))
     assert learner.settled
-    learner, jobs = learner.handle(Finalized())
-    assert [(job.final, job.closing) for job in jobs] == [(True, True)] * finals
-    assert learner.finished == (finals == 0)
+    learner, finals = learner.handle(Finalized())
+    assert [(job.final, job.closing) for job in finals] == [(True, True)] * 2
+    assert not learner.finished
 
 
 def test_learners_closing_together_publish_finals_however_long_their_flushes_take() -> None:
