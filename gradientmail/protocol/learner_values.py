@@ -183,10 +183,9 @@ class FlushingClose:
     others trained on in a round more than ``F`` past it: ``jobs``), ``behind`` whether
     the learner was ``behind`` then (its unsent steps dropped, it publishes nothing more and
     ends on the newest θ: every version it applies while closing merges as ``final``),
-    ``finals``
-    the round each fragment's final snapshot went to (empty until published), ``missed``
-    the fragments whose final round committed without their final snapshot and that
-    publish it again, ``again`` those whose final snapshot went out again. A left-out final
+    ``finals`` the round each fragment's final snapshot went to (empty until published),
+    ``missed`` the fragments whose final round committed without their final snapshot and
+    that publish it again, ``again`` those whose final snapshot went out again. A left-out final
     goes out again once whatever left it out (a learner still flushing meets that
     learner's final in the next round of the fragment), and again as long as the rounds
     that leave it out hold only other learners' closing snapshots or none, and rejected
