@@ -28,7 +28,7 @@ ended (before their close) and that of the newest committed θ then (the model t
 rounds start from: ``before_final``), what each would do alone in the budget
 (``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
 rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model
-(gradientmail: the newest committed model once every learner closed, ``shared_loss``;
+(gradientmail: the newest committed model once every learner closed;
 torchft: the mean of its replicas' losses after their last sync) and the learners' bits
 per byte against wall time (every ``CURVE_EVERY`` seconds, on the final evaluation's
 windows).
@@ -50,6 +50,7 @@ from typing import Any
 
 import _harness as h
 import bench_convergence_task as convergence
+import bench_fleet_close as close
 import bench_text_data as data
 import bench_text_task as task
 import msgspec
@@ -184,56 +185,12 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
         before = evaluate(model, final_set)
         (Path(spec["scratch"]) / f"before-{index}").write_text(str(before))
         if spec["system"] == "gm":
-            _committed(spec, index, model, lambda m: evaluate(m, final_set))
+            close.committed_reading(spec, index, model, lambda m: evaluate(m, final_set))
         return curve
 
     return Learning(
         model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
     )
-
-
-def _committed(spec: dict[str, Any], index: int, model: Any, loss: Callable[[Any], float]) -> None:
-    """The newest committed θ when learner ``index``'s budget ended (before its close): its
-    validation loss and newest round, in ``committed-{index}`` (the close is judged against
-    it: a final round must not make the shared model worse)."""
-    import copy
-
-    import gradientmail.sync
-
-    committed = copy.deepcopy(model)
-    sources = gradientmail.sync.load(str(Path(spec["scratch"]) / "store"), committed)
-    newest = max((s.round for s in sources if s.round is not None), default=-1)
-    figures = {"loss": loss(committed), "round": newest}
-    (Path(spec["scratch"]) / f"committed-{index}").write_text(json.dumps(figures))
-
-
-def shared_loss(scratch: Path, seed: int, learners: int) -> float:
-    """The validation loss of the run's newest committed model once every learner closed:
-    the shared model (a learner whose final snapshot was left out ends on an older θ, so the
-    learners' own models after their close may differ from it)."""
-    import torch
-
-    import gradientmail.sync
-    from gradientmail.demo.data import evaluate
-    from gradientmail.demo.model import GPT
-
-    torch.set_num_threads(1)
-    size = task.SIZES[SIZE]
-    corpus = data.stdlib_corpus(shards=learners, seed=seed)
-    model = GPT(task.model_config(size), seed=seed)
-    gradientmail.sync.load(str(scratch / "store"), model)
-    length = size["model"]["context"]
-    return evaluate(model, corpus.evaluation(*size["final_eval"], length=length))
-
-
-def before_final(scratch: Path, learners: int, rounds: list[dict[str, Any]]) -> float | None:
-    """The validation loss of the newest committed θ that a learner read at its budget's end
-    and that no closing snapshot had reached yet (None when every reading came after a final
-    round): the model the close started from."""
-    first_final = min((r["round"] for r in rounds if r.get("closing")), default=None)
-    readings = [json.loads((scratch / f"committed-{k}").read_text()) for k in range(learners)]
-    clean = [r for r in readings if first_final is None or r["round"] < first_final]
-    return max(clean, key=lambda r: r["round"])["loss"] if clean else None
 
 
 def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
@@ -367,10 +324,10 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
         )
     finals = [r["final_loss"] for r in reports]
     before = [float((scratch / f"before-{k}").read_text()) for k in range(len(speeds))]
-    shared = shared_loss(scratch, seed, len(speeds))
+    shared = close.shared_loss(scratch, SIZE, seed, len(speeds))
     curve = fleet_curve(reports, budget, shared)
     rounds = launched["reports"]["syncer"]["rounds"]
-    committed_loss = before_final(scratch, len(speeds), rounds)
+    committed_loss = close.before_final(scratch, len(speeds), rounds)
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     return {

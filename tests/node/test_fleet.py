@@ -16,7 +16,15 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
-from node_helpers import FAST, Trainer, records, tiny_model
+from node_helpers import (
+    FAST,
+    Recorder,
+    Trainer,
+    assert_holds_committed,
+    assert_steps_accounted,
+    records,
+    tiny_model,
+)
 
 from gradientmail._node import Node
 from gradientmail._node import node as open_node
@@ -164,3 +172,51 @@ async def test_a_pausing_learner_holds_the_others_rounds_at_most_once_for_its_pa
     assert sum("c" in {p.learner for p in r.participants} for r in during) <= 1
     after = [r for at, r in seen_by_a if at > ended + 1.0]
     assert any("c" in {p.learner for p in r.participants} for r in after)
+
+
+async def test_a_learner_that_stands_still_while_the_others_close_ends_on_their_model() -> None:
+    """c stands still after its 60th step for ``PAUSED`` seconds while a and b train on
+    for many cycles of rounds and close: when c closes, its model lacks those rounds, so it
+    drops its unsent steps (``StepsDropped``, ``behind``), makes no round of its own (a
+    round of its stale steps alone would be the run's last, at full weight) and ends on
+    their θ, a committed one newer than it held; every one of its steps is in a round or in
+    a drop report."""
+    recorder = Recorder()
+    nodes: dict[str, tuple[Node, Trainer]] = {}
+    paused = anyio.Event()
+    paused_at: list[tuple[int, tuple[int, ...]]] = []
+
+    async def train(name: str, node: Node, trainer: Trainer) -> None:
+        nodes[name] = (node, trainer)
+        step = 0
+        while step < 60 if name == "c" else not paused.is_set():
+            trainer.step()
+            await node.step(tokens=16)
+            await anyio.sleep(TICK)
+            step += 1
+        if name == "c":
+            paused_at.append((node.state.round, node.state.versions))
+            paused.set()
+            await anyio.sleep(PAUSED)
+            return
+        with anyio.fail_after(10):
+            # A cycle of rounds is 2 × 8 steps: a and b go on for more than two.
+            while node.state.round < paused_at[0][0] + 3 * CONFIG.fragments:
+                trainer.step()
+                await node.step(tokens=16)
+                await anyio.sleep(TICK)
+
+    # Every version kept: the end checks c's weights against the θ of the version it holds.
+    kept = RunConfig(fragments=2, sync_every=16, grace=0.3, keep_versions=1000, keep_rounds=1000)
+    box = await run_fleet(kept, recorder, train)
+    history = await records(box)
+    dropped = [e for e in recorder.of(StepsDropped) if e.learner == "c"]
+    assert dropped
+    assert {e.reason for e in dropped} == {"behind"}, dropped
+    assert_steps_accounted("c", 60, 60 * 16, recorder.events, history)
+    with_c = [r.round for r in history if "c" in {p.learner for p in r.participants}]
+    assert max(with_c) < history[-1].round - 2 * CONFIG.fragments, (with_c, len(history))
+    node, trainer = nodes["c"]
+    _, held = paused_at[0]
+    assert all(after > before for after, before in zip(node.state.versions, held, strict=True))
+    await assert_holds_committed(box, trainer.model, node.state.versions)
