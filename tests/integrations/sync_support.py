@@ -1,17 +1,29 @@
-"""Helpers for the blocking facade's tests: a store that breaks on demand, store checks run
-from synchronous code, and a deadline-bounded wait."""
+"""Helpers for the blocking facade's tests: the one-learner node's arguments, a store that
+breaks on demand, store checks run from synchronous code, and a deadline-bounded wait."""
 
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 import anyio
-from node_helpers import assert_holds_committed, records
+from node_helpers import CONFIG, FAST, assert_holds_committed, records
 from torch import nn
 
+from gradientmail._node import NodeOptions
 from gradientmail.mailbox import LocalMailbox
-from gradientmail.protocol.records import RoundRecord
+from gradientmail.protocol.records import RoundRecord, RunConfig
 from gradientmail.store import Store
+
+
+class Solo(TypedDict):
+    learner: str
+    config: RunConfig
+    options: NodeOptions
+
+
+SOLO = Solo(learner="solo", config=CONFIG, options=FAST)
+"""The node most tests here open, one learner alone: ``node(model, where, **SOLO, ...)``."""
 
 
 class BreakingMailbox(LocalMailbox):

@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from node_helpers import CONFIG, FAST, Recorder, Trainer, tiny_model
-from sync_support import check_holds_committed, committed, leases, wait_for
+from node_helpers import Recorder, Trainer, tiny_model
+from sync_support import SOLO, check_holds_committed, committed, leases, wait_for
 
 import gradientmail.sync
 from gradientmail.events import Closed, Closing, StepsDropped
@@ -36,9 +36,7 @@ def test_close_flushes_and_leaves_no_thread(backend: str, tmp_path: Path) -> Non
     node = gradientmail.sync.open(
         model,
         str(tmp_path),
-        learner="solo",
-        config=CONFIG,
-        options=FAST,
+        **SOLO,
         sinks=[sink],
         backend=backend,  # type: ignore[arg-type]
     )
@@ -60,9 +58,7 @@ def test_close_flushes_and_leaves_no_thread(backend: str, tmp_path: Path) -> Non
 
 def test_a_node_of_a_with_block_is_not_closed_by_close(tmp_path: Path) -> None:
     with (
-        gradientmail.sync.node(
-            tiny_model(), str(tmp_path), learner="solo", config=CONFIG, options=FAST
-        ) as node,
+        gradientmail.sync.node(tiny_model(), str(tmp_path), **SOLO) as node,
         pytest.raises(RuntimeError, match="with block"),
     ):
         node.close()

@@ -11,8 +11,8 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
-from node_helpers import CONFIG, FAST, Trainer, assert_holds_committed, records, tiny_model
-from sync_support import check_holds_committed, committed, wait_for
+from node_helpers import CONFIG, Trainer, assert_holds_committed, records, tiny_model
+from sync_support import SOLO, check_holds_committed, committed, wait_for
 from torch import nn
 
 import gradientmail
@@ -65,9 +65,7 @@ def test_sync_shared_model_is_the_newest_committed_not_the_local_one(
     with gradientmail.sync.node(
         model,
         str(tmp_path),
-        learner="solo",
-        config=CONFIG,
-        options=FAST,
+        **SOLO,
         backend=backend,  # type: ignore[arg-type]
     ) as node:
         while node.state.rounds_committed < 3:
@@ -98,9 +96,7 @@ async def test_async_shared_model_is_the_newest_committed(tmp_path: Path) -> Non
     trainer = Trainer(model, seed=1)
     shared = tiny_model(seed=7)
     mailbox = LocalMailbox(tmp_path)
-    async with gradientmail.node(
-        model, str(tmp_path), learner="solo", config=CONFIG, options=FAST
-    ) as node:
+    async with gradientmail.node(model, str(tmp_path), **SOLO) as node:
         while node.state.rounds_committed < 3:
             trainer.step()
             await node.step(tokens=16)
@@ -119,7 +115,7 @@ def test_sync_load_puts_the_newest_committed_weights_into_a_model(
 ) -> None:
     model = tiny_model()
     trainer = Trainer(model, seed=1)
-    node = gradientmail.sync.open(model, str(tmp_path), learner="solo", config=CONFIG, options=FAST)
+    node = gradientmail.sync.open(model, str(tmp_path), **SOLO)
     while node.state.rounds_committed < 3:
         trainer.step()
         node.step(tokens=16)

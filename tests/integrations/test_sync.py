@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 from node_helpers import CONFIG, FAST, Recorder, Trainer, tiny_model
-from sync_support import BreakingMailbox, check_holds_committed, committed, leases, wait_for
+from sync_support import (
+    SOLO,
+    BreakingMailbox,
+    check_holds_committed,
+    committed,
+    leases,
+    wait_for,
+)
 
 import gradientmail
 import gradientmail.sync
@@ -51,9 +58,7 @@ def test_a_plain_loop_trains_and_leaving_the_block_flushes(backend: str, tmp_pat
     with gradientmail.sync.node(
         model,
         str(tmp_path),
-        learner="solo",
-        config=CONFIG,
-        options=FAST,
+        **SOLO,
         sinks=[sink],
         backend=backend,
     ) as node:
@@ -80,9 +85,7 @@ def test_events_iterate_in_another_thread_until_the_node_closes(
     model = tiny_model()
     seen: list[Event] = []
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        with gradientmail.sync.node(
-            model, str(tmp_path), learner="solo", config=CONFIG, options=FAST, backend=backend
-        ) as node:
+        with gradientmail.sync.node(model, str(tmp_path), **SOLO, backend=backend) as node:
             events = node.events()
             watcher = pool.submit(lambda: seen.extend(events))
             _train_until(node, Trainer(model, seed=1), round=2)
@@ -116,9 +119,7 @@ def test_an_iterator_that_reads_only_after_the_close_still_gets_every_event(
         with gradientmail.sync.node(
             model,
             str(tmp_path),
-            learner="solo",
-            config=CONFIG,
-            options=FAST,
+            **SOLO,
             sinks=[sink],
             backend=backend,
         ) as node:
@@ -143,9 +144,7 @@ def test_a_broken_store_raises_from_step_and_from_leaving(backend: str, tmp_path
 
     with (  # noqa: PT012
         pytest.raises(NodeFailed) as left,
-        gradientmail.sync.node(
-            model, box, learner="solo", config=CONFIG, options=FAST, backend=backend
-        ) as node,
+        gradientmail.sync.node(model, box, **SOLO, backend=backend) as node,
     ):
         _train_until(node, trainer, round=1)
         box.broken = True
@@ -173,9 +172,7 @@ def test_an_exception_or_ctrl_c_in_the_block_closes_without_flush(
         gradientmail.sync.node(
             model,
             str(tmp_path),
-            learner="solo",
-            config=CONFIG,
-            options=FAST,
+            **SOLO,
             sinks=[sink],
             backend=backend,
         ) as node,
