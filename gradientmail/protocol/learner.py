@@ -215,12 +215,7 @@ class Learner(LearnerState):
             f"its model lacked rounds up to {self.went_on} in which others trained, more than "
             f"a cycle past round {self.past_versions} when closing began"
         )
-        ledger, actions = state.ledger, list[Action]()
-        for fragment in range(self.config.fragments):
-            ledger, gone = ledger.dropped(fragment, "behind", detail)
-            if gone.steps or gone.tokens:
-                actions.append(gone)
-        return replace(state, ledger=ledger), actions
+        return state._dropped_all("behind", detail)
 
     def _finalize(self) -> tuple["Learner", list[Action]]:
         """The final snapshots, once settled (none before, none without ``BeganClosing``):

@@ -232,7 +232,7 @@ class FlushingClose:
         ``went_on`` the newest round folded in which another learner trained on."""
         fragments = len(slots)
         if not self.finals:
-            if self.behind or went_on > self.round + fragments:
+            if went_on > self.round + fragments:
                 # Others trained on for a whole cycle of rounds that the model closing began
                 # with lacks (they went by while this learner paused, or while its flush
                 # settled): that model is behind theirs, and must not pull the run back.
