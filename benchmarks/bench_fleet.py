@@ -25,7 +25,7 @@ Per arm: steps per learner (local, and committed: the sum of its steps over the 
 a fragment, averaged over fragments, against what it would take alone in the budget, its
 pauses included), the mean of the learners' own models' bits per byte when their budget
 ended (before their close) and that of the newest committed θ then (the model the final
-rounds start from: ``before_final``), what each would do alone in the budget
+rounds start from: ``bench_fleet_close``), what each would do alone in the budget
 (``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
 rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model
 (gradientmail: the newest committed model once every learner closed;
@@ -454,9 +454,10 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
         )
     finals = [r["final_loss"] for r in reports]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
-    curve = fleet_curve(reports, budget, sum(finals) / len(finals))
+    final = statistics.fmean(finals)
+    curve = fleet_curve(reports, budget, final)
     return {
-        "bits_per_byte": task.bits(sum(finals) / len(finals)),
+        "bits_per_byte": task.bits(final),
         "curve": _bits_curve(curve),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
