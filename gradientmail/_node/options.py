@@ -34,9 +34,9 @@ class NodeOptions:
     wait_poll_interval
         How often instead while the learner's ``step()`` waits for a round's version
         (``RunConfig.overlap``; every step that snapshots in the synchronous mode), and a
-        syncer closing a round of a synchronous run that has a snapshot: those learners do
-        not train until they see the record, so every poll slept past the moment the last
-        snapshot or the record landed is idle time. Never slower than the due pace.
+        syncer closing a due round of a synchronous run: those learners do not train until
+        they see the record, so every poll slept past the moment the last snapshot or the
+        record landed is idle time. Never slower than the due pace.
     lease_every, lease_timeout
         The node beats its lease every ``lease_every``; others count it gone when its beat
         has not changed for ``lease_timeout`` (which must exceed ``lease_every``).
@@ -80,7 +80,7 @@ class NodeOptions:
 
     poll_interval: float = 1.0
     due_poll_interval: float = 0.05
-    wait_poll_interval: float = 0.01
+    wait_poll_interval: float = 0.005
     lease_every: float = 2.0
     lease_timeout: float = 10.0
     claim_timeout: float = 30.0

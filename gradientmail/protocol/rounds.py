@@ -117,9 +117,11 @@ class Wait:
     """Closing: the round is not ready; look again after the poll interval, or after the
     due poll interval when ``due`` (the round has a snapshot, or its first is expected:
     the rest are near). ``due_at``: when a round not yet due becomes so
-    (``RoundState.due_from``): the idle pause ends then at the latest. ``waited_on``: every
-    learner that published to it waits for its record (``RunConfig.overlap`` 0): look
-    again at the wait pace."""
+    (``RoundState.due_from``): the idle pause ends then at the latest. ``waited_on``: a due
+    round of a synchronous run (``RunConfig.overlap`` 0), whose every learner waits for
+    its record from its own snapshot on: look again at the wait pace, from the expected
+    first snapshot on too, since the snapshots of such a round often all land within one
+    due pause."""
 
     due: bool = False
     due_at: float | None = None
@@ -445,7 +447,8 @@ def _closing(
             return state, Wait()
         if now < due_from:
             return state, Wait(due_at=due_from)
-        return state, Wait(due=now - due_from < window)
+        due = now - due_from < window
+        return state, Wait(due=due, waited_on=due and config.applied_after == 0)
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
     return state, Commit(missing=missing, published=view.snapshots)

@@ -151,7 +151,7 @@ def test_a_due_round_is_polled_at_the_due_pace_never_slower_than_the_idle_one() 
     assert (options.pause(due=True), options.pause(due=False)) == (0.05, 1.0)
     assert NodeOptions(poll_interval=0.01).pause(due=True) == 0.01
     # A step waiting on the round polls faster still, never slower than the due pace.
-    assert options.pause(due=True, waiting=True) == 0.01
+    assert options.pause(due=True, waiting=True) == 0.005
     assert options.pause(due=False, waiting=True) == 1.0
     assert NodeOptions(wait_poll_interval=0.5).pause(due=True, waiting=True) == 0.05
 
@@ -165,6 +165,16 @@ def test_a_synchronous_round_with_a_snapshot_is_polled_at_the_wait_pace() -> Non
     assert observed(state, one, 0.0, synchronous)[1] == Wait(due=True, waited_on=True)
     assert observed(state, one, 0.0, paced)[1] == Wait(due=True)
     assert observed(state, look(), 0.0, synchronous)[1] == Wait()
+
+
+def test_a_synchronous_round_is_polled_at_the_wait_pace_once_its_first_is_expected() -> None:
+    """Its snapshots often all land within one due pause: the last is seen at the wait pace."""
+    state = RoundState(7, "a", claim_timeout=30.0, due_from=10.0).claimed(0.0)
+    synchronous = msgspec.structs.replace(CONFIG, overlap=0)
+    assert observed(state, look(), 4.0, synchronous)[1] == Wait(due_at=10.0)
+    assert observed(state, look(), 10.0, synchronous)[1] == Wait(due=True, waited_on=True)
+    assert observed(state, look(), 10.0 + due_for(CONFIG), synchronous)[1] == Wait()
+    assert observed(state, look(), 10.0, CONFIG)[1] == Wait(due=True)
 
 
 def test_options_reject_a_lease_timeout_within_one_beat() -> None:
