@@ -108,7 +108,7 @@ async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
                 del verified[stale]
             try:
                 state, watch, first = await _run_round(
-                    rt, state, watch, verified, published, cadence.due_from(round)
+                    rt, state, watch, verified, published, cadence, round
                 )
             except _RETRIED as exc:
                 delay = backoff(delay, rt.options)
@@ -125,13 +125,20 @@ async def _run_round(
     watch: LeaseWatch,
     verified: Verified,
     published: Nudge,
-    due_from: float | None,
+    cadence: Cadence,
+    round: int,
 ) -> tuple[SyncerState, LeaseWatch, float | None]:
-    """Run round ``state.next_round`` until it is adopted or committed; also answers when
-    this syncer first listed a snapshot in it (None: never)."""
+    """Run round ``round`` (``state.next_round``) until it is adopted or committed, at the
+    pace ``cadence`` expects its first snapshot at; also answers when this syncer first
+    listed a snapshot in it (None: never)."""
     expected = expectation(state.newest(2 * rt.config.fragments), rt.config)
     held = RoundState(
-        state.next_round, rt.learner, rt.options.claim_timeout, expected, due_from=due_from
+        round,
+        rt.learner,
+        rt.options.claim_timeout,
+        expected,
+        due_from=cadence.due_from(round),
+        expected_at=cadence.expected_at(round),
     )
     fresh = False
     while True:
@@ -154,13 +161,8 @@ async def _run_round(
                     timeout = rt.options.claim_timeout
                     rt.emit(FollowingRound(rt.learner, held.round, claimants, timeout))
                 await rt.clock.sleep(rt.options.poll_interval)
-            case Wait(due=True, waited_on=waited_on):
-                await rt.clock.sleep(rt.options.pause(due=True, waiting=waited_on))
-            case Wait(due_at=due_at):
-                idle = rt.options.pause(due=False)
-                if due_at is not None:
-                    idle = min(idle, max(0.0, due_at - now))
-                await published.pause(rt.clock, idle)
+            case Wait():
+                await _pause(rt, published, step, now)
             case Again(fresh=fresh):
                 pass
             case Commit():
@@ -171,6 +173,18 @@ async def _run_round(
                 return state, watch, held.first_listed
             case _:
                 raise AssertionError(f"round {held.round}: unexpected step {step!r}")
+
+
+async def _pause(rt: Runtime, published: Nudge, wait: Wait, now: float) -> None:
+    """Sleep as ``wait`` says: the due pace (the wait pace when ``waited_on``), or else the
+    idle pause, which the node's own publish ends; either ends at ``due_at`` at the latest."""
+    pause = rt.options.pause(due=wait.due, waiting=wait.waited_on)
+    if wait.due_at is not None:
+        pause = min(pause, max(0.0, wait.due_at - now))
+    if wait.due:
+        await rt.clock.sleep(pause)
+    else:
+        await published.pause(rt.clock, pause)
 
 
 def _claimed(rt: Runtime, round: int, step: Claim | TakeOver, view: RoundObservation) -> None:

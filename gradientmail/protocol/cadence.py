@@ -7,7 +7,8 @@ time no learner trains. Learners take their snapshots of consecutive rounds a fi
 of steps apart (``RunConfig.sync_every / fragments``), so the first snapshots of recent
 rounds, as this syncer listed them, say when the next one comes: ``Cadence.due_from``.
 From then the round counts as due (``rounds.RoundState.due_from``) and is polled at the due
-pace, for at most ``rounds.due_for`` seconds.
+pace, for at most ``rounds.due_for`` seconds; a round of a synchronous run at the wait pace
+from when its first snapshot is expected (``Cadence.expected_at``).
 
 Pure: no I/O, no clock; times are the syncer's clock.
 """
@@ -46,6 +47,14 @@ class Cadence:
         """When ``round`` counts as due before any of its snapshots is listed: ``ANTICIPATION``
         of the median interval between consecutive recent rounds after the first snapshot
         of the round before it; None unless that round and one before it were seen."""
+        return self._after_last(round, ANTICIPATION)
+
+    def expected_at(self, round: int) -> float | None:
+        """When ``round``'s first snapshot is expected: the median interval after the first
+        snapshot of the round before it; None when ``due_from`` is."""
+        return self._after_last(round, 1.0)
+
+    def _after_last(self, round: int, share: float) -> float | None:
         intervals = [
             later - earlier
             for (r0, earlier), (r1, later) in zip(self.firsts, self.firsts[1:], strict=False)
@@ -53,4 +62,4 @@ class Cadence:
         ]
         if not self.firsts or self.firsts[-1][0] != round - 1 or not intervals:
             return None
-        return self.firsts[-1][1] + ANTICIPATION * statistics.median(intervals)
+        return self.firsts[-1][1] + share * statistics.median(intervals)

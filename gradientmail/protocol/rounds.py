@@ -116,12 +116,13 @@ class TakeOver:
 class Wait:
     """Closing: the round is not ready; look again after the poll interval, or after the
     due poll interval when ``due`` (the round has a snapshot, or its first is expected:
-    the rest are near). ``due_at``: when a round not yet due becomes so
-    (``RoundState.due_from``): the idle pause ends then at the latest. ``waited_on``: a due
-    round of a synchronous run (``RunConfig.overlap`` 0), whose every learner waits for
-    its record from its own snapshot on: look again at the wait pace, from the expected
-    first snapshot on too, since the snapshots of such a round often all land within one
-    due pause."""
+    the rest are near). ``due_at``: the pause ends then at the latest: when a round not
+    yet due becomes so (``RoundState.due_from``), or when a due round of a synchronous run
+    expects its first snapshot (``RoundState.expected_at``). ``waited_on``: a due round of
+    a synchronous run (``RunConfig.overlap`` 0), whose every learner waits for its record
+    from its own snapshot on, with a snapshot or past its expected first: look again at
+    the wait pace, since the snapshots of such a round often all land within one due
+    pause."""
 
     due: bool = False
     due_at: float | None = None
@@ -320,13 +321,15 @@ class RoundState:
     when it first listed each learner's snapshot (``arrivals``, in that order).
     ``expected``: whom the round waits for in an adaptive run (``expectation``);
     ``due_from``: when its first snapshot is expected soon (``cadence.Cadence.due_from``),
-    from which it is due before any snapshot is listed."""
+    from which it is due before any snapshot is listed; ``expected_at``: when that first
+    snapshot is expected (``cadence.Cadence.expected_at``)."""
 
     round: int
     me: str
     claim_timeout: float
     expected: Expectation | None = None
     due_from: float | None = None
+    expected_at: float | None = None
     following: str | None = None
     following_since: float | None = None
     first_snapshot_at: float | None = None
@@ -448,7 +451,11 @@ def _closing(
         if now < due_from:
             return state, Wait(due_at=due_from)
         due = now - due_from < window
-        return state, Wait(due=due, waited_on=due and config.applied_after == 0)
+        if not due or config.applied_after != 0:
+            return state, Wait(due=due)
+        if state.expected_at is not None and now < state.expected_at:
+            return state, Wait(due=True, due_at=state.expected_at)
+        return state, Wait(due=True, waited_on=True)
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
     return state, Commit(missing=missing, published=view.snapshots)

@@ -175,6 +175,11 @@ def test_a_synchronous_round_is_polled_at_the_wait_pace_once_its_first_is_expect
     assert observed(state, look(), 10.0, synchronous)[1] == Wait(due=True, waited_on=True)
     assert observed(state, look(), 10.0 + due_for(CONFIG), synchronous)[1] == Wait()
     assert observed(state, look(), 10.0, CONFIG)[1] == Wait(due=True)
+    # With the first snapshot's time expected, the due pace runs until then, no later.
+    timed = replace(state, expected_at=10.5)
+    assert observed(timed, look(), 10.0, synchronous)[1] == Wait(due=True, due_at=10.5)
+    assert observed(timed, look(), 10.5, synchronous)[1] == Wait(due=True, waited_on=True)
+    assert observed(timed, look(), 10.0, CONFIG)[1] == Wait(due=True)
 
 
 def test_options_reject_a_lease_timeout_within_one_beat() -> None:

@@ -11,6 +11,8 @@ def test_a_steady_pace_makes_the_next_round_due_before_its_first_snapshot() -> N
     cadence = Cadence().seen(3, 10.0).seen(4, 14.0).seen(5, 18.0)
     assert cadence.due_from(6) == 18.0 + ANTICIPATION * 4.0
     assert 18.0 < cadence.due_from(6) < 22.0  # type: ignore[operator]
+    assert cadence.expected_at(6) == 22.0
+    assert Cadence().seen(3, 10.0).expected_at(4) is None
 
 
 def test_nothing_is_expected_without_two_consecutive_rounds_ending_just_before() -> None:
