@@ -139,6 +139,7 @@ async def _run_round(
         expected,
         due_from=cadence.due_from(round),
         expected_at=cadence.expected_at(round),
+        opened_at=rt.clock.now(),
     )
     fresh = False
     while True:

@@ -26,6 +26,7 @@ from typing import Literal, TypeAlias
 from gradientmail.protocol.records import RoundRecord, RunConfig
 
 __all__ = [
+    "AFTER_COMMIT",
     "MAX_CLAIMS",
     "MAX_PATIENCE_GRACES",
     "Adopt",
@@ -151,6 +152,11 @@ Step: TypeAlias = Adopt | Claim | TakeOver | Follow | Wait | Again | Commit
 
 MAX_CLAIMS = 10_000
 """Claim numbers are four digits (``protocol.keys.round_claim``, ``keys.create_claim``)."""
+
+AFTER_COMMIT = 0.1
+"""Seconds a round counts as due from when the round before it ended: a learner that
+closes publishes its flush and its final snapshots as soon as it holds the version just
+committed, long before the pace of the rounds says the next one is near."""
 
 
 def counted_claims(claims: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
@@ -322,7 +328,8 @@ class RoundState:
     ``expected``: whom the round waits for in an adaptive run (``expectation``);
     ``due_from``: when its first snapshot is expected soon (``cadence.Cadence.due_from``),
     from which it is due before any snapshot is listed; ``expected_at``: when that first
-    snapshot is expected (``cadence.Cadence.expected_at``)."""
+    snapshot is expected (``cadence.Cadence.expected_at``); ``opened_at``: when this
+    syncer took the round up, the round before it ended (``AFTER_COMMIT``)."""
 
     round: int
     me: str
@@ -330,6 +337,7 @@ class RoundState:
     expected: Expectation | None = None
     due_from: float | None = None
     expected_at: float | None = None
+    opened_at: float | None = None
     following: str | None = None
     following_since: float | None = None
     first_snapshot_at: float | None = None
@@ -412,6 +420,26 @@ def _deciding(state: RoundState, view: RoundObservation, now: float) -> tuple[Ro
             return state, action
 
 
+def _before_first(state: RoundState, now: float, window: float, config: RunConfig) -> Wait:
+    """How a held round waits while none of its snapshots is listed (see ``Wait``): due for
+    ``AFTER_COMMIT`` seconds from when it opened, then from ``due_from`` for ``window``
+    seconds, at the wait pace from ``expected_at`` in a synchronous run."""
+    due_from = state.due_from
+    opened = state.opened_at
+    if opened is not None and now < opened + AFTER_COMMIT and (due_from is None or now < due_from):
+        return Wait(due=True, due_at=opened + AFTER_COMMIT)
+    if due_from is None:
+        return Wait()
+    if now < due_from:
+        return Wait(due_at=due_from)
+    due = now - due_from < window
+    if not due or config.applied_after != 0:
+        return Wait(due=due)
+    if state.expected_at is not None and now < state.expected_at:
+        return Wait(due=True, due_at=state.expected_at)
+    return Wait(due=True, waited_on=True)
+
+
 def _closing(
     state: RoundState, view: RoundObservation, now: float, config: RunConfig
 ) -> tuple[RoundState, Step]:
@@ -445,17 +473,7 @@ def _closing(
         if arrivals:
             due = now - arrivals[0][1] < window
             return state, Wait(due=due, waited_on=due and config.applied_after == 0)
-        due_from = state.due_from
-        if due_from is None:
-            return state, Wait()
-        if now < due_from:
-            return state, Wait(due_at=due_from)
-        due = now - due_from < window
-        if not due or config.applied_after != 0:
-            return state, Wait(due=due)
-        if state.expected_at is not None and now < state.expected_at:
-            return state, Wait(due=True, due_at=state.expected_at)
-        return state, Wait(due=True, waited_on=True)
+        return state, _before_first(state, now, window, config)
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
     return state, Commit(missing=missing, published=view.snapshots)

@@ -14,6 +14,7 @@ from gradientmail.protocol.records import (
     RunConfig,
 )
 from gradientmail.protocol.rounds import (
+    AFTER_COMMIT,
     MAX_CLAIMS,
     MAX_PATIENCE_GRACES,
     Adopt,
@@ -180,6 +181,19 @@ def test_a_synchronous_round_is_polled_at_the_wait_pace_once_its_first_is_expect
     assert observed(timed, look(), 10.0, synchronous)[1] == Wait(due=True, due_at=10.5)
     assert observed(timed, look(), 10.5, synchronous)[1] == Wait(due=True, waited_on=True)
     assert observed(timed, look(), 10.0, CONFIG)[1] == Wait(due=True)
+
+
+def test_a_round_is_due_just_after_the_one_before_it_ended() -> None:
+    """A closing learner's flush lands as soon as it holds the version just committed."""
+    opened = RoundState(7, "a", claim_timeout=30.0, due_from=20.0, opened_at=5.0).claimed(5.0)
+    at = 5.0 + AFTER_COMMIT
+    assert observed(opened, look(), 5.0, CONFIG)[1] == Wait(due=True, due_at=at)
+    assert observed(opened, look(), at, CONFIG)[1] == Wait(due_at=20.0)
+    unpaced = replace(opened, due_from=None)
+    assert observed(unpaced, look(), 5.05, CONFIG)[1] == Wait(due=True, due_at=at)
+    assert observed(unpaced, look(), at, CONFIG)[1] == Wait()
+    # A round the pace already makes due keeps its pace.
+    assert observed(replace(opened, due_from=4.0), look(), 5.0, CONFIG)[1] == Wait(due=True)
 
 
 def test_options_reject_a_lease_timeout_within_one_beat() -> None:
