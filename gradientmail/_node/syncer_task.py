@@ -108,7 +108,7 @@ async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
                 del verified[stale]
             try:
                 state, watch, first = await _run_round(
-                    rt, state, watch, verified, published, cadence, round
+                    rt, state, watch, verified, published, cadence
                 )
             except _RETRIED as exc:
                 delay = backoff(delay, rt.options)
@@ -126,11 +126,11 @@ async def _run_round(
     verified: Verified,
     published: Nudge,
     cadence: Cadence,
-    round: int,
 ) -> tuple[SyncerState, LeaseWatch, float | None]:
-    """Run round ``round`` (``state.next_round``) until it is adopted or committed, at the
-    pace ``cadence`` expects its first snapshot at; also answers when this syncer first
-    listed a snapshot in it (None: never)."""
+    """Run round ``state.next_round`` until it is adopted or committed, at the pace
+    ``cadence`` expects its first snapshot at; also answers when this syncer first listed
+    a snapshot in it (None: never)."""
+    round = state.next_round
     expected = expectation(state.newest(2 * rt.config.fragments), rt.config)
     held = RoundState(
         round,
