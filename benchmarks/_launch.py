@@ -1,10 +1,10 @@
 """A benchmark's worker processes: started, killed and restarted on cue, and waited for.
 
-``launch`` runs one run's learner processes and its services (a dedicated syncer) as
-``script --worker SPEC ROLE``, each writing its report to ``result-{role}.json`` in the run's
-scratch directory; ``StoragePeak`` samples the size of the run's store meanwhile. Everything
-here runs in the runner's process, on its main thread (``StoragePeak`` samples on a thread
-of its own).
+``launch`` runs one run's learner processes and its services (a dedicated syncer, unless a
+learner hosts it) as ``script --worker SPEC ROLE``, each writing its report to
+``result-{role}.json`` in the run's scratch directory; ``StoragePeak`` samples the size of
+the run's store meanwhile. Everything here runs in the runner's process, on its main thread
+(``StoragePeak`` samples on a thread of its own).
 """
 
 import json
@@ -109,16 +109,18 @@ def _wait_all(
     services: dict[str, subprocess.Popen[bytes]],
     timeout: float,
 ) -> None:
-    """Wait for every learner, then close the services' standard input and wait for them;
-    ``RuntimeError`` (``_Processes.failed``) for the first that exits with an error."""
+    """Wait for every learner that reads no standard input, then close the standard input of
+    the others and of the services and wait for them; ``RuntimeError``
+    (``_Processes.failed``) for the first that exits with an error."""
+    stopped = services | {role: p for role, p in learners.items() if p.stdin is not None}
     for role, process in learners.items():
-        if process.wait(timeout=timeout) != 0:
+        if role not in stopped and process.wait(timeout=timeout) != 0:
             raise processes.failed(role)
-    for process in services.values():
+    for process in stopped.values():
         assert process.stdin is not None
         process.stdin.close()
-    for role, process in services.items():
-        if process.wait(timeout=120) != 0:
+    for role, process in stopped.items():
+        if process.wait(timeout=timeout if role in learners else 120) != 0:
             raise processes.failed(role)
 
 
@@ -132,14 +134,15 @@ def launch(
 ) -> dict[str, Any]:
     """Write ``spec`` to ``spec["scratch"]/spec.json`` and run ``spec["learners"]`` learner
     processes (roles ``0`` …) and the ``services`` (e.g. a dedicated syncer) as
-    ``script --worker SPEC ROLE``; once every learner has exited, close the services'
-    standard input (their signal to stop: ``_workers.syncer_worker``) and wait for them. With
+    ``script --worker SPEC ROLE``; once every other learner has exited, close the standard
+    input of the services and of the learner ``spec["syncer_in"]`` (which hosts the syncer
+    instead: ``_workers.learner_worker``), their signal to stop, and wait for them. With
     ``kill``, one learner is SIGKILLed and restarted as described. Returns every role's
-    report (``result-{role}.json``), the wall time, and the ``time.monotonic()`` of the
-    start and, for a kill, of the kill and the restart. ``RuntimeError`` with the end of
-    its log for a process that fails. ``timeout`` (per process) only catches a hang: on a
-    machine half as fast as the one the full sizes were measured on, a full real-text arm
-    takes about 16 minutes."""
+    report (``result-{role}.json``; a hosted syncer's as ``syncer``), the wall time, and the
+    ``time.monotonic()`` of the start and, for a kill, of the kill and the restart.
+    ``RuntimeError`` with the end of its log for a process that fails. ``timeout`` (per
+    process) only catches a hang: on a machine half as fast as the one the full sizes were
+    measured on, a full real-text arm takes about 16 minutes."""
     scratch = Path(spec["scratch"])
     scratch.mkdir(parents=True)
     spec_path = scratch / "spec.json"
@@ -148,7 +151,11 @@ def launch(
     started = time.perf_counter()
     events: dict[str, float] = {"started": time.monotonic()}
     storage = StoragePeak(scratch / "store")
-    learners = {str(k): processes.spawn(str(k)) for k in range(spec["learners"])}
+    host = spec.get("syncer_in")
+    learners = {
+        str(k): processes.spawn(str(k), subprocess.PIPE if k == host else None)
+        for k in range(spec["learners"])
+    }
     others = {role: processes.spawn(role, subprocess.PIPE) for role in services}
     try:
         if kill is not None:
@@ -162,6 +169,8 @@ def launch(
         role: json.loads((scratch / f"result-{role}.json").read_text())
         for role in (*learners, *others)
     }
+    if host is not None:
+        reports["syncer"] = reports[str(host)].pop("syncer")
     return {
         "reports": reports,
         "wall_seconds": wall,

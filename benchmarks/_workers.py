@@ -3,13 +3,15 @@
 Shared by the convergence, real-text, fleet and insider benchmarks: the benchmark says what
 a learner trains (``Learning``); ``learner_worker`` joins the run on the scratch directory's
 ``LocalMailbox``, trains and reports its bytes, requests, events and lags; ``syncer_worker``
-commits rounds until its standard input closes. ``Progress`` is the step count the runner
-watches to kill a learner and a restarted learner resumes from.
+commits rounds until its standard input closes. A learner whose index is the spec's
+``syncer_in`` runs that syncer node beside its own, in its process, until its standard input
+closes, and reports it under ``"syncer"`` (``_launch.launch``). ``Progress`` is the step
+count the runner watches to kill a learner and a restarted learner resumes from.
 """
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -160,7 +162,33 @@ def _training_loop(learning: Learning, progress: Progress) -> Callable[[Any], li
 def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict[str, Any]:
     """One gradientmail learner on the run in ``spec["scratch"]/store``, configured by
     ``spec["config"]`` (``RunConfig`` fields): joins, waits for the first ``spec["learners"]``
-    to have joined (not when restarted), trains, leaves; returns its report."""
+    to have joined (not when restarted), trains, leaves; returns its report. The learner
+    ``spec["syncer_in"]`` also runs the run's syncer node, in a task of its own, until its
+    standard input closes (after it left), and reports it under ``"syncer"``."""
+    import anyio
+
+    async def main() -> dict[str, Any]:
+        if spec.get("syncer_in") != index:
+            return await _learner(spec, index, learning)
+        stop = anyio.Event()
+        hosted: dict[str, Any] = {}
+
+        async def serve() -> None:
+            hosted.update(await _syncer(spec, None, stop.wait))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(serve)
+            report = await _learner(spec, index, learning)
+            await _stdin_closed()
+            stop.set()
+        return report | {"syncer": hosted}
+
+    return anyio.run(main)
+
+
+async def _learner(spec: dict[str, Any], index: int, learning: Learning) -> dict[str, Any]:
+    """``learner_worker``'s learner; its final evaluation on a worker thread, so that a
+    syncer beside it in this process goes on closing the others' rounds."""
     import anyio
 
     from gradientmail._node import node as join_run
@@ -172,49 +200,44 @@ def learner_worker(spec: dict[str, Any], index: int, learning: Learning) -> dict
     events = _LearnerEvents()
     tally = h.Tally()
     learner = f"learner-{index}"
-
     loop = _training_loop(learning, progress)
-
-    async def main() -> dict[str, Any]:
-        async with (
-            LocalMailbox(scratch / "store") as local,
-            join_run(
-                learning.model,
-                h.CountingMailbox(local, tally, learner),
-                learner=learner,
-                config=RunConfig(**spec["config"]),
-                options=_options(syncer=False, spec=spec),
-                sinks=[events],
-            ) as node,
-        ):
-            await _every_learner_ready(scratch, index, spec["learners"])
-            start = node.state
-            kinds_at_start = dict(tally.bytes_by_kind.get(learner, {}))
-            started = time.perf_counter()
-            curve = await node.run_in_thread(loop)
-            trained = time.perf_counter() - started
-            trained_state = node.state
-        end = node.state
-        final = learning.final()
-        return (
-            progress.report(index, spec["steps"], curve, final, trained)
-            | {"seconds_with_flush": time.perf_counter() - started}
-            | _traffic(start, trained_state, end)
-            | {
-                "bytes_by_kind": {
-                    kind: n - kinds_at_start.get(kind, 0)
-                    for kind, n in tally.bytes_by_kind.get(learner, {}).items()
-                },
-                "versions": list(end.versions),
-                "aligned_round": end.aligned_round,
-                "events": events.counts,
-                "lag_steps": events.lags,
-                "waited_seconds": end.waited_seconds,
-                "delta_bytes": events.deltas,
-            }
-        )
-
-    return anyio.run(main)
+    async with (
+        LocalMailbox(scratch / "store") as local,
+        join_run(
+            learning.model,
+            h.CountingMailbox(local, tally, learner),
+            learner=learner,
+            config=RunConfig(**spec["config"]),
+            options=_options(syncer=False, spec=spec),
+            sinks=[events],
+        ) as node,
+    ):
+        await _every_learner_ready(scratch, index, spec["learners"])
+        start = node.state
+        kinds_at_start = dict(tally.bytes_by_kind.get(learner, {}))
+        started = time.perf_counter()
+        curve = await node.run_in_thread(loop)
+        trained = time.perf_counter() - started
+        trained_state = node.state
+    end = node.state
+    final = await anyio.to_thread.run_sync(learning.final)
+    return (
+        progress.report(index, spec["steps"], curve, final, trained)
+        | {"seconds_with_flush": time.perf_counter() - started}
+        | _traffic(start, trained_state, end)
+        | {
+            "bytes_by_kind": {
+                kind: n - kinds_at_start.get(kind, 0)
+                for kind, n in tally.bytes_by_kind.get(learner, {}).items()
+            },
+            "versions": list(end.versions),
+            "aligned_round": end.aligned_round,
+            "events": events.counts,
+            "lag_steps": events.lags,
+            "waited_seconds": end.waited_seconds,
+            "delta_bytes": events.deltas,
+        }
+    )
 
 
 def _round_report(event: Any) -> dict[str, Any]:
@@ -238,9 +261,25 @@ def syncer_worker(spec: dict[str, Any], trusted_loss: Any = None) -> dict[str, A
     closes (``_launch.launch``), screening rounds with ``trusted_loss`` when given
     (``NodeOptions.trusted_loss``); returns its report (bytes, requests, every round it
     committed)."""
-
     import anyio
 
+    return anyio.run(_syncer, spec, trusted_loss, _stdin_closed)
+
+
+async def _stdin_closed() -> None:
+    """Until this process's standard input closes: the runner's signal to stop. A read that
+    returns at EOF costs no CPU while the learners train (a file polled every 10 ms cost a
+    syncer process a quarter of its steady CPU, counted against gradientmail)."""
+    import anyio
+
+    await anyio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
+
+
+async def _syncer(
+    spec: dict[str, Any], trusted_loss: Any, until: Callable[[], Awaitable[object]]
+) -> dict[str, Any]:
+    """A syncer node on the run in ``spec["scratch"]/store`` until ``until()`` returns; its
+    report."""
     from gradientmail._node import node as join_run
     from gradientmail.events import Event, RoundCommitted, kind_name
     from gradientmail.mailbox import LocalMailbox
@@ -256,30 +295,23 @@ def syncer_worker(spec: dict[str, Any], trusted_loss: Any = None) -> dict[str, A
             rounds.append(_round_report(event))
 
     tally = h.Tally()
-
-    async def main() -> dict[str, Any]:
-        async with (
-            LocalMailbox(scratch / "store") as mailbox,
-            join_run(
-                None,
-                h.CountingMailbox(mailbox, tally, "syncer"),
-                learner="syncer",
-                options=replace(_options(syncer=True, spec=spec), trusted_loss=trusted_loss),
-                sinks=[sink],
-            ) as node,
-        ):
-            # The runner closes this process's stdin to stop it: a read that returns at EOF
-            # costs no CPU while the learners train (a file polled every 10 ms cost this
-            # process a quarter of its steady CPU, counted against gradientmail).
-            await anyio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
-        state = node.state
-        return {
-            "bytes_up": state.bytes_published,
-            "bytes_down": state.bytes_downloaded,
-            "requests": dict(state.requests),
-            "bytes_by_kind": dict(tally.bytes_by_kind.get("syncer", {})),
-            "rounds": rounds,
-            "events": counts,
-        }
-
-    return anyio.run(main)
+    async with (
+        LocalMailbox(scratch / "store") as mailbox,
+        join_run(
+            None,
+            h.CountingMailbox(mailbox, tally, "syncer"),
+            learner="syncer",
+            options=replace(_options(syncer=True, spec=spec), trusted_loss=trusted_loss),
+            sinks=[sink],
+        ) as node,
+    ):
+        await until()
+    state = node.state
+    return {
+        "bytes_up": state.bytes_published,
+        "bytes_down": state.bytes_downloaded,
+        "requests": dict(state.requests),
+        "bytes_by_kind": dict(tally.bytes_by_kind.get("syncer", {})),
+        "rounds": rounds,
+        "events": counts,
+    }

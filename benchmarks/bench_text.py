@@ -18,9 +18,10 @@ new stream of its shard.
   gradients per step, ``2 (K − 1) / K × 4 × params`` per learner (computed).
 - ``single``: one learner, batch ``b``, the same steps: the DiLoCo ordering check is that
   every ``K``-learner arm ends below it at equal steps per learner.
-- ``gm-{encoding}-H{H}``: ``K`` learner processes and a dedicated syncer process on a
-  ``LocalMailbox`` (``_workers``), ``F`` fragments. Bytes are measured by
-  each learner's node (written and read, from when all joined to the end of its flush).
+- ``gm-{encoding}-H{H}``: ``K`` learner processes on a ``LocalMailbox`` (``_workers``),
+  learner 0's running the syncer beside its own node (``SYNCER_IN``), ``F`` fragments.
+  Bytes are measured by each learner's node (written and read, from when all joined to the
+  end of its flush).
   The nodes poll every 0.05 s and beat their lease every 0.5 s (gone after 5 s); the
   full size, where a step takes about 0.3 s on two cores, polls every 0.5 s and leases on
   the product's defaults (2 s, gone after 10 s). Polling costs an idle node CPU that on two
@@ -77,7 +78,7 @@ import _harness as h
 import bench_text_data as data
 import bench_text_failure
 import msgspec
-from _workers import learner_worker, syncer_worker
+from _workers import learner_worker
 from bench_text_arms import run_arm
 from bench_text_task import (
     FRAGMENTS,
@@ -87,6 +88,7 @@ from bench_text_task import (
     LR,
     NAME,
     SIZES,
+    SYNCER_IN,
     arms,
     invocation,
     learners,
@@ -215,6 +217,7 @@ def _parameters(size_name: str, chosen: list[str], changes: dict[str, Any]) -> d
             "overlap": config.overlap,
             "arms": chosen,
             "harness": HARNESS,
+            "syncer_in": SYNCER_IN,
             "params": GPT(model_config(size)).num_parameters(),
             "corpus": corpus.description,
             "kill": {
@@ -286,9 +289,7 @@ def run(
 
 def _worker(spec_path: Path, role: str) -> None:
     spec = json.loads(spec_path.read_text())
-    if role == "syncer":
-        result = syncer_worker(spec)
-    elif spec["system"] == "gm":
+    if spec["system"] == "gm":
         result = learner_worker(spec, int(role), learning(spec, int(role)))
     else:
         import bench_text_torchft

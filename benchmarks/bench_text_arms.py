@@ -1,6 +1,7 @@
 """The real-text benchmark's distributed arms, one run each, and any arm by name.
 
-``run_gradientmail``: ``K`` learner processes and a dedicated syncer on a ``LocalMailbox``;
+``run_gradientmail``: ``K`` learner processes on a ``LocalMailbox``, one of them running the
+syncer (``bench_text_task.SYNCER_IN``);
 ``run_torchft``: ``K`` torchft replicas and torchft's lighthouse (``lighthouse``); both
 launched by ``_launch.launch`` running ``bench_text.py --worker``, both judged on the mean
 of the learners' final models (``bench_text_eval.mean_model``), a kill's cost given by
@@ -61,7 +62,8 @@ def run_gradientmail(
     killed: bool,
     **setup: Any,
 ) -> dict[str, Any]:
-    """``K`` learner processes and a syncer on a directory; the arm's figures. ``setup``
+    """``K`` learner processes on a directory, learner ``SYNCER_IN``'s running the syncer
+    (its CPU counted in that learner's); the arm's figures. ``setup``
     may name ``config`` (a whole ``RunConfig``, instead of ``run_config(sync_every,
     encoding)``), ``learners`` (instead of ``K``) and ``inner`` (the inner optimizer)."""
     size = task.SIZES[size_name]
@@ -75,16 +77,16 @@ def run_gradientmail(
         config=msgspec.structs.asdict(config),
         learners=learners_count,
         inner=setup.get("inner", "adamw"),
+        syncer_in=task.SYNCER_IN,
     )
     load = os.getloadavg()
-    launched = _launch.launch(WORKER_SCRIPT, spec, kill=_kill(size, killed))
+    launched = _launch.launch(WORKER_SCRIPT, spec, services=(), kill=_kill(size, killed))
     learners = [launched["reports"][str(k)] for k in range(learners_count)]
     syncer = launched["reports"]["syncer"]
     rounds = syncer["rounds"]
     lags = [lag for r in learners for lag in r["lag_steps"]]
     summary = _summary(launched, learners, size["eval_every"], spec, load)
     return summary | {
-        "cpu_seconds": summary["cpu_seconds"] + syncer["cpu_seconds"],
         "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners)
         / learners_count,
         "syncer_bytes": syncer["bytes_up"] + syncer["bytes_down"],

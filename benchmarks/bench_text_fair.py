@@ -158,6 +158,7 @@ def _parameters(
         "steps": task.SIZES[size]["steps"],
         "model": task.SIZES[size]["model"],
         "harness": task.HARNESS,
+        "syncer_in": task.SYNCER_IN,
         "torchft": {
             "outer_grid": [list(point) for point in OUTER_GRID],
             "tuning_seed": TUNING_SEED,

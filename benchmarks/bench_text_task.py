@@ -24,6 +24,11 @@ HARNESS = {"torchft_init_sync": False, "evaluation": "mean of the learners' mode
 """What a results file records of how the two systems were set against each other: a file
 without it was measured with torchft's ``init_sync`` on and each system's loss taken at its
 own point (the report judges no comparison from it)."""
+SYNCER_IN = 0
+"""The learner whose process runs the gradientmail arms' one syncer node beside its own
+(``_workers.learner_worker``): no interpreter of its own to start beside the learners, as
+torchft's arms start none beside theirs. A results file whose ``parameters`` lack
+``syncer_in`` ran the syncer as a process of its own."""
 KILLED = 1
 KILL_AT = 0.4
 LR = 2e-3
@@ -166,11 +171,13 @@ def inner_optimizer(name: str, model: Any) -> tuple[Any, float]:
 
 def invocation(result: dict[str, Any]) -> dict[str, Any]:
     """What tells the invocation that wrote ``result`` (a results file's header) apart from
-    another: when, at which commit, with which ``RunConfig.overlap`` and harness (``HARNESS``,
-    None before it); a run's ``measured``."""
+    another: when, at which commit, with which ``RunConfig.overlap``, harness (``HARNESS``,
+    None before it) and syncer (``SYNCER_IN``, None: a process of its own); a run's
+    ``measured``."""
     return {
         "date": result["date"],
         "git_commit": result["git_commit"],
         "overlap": result["parameters"].get("overlap"),
         "harness": result["parameters"].get("harness"),
+        "syncer_in": result["parameters"].get("syncer_in"),
     }

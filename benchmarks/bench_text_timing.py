@@ -122,6 +122,7 @@ def run(
         "pacing": size.get("pacing"),
         "overlap": task.run_config(size["sync_every"][0], "fp32", **(changes or {})).overlap,
         "harness": task.HARNESS,
+        "syncer_in": task.SYNCER_IN,
     }
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     began = time.perf_counter()

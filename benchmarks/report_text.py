@@ -9,7 +9,7 @@ import bench_text
 import report_fair
 import report_text_versus
 from _page import Page, byte_size, load, num, provenance, table
-from report_text_runs import gm_pacing, produced, text_label, text_order
+from report_text_runs import gm_pacing, gm_syncer, produced, text_label, text_order
 
 TEXT_SIZES = ("full", "medium", "small")
 """The real-text sizes the page shows, each from its own result file when it exists."""
@@ -125,8 +125,8 @@ def _task(result: dict[str, Any]) -> str:
         f"{p.get('outer_lr', 0.7)} / {p.get('outer_momentum', 0.9)} in both. "
         + gm_pacing(result)
         + "Data-parallel trains one model on the union of the learners' batches. "
-        "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
-        "torchft runs each learner as its own replica group with `torchft.local_sgd.DiLoCo`, "
+        + gm_syncer(result)
+        + "torchft runs each learner as its own replica group with `torchft.local_sgd.DiLoCo`, "
         "its lighthouse process and gloo on 127.0.0.1. "
     )
 

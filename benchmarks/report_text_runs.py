@@ -31,13 +31,22 @@ def pacing(overlap: int | None) -> str:
     return "unpaced" if overlap is None else f"overlap {overlap}"
 
 
+def placement(measured: dict[str, Any]) -> str:
+    """Where an invocation's gradientmail arms ran their syncer (``bench_text.SYNCER_IN``)."""
+    host = measured.get("syncer_in")
+    return (
+        "a syncer process of its own" if host is None else f"the syncer in learner {host}'s process"
+    )
+
+
 def invocations(result: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]]:
     """The invocations that measured ``result``'s arms (``bench_text.py --keep``), oldest
-    first, each with its arms; a run without ``measured`` is the file's header's."""
+    first, each with its arms; a run without ``measured`` is the file's header's (one
+    without ``syncer_in`` ran its syncer as a process of its own)."""
     header = bench_text.invocation(result)
     found: list[tuple[dict[str, Any], list[str]]] = []
     for arm in sorted(result["figures"]["arms"], key=text_order):
-        measured = result["figures"]["arms"][arm].get("measured", header)
+        measured = {"syncer_in": None} | result["figures"]["arms"][arm].get("measured", header)
         for seen, names in found:
             if seen == measured:
                 names.append(arm)
@@ -72,6 +81,29 @@ def gm_pacing(result: dict[str, Any]) -> str:
     )
 
 
+def gm_syncer(result: dict[str, Any]) -> str:
+    """What the page says of where the gradientmail arms' syncer ran: one sentence when every
+    invocation ran it alike, else a pointer to the invocations' list."""
+    hosts = {
+        measured["syncer_in"]
+        for measured, names in invocations(result)
+        if any(name.startswith("gm-") for name in names)
+    }
+    if len(hosts) > 1:
+        return (
+            "gradientmail runs the learners as processes on a directory, with the syncer a "
+            "process of its own in some invocations and in learner 0's process in others "
+            "(listed under the table); "
+        )
+    host = next(iter(hosts), None)
+    if host is None:
+        return "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
+    return (
+        f"gradientmail runs the learners as processes on a directory, learner {host}'s "
+        "running the syncer node beside its own (no interpreter of its own to start); "
+    )
+
+
 def produced(result: dict[str, Any]) -> list[str]:
     """How the size's arms were produced: one invocation, or each of the invocations whose
     runs the file kept."""
@@ -93,6 +125,7 @@ def produced(result: dict[str, Any]) -> list[str]:
     ]
     for measured, names in found:
         lines.append(
-            f"- {measured['date']}, gradientmail {pacing(measured['overlap'])}: {', '.join(names)}"
+            f"- {measured['date']}, gradientmail {pacing(measured['overlap'])}, "
+            f"{placement(measured)}: {', '.join(names)}"
         )
     return [*lines, ""]

@@ -6,7 +6,7 @@ from typing import Any
 import bench_text
 import report_fair
 from _page import Page, num, provenance, table
-from report_text_runs import pacing, text_order
+from report_text_runs import pacing, placement, text_order
 
 
 def timing_pairs(result: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +117,8 @@ def timing(page: Page, measured_timing: dict[str, Any]) -> None:
                 sync_every,
                 pacing(timing_overlap(measured_timing, pair)),
                 measured["date"][:10],
-                "fair" if measured.get("harness") == bench_text.HARNESS else "earlier",
+                ("fair" if measured.get("harness") == bench_text.HARNESS else "earlier")
+                + ("" if measured.get("syncer_in") is None else f"; {placement(measured)}"),
                 walls["gm"],
                 walls["torchft"],
                 bits["gm"],
@@ -138,7 +139,8 @@ def timing(page: Page, measured_timing: dict[str, Any]) -> None:
         + "), so that this machine's drift weighs on both systems alike; the ratio is both "
         "gradientmail runs' time over both torchft runs'. Harness: `fair` for torchft "
         "with `init_sync` off and both judged on the mean of the learners' models, `earlier` "
-        "for a pair that did not record it. "
+        "for a pair that did not record it; where the gradientmail runs' syncer ran when not "
+        "a process of its own. "
         + provenance(measured_timing)
         + f" Produced by `benchmarks/bench_text.py --size {p['size']} --mode timing`.",
         "",

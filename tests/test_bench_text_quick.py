@@ -1,8 +1,8 @@
 """The real-text benchmark's repeat and timing modes at their quick size, end to end: two
-learner processes and a syncer on the standard library's text with the plain-SGD inner
-optimizer, the result file's per-seed and over-seed figures, and the generated page's
-section for it; the fp32 pair run in both orders, and the wall target judged on it; the
-rerun mode's rows and the spread of excesses that share a sign.
+learner processes, the first running the syncer, on the standard library's text with the
+plain-SGD inner optimizer, the result file's per-seed and over-seed figures, and the
+generated page's section for it; the fp32 pair run in both orders, and the wall target
+judged on it; the rerun mode's rows and the spread of excesses that share a sign.
 
 Results and the page go to a temporary directory. About half a minute each on two idle
 cores.
@@ -116,8 +116,10 @@ def test_timing_mode_runs_each_pair_in_both_orders_and_the_page_judges_on_it(
     assert measured["overlap"] == paced
     assert measured["git_commit"] == timing["git_commit"]
     assert measured["harness"] == bench_text.HARNESS
+    assert measured["syncer_in"] == 0
     assert (
-        f"| 10 | {report_text_runs.pacing(paced)} | {measured['date'][:10]} | fair | "
+        f"| 10 | {report_text_runs.pacing(paced)} | {measured['date'][:10]} | fair; the syncer "
+        "in learner 0's process | "
         f"{gm[0]['wall_seconds']:.0f}, {gm[1]['wall_seconds']:.0f} |"
     ) in text
     assert timing["git_commit"][:7] not in text
@@ -173,6 +175,7 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
             "git_commit": first["git_commit"],
             "overlap": None,
             "harness": first["parameters"]["harness"],
+            "syncer_in": 0,
         }
     assert arms["torchft-fp32-H10"]["measured"]["overlap"] == RunConfig().overlap
     assert arms["torchft-fp32-H10"]["measured"]["date"] == second["date"]
@@ -193,7 +196,10 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
     section = "\n".join(page.lines)
     wall = next(row for row in page.targets if "wall time" in row[0])
     assert "Measured in 2 invocations" in section
-    assert f"- {first['date']}, gradientmail unpaced: dp, " in section
+    assert (
+        f"- {first['date']}, gradientmail unpaced, the syncer in learner 0's process: dp, "
+        in section
+    )
     assert first["git_commit"][:7] not in section
     # Its gradientmail arms all come from the first invocation.
     assert "gradientmail's learners are unpaced" in section
