@@ -157,8 +157,21 @@ def _figures(per_arm: dict[str, dict[str, Any]], size: dict[str, Any]) -> dict[s
     return {"table": table, "versus_torchft": versus, "failure": failure}
 
 
-_SAME = ("size", "learners", "fragments", "pattern", "lr", "steps", "batch", "model", "corpus")
+_SAME = (
+    "size",
+    "seed",
+    "learners",
+    "fragments",
+    "pattern",
+    "lr",
+    "steps",
+    "batch",
+    "model",
+    "corpus",
+)
 """The parameters a kept run must share with the invocation that keeps it."""
+_UNSAID = {"seed": 0}
+"""What a file measured before it recorded a parameter: seed 0."""
 
 
 def kept(path: Path, parameters: dict[str, Any], chosen: list[str]) -> dict[str, dict[str, Any]]:
@@ -171,7 +184,7 @@ def kept(path: Path, parameters: dict[str, Any], chosen: list[str]) -> dict[str,
         return {}
     stored = json.loads(path.read_text(encoding="utf-8"))
     before = stored["parameters"]
-    differ = [key for key in _SAME if before.get(key) != parameters.get(key)]
+    differ = [key for key in _SAME if before.get(key, _UNSAID.get(key)) != parameters.get(key)]
     if differ:
         raise SystemExit(
             f"--keep: the runs in {path} measured another task ({', '.join(differ)} differ); "
@@ -198,8 +211,10 @@ def _chosen(size_name: str, only: list[str] | None) -> list[str]:
     return chosen
 
 
-def _parameters(size_name: str, chosen: list[str], changes: dict[str, Any]) -> dict[str, Any]:
-    """The results file's parameters: the task's, the size's and the arms run."""
+def _parameters(
+    size_name: str, chosen: list[str], changes: dict[str, Any], seed: int = 0
+) -> dict[str, Any]:
+    """The results file's parameters: the task's, the size's, the seed and the arms run."""
     from gradientmail.demo.model import GPT
 
     size = SIZES[size_name]
@@ -216,6 +231,7 @@ def _parameters(size_name: str, chosen: list[str], changes: dict[str, Any]) -> d
             "lr": LR,
             "overlap": config.overlap,
             "arms": chosen,
+            "seed": seed,
             "harness": HARNESS,
             "syncer_in": SYNCER_IN,
             "params": GPT(model_config(size)).num_parameters(),
@@ -245,16 +261,17 @@ def run(
     log: Callable[[str], None] = print,
     changes: dict[str, Any] | None = None,
     keep: bool = False,
+    seed: int = 0,
 ) -> Path:
-    """Every arm of the size (or ``only`` those), the gradientmail arms' ``RunConfig`` with
-    ``changes``; writes ``results/text.json`` (full size) or ``results/text-{size}.json``.
-    With ``keep`` the file keeps the runs of the arms this invocation does not run
-    (``kept``), and every run says which invocation measured it (``measured``); a kept
-    torchft run measured without the fair harness leaves the file without ``harness``, so
-    that its comparisons judge nothing."""
+    """Every arm of the size (or ``only`` those) on ``seed``, the gradientmail arms'
+    ``RunConfig`` with ``changes``; writes ``results/text.json`` (full size) or
+    ``results/text-{size}.json``. With ``keep`` the file keeps the runs of the arms this
+    invocation does not run (``kept``), and every run says which invocation measured it
+    (``measured``); a kept torchft run measured without the fair harness leaves the file
+    without ``harness``, so that its comparisons judge nothing."""
     size = SIZES[size_name]
     chosen = _chosen(size_name, only)
-    parameters = _parameters(size_name, chosen, changes or {})
+    parameters = _parameters(size_name, chosen, changes or {}, seed)
     name = NAME if size_name == "full" else f"{NAME}-{size_name}"
     result = h.header(name, quick=size_name == "quick", parameters=parameters)
     measured = invocation(result)
@@ -272,7 +289,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="gm-bench-text-") as scratch:
         for arm in chosen:
             per_arm[arm] = {"measured": measured} | run_arm(
-                arm, size_name, 0, Path(scratch), changes
+                arm, size_name, seed, Path(scratch), changes
             )
             log(_line(arm, per_arm[arm]))
             # After every arm, so that an interrupted run keeps what it measured.
@@ -301,6 +318,13 @@ def _worker(spec_path: Path, role: str) -> None:
     out.write_text(json.dumps(result), encoding="utf-8")
 
 
+def _one_seed(seeds: list[int] | None) -> int:
+    """The seed of ``--mode arms`` (0 unless ``--seeds`` names one)."""
+    if seeds is not None and len(seeds) != 1:
+        raise SystemExit(f"--seeds: --mode arms runs one seed, got {len(seeds)}")
+    return 0 if seeds is None else seeds[0]
+
+
 def _overlap(text: str) -> dict[str, int | None]:
     """``--overlap``'s change to the ``RunConfig``: a number of steps, or ``none``."""
     if text == "none":
@@ -326,7 +350,10 @@ def main() -> None:
         "bench_text_timing's fp32 pairs in both orders, or bench_text_fair's comparison",
     )
     parser.add_argument(
-        "--seeds", nargs="+", type=int, help="the seeds of --mode defaults|repeat|rerun|fair"
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="the seeds of --mode defaults|repeat|rerun|fair; one seed for --mode arms (default 0)",
     )
     parser.add_argument(
         "--overlap",
@@ -365,7 +392,14 @@ def main() -> None:
 
         path = bench_text_seeds.run(args.results, args.size, args.mode, args.seeds, args.only)
     else:
-        path = run(args.results, args.size, args.only, changes=args.changes, keep=args.keep)
+        path = run(
+            args.results,
+            args.size,
+            args.only,
+            changes=args.changes,
+            keep=args.keep,
+            seed=_one_seed(args.seeds),
+        )
     print(f"wrote {path}")
 
 

@@ -163,6 +163,21 @@ def test_keep_adds_arms_to_the_stored_runs_and_times_only_pairs_from_one_invocat
     assert versus["measured_together"] is True
     assert versus["wall_ratio"] == gm["wall_seconds"] / ft["wall_seconds"]
 
+    assert first["parameters"]["seed"] == 0
+    # Another seed keeps nothing of this one's; a file that names no seed ran seed 0.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_text
+
+    with pytest.raises(SystemExit, match="seed"):
+        bench_text.kept(path, first["parameters"] | {"seed": 1}, [])
+    unsaid = tmp_path / "unsaid.json"
+    unsaid.write_text(
+        json.dumps(
+            first | {"parameters": {k: v for k, v in first["parameters"].items() if k != "seed"}}
+        )
+    )
+    assert set(bench_text.kept(unsaid, first["parameters"], [])) == set(first["figures"]["arms"])
+
     # One arm of the pair run again: the other runs are kept, and the pair is not timed.
     run_benchmark(*quick, "--keep", "--only", "torchft-fp32-H10")
     second = json.loads(path.read_text(encoding="utf-8"))
