@@ -140,9 +140,13 @@ def launch(
     ``kill``, one learner is SIGKILLed and restarted as described. Returns every role's
     report (``result-{role}.json``; a hosted syncer's as ``syncer``), the wall time, and the
     ``time.monotonic()`` of the start and, for a kill, of the kill and the restart.
-    ``RuntimeError`` with the end of its log for a process that fails. ``timeout`` (per
-    process) only catches a hang: on a machine half as fast as the one the full sizes were
-    measured on, a full real-text arm takes about 16 minutes."""
+    ``RuntimeError`` with the end of its log for a process that fails; ``ValueError`` when
+    ``kill`` names the learner that hosts the syncer. ``timeout`` (per process) only catches
+    a hang: on a machine half as fast as the one the full sizes were measured on, a full
+    real-text arm takes about 16 minutes."""
+    host = spec.get("syncer_in")
+    if kill is not None and kill.index == host:
+        raise ValueError(f"learner {host} runs the syncer: kill another learner")
     scratch = Path(spec["scratch"])
     scratch.mkdir(parents=True)
     spec_path = scratch / "spec.json"
@@ -151,7 +155,6 @@ def launch(
     started = time.perf_counter()
     events: dict[str, float] = {"started": time.monotonic()}
     storage = StoragePeak(scratch / "store")
-    host = spec.get("syncer_in")
     learners = {
         str(k): processes.spawn(str(k), subprocess.PIPE if k == host else None)
         for k in range(spec["learners"])

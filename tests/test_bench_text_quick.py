@@ -477,3 +477,14 @@ def test_the_page_judges_gradientmail_against_torchft_only_on_the_fair_harness(
     assert "gradientmail's grid on seed 100 (bits per byte): H 20: 1.0 / 0.6 3.2000." in text
     assert "torchft's grid on seed 100 (bits per byte): H 20: 0.7 / 0.9 3.0000." in text
     assert "| 1.0/0.6 / 0.7/0.9 |" in text
+
+
+def test_launch_refuses_to_kill_the_learner_that_hosts_the_syncer(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _launch
+
+    spec = {"scratch": str(tmp_path / "run"), "learners": 2, "syncer_in": 0}
+    kill = _launch.Kill(index=0, at_step=1, restart_after=0.0)
+    with pytest.raises(ValueError, match="learner 0 runs the syncer"):
+        _launch.launch(ROOT / "benchmarks" / "bench_text.py", spec, services=(), kill=kill)
+    assert not (tmp_path / "run").exists()
