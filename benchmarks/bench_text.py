@@ -337,7 +337,7 @@ def _overlap(text: str) -> dict[str, int | None]:
         ) from None
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=SIZES, default="full", help="steps and model size")
     parser.add_argument("--results", type=Path, default=h.RESULTS, help="where the JSON goes")
@@ -371,7 +371,11 @@ def main() -> None:
         "stopped",
     )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return

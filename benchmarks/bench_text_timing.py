@@ -90,6 +90,27 @@ def kept(path: Path, parameters: dict[str, Any], chosen: list[int]) -> dict[str,
     }
 
 
+def _parameters(
+    size_name: str, chosen: list[int], changes: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The results file's parameters: the task's, the H run, the order and the harness."""
+    size = task.SIZES[size_name]
+    return {
+        "size": size_name,
+        "mode": "timing",
+        "learners": task.learners(size_name),
+        "fragments": task.FRAGMENTS,
+        "sync_every": chosen,
+        "order": list(ORDER),
+        "steps": size["steps"],
+        "model": size["model"],
+        "pacing": size.get("pacing"),
+        "overlap": task.run_config(size["sync_every"][0], "fp32", **(changes or {})).overlap,
+        "harness": task.HARNESS,
+        "syncer_in": task.SYNCER_IN,
+    }
+
+
 def run(
     results: Path,
     size_name: str,
@@ -110,20 +131,7 @@ def run(
         and (only is None or {arm_name("gm", s), arm_name("torchft", s)} & set(only))
     ]
     name = f"{task.NAME}-timing-{size_name}"
-    parameters = {
-        "size": size_name,
-        "mode": "timing",
-        "learners": task.learners(size_name),
-        "fragments": task.FRAGMENTS,
-        "sync_every": chosen,
-        "order": list(ORDER),
-        "steps": size["steps"],
-        "model": size["model"],
-        "pacing": size.get("pacing"),
-        "overlap": task.run_config(size["sync_every"][0], "fp32", **(changes or {})).overlap,
-        "harness": task.HARNESS,
-        "syncer_in": task.SYNCER_IN,
-    }
+    parameters = _parameters(size_name, chosen, changes)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     began = time.perf_counter()
     path = results / f"{name}.json"

@@ -92,7 +92,7 @@ def gm_syncer(result: dict[str, Any]) -> str:
     if len(hosts) > 1:
         return (
             "gradientmail runs the learners as processes on a directory, with the syncer a "
-            "process of its own in some invocations and in learner 0's process in others "
+            "process of its own in some invocations and in a learner's process in others "
             "(listed under the table); "
         )
     host = next(iter(hosts), None)
