@@ -56,52 +56,54 @@ def invocations(result: dict[str, Any]) -> list[tuple[dict[str, Any], list[str]]
     return sorted(found, key=lambda item: str(item[0]["date"]))
 
 
-def gm_pacing(result: dict[str, Any]) -> str:
-    """What the page says of the gradientmail arms' pacing: one sentence when every
-    invocation ran them alike, else a pointer to the invocations' list."""
-    overlaps = {
-        measured["overlap"]
+_SAID: dict[str, tuple[str, str, str]] = {
+    "overlap": (
+        "gradientmail's learners ran unpaced in some invocations and paced in others "
+        "(`RunConfig.overlap`: listed under the table). ",
+        "gradientmail's learners are unpaced (`RunConfig.overlap` None): each applies "
+        "a round's version at the first step after it is ready. ",
+        "gradientmail's learners apply each round's version {} steps after "
+        "their snapshot, waiting for it there if need be (`RunConfig.overlap`). ",
+    ),
+    "syncer_in": (
+        "gradientmail runs the learners as processes on a directory, with the syncer a "
+        "process of its own in some invocations and in a learner's process in others "
+        "(listed under the table); ",
+        "gradientmail runs the learners and a dedicated syncer as processes on a directory; ",
+        "gradientmail runs the learners as processes on a directory, learner {}'s "
+        "running the syncer node beside its own (no interpreter of its own to start); ",
+    ),
+}
+"""What the page says of an invocation's ``measured`` key across the gradientmail arms:
+when the invocations differ, when it is None in all, and its one value (in place of
+``{}``)."""
+
+
+def _alike(result: dict[str, Any], key: str) -> str:
+    """One sentence on ``key`` of the invocations that measured ``result``'s gradientmail
+    arms (``_SAID``)."""
+    mixed, unset, each = _SAID[key]
+    values = {
+        measured[key]
         for measured, names in invocations(result)
         if any(name.startswith("gm-") for name in names)
     }
-    if len(overlaps) > 1:
-        return (
-            "gradientmail's learners ran unpaced in some invocations and paced in others "
-            "(`RunConfig.overlap`: listed under the table). "
-        )
-    overlap = next(iter(overlaps), None)
-    if overlap is None:
-        return (
-            "gradientmail's learners are unpaced (`RunConfig.overlap` None): each applies "
-            "a round's version at the first step after it is ready. "
-        )
-    return (
-        f"gradientmail's learners apply each round's version {overlap} steps after "
-        "their snapshot, waiting for it there if need be (`RunConfig.overlap`). "
-    )
+    if len(values) > 1:
+        return mixed
+    value = next(iter(values), None)
+    return unset if value is None else each.format(value)
+
+
+def gm_pacing(result: dict[str, Any]) -> str:
+    """What the page says of the gradientmail arms' pacing: one sentence when every
+    invocation ran them alike, else a pointer to the invocations' list."""
+    return _alike(result, "overlap")
 
 
 def gm_syncer(result: dict[str, Any]) -> str:
     """What the page says of where the gradientmail arms' syncer ran: one sentence when every
     invocation ran it alike, else a pointer to the invocations' list."""
-    hosts = {
-        measured["syncer_in"]
-        for measured, names in invocations(result)
-        if any(name.startswith("gm-") for name in names)
-    }
-    if len(hosts) > 1:
-        return (
-            "gradientmail runs the learners as processes on a directory, with the syncer a "
-            "process of its own in some invocations and in a learner's process in others "
-            "(listed under the table); "
-        )
-    host = next(iter(hosts), None)
-    if host is None:
-        return "gradientmail runs the learners and a dedicated syncer as processes on a directory; "
-    return (
-        f"gradientmail runs the learners as processes on a directory, learner {host}'s "
-        "running the syncer node beside its own (no interpreter of its own to start); "
-    )
+    return _alike(result, "syncer_in")
 
 
 def produced(result: dict[str, Any]) -> list[str]:
