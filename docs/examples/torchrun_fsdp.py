@@ -67,6 +67,9 @@ def main(directory: str, learner: str, steps: int) -> None:
         f"sent {state.group_bytes_sent} received {state.group_bytes_received}",
         flush=True,
     )
+    # No rank tears the groups down while another still uses them (as PyTorch's own
+    # distributed tests end: a barrier, then destroy_process_group).
+    dist.barrier()
     dist.destroy_process_group()
 
 
