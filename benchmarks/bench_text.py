@@ -212,7 +212,7 @@ def _chosen(size_name: str, only: list[str] | None) -> list[str]:
 
 
 def _parameters(
-    size_name: str, chosen: list[str], changes: dict[str, Any], seed: int = 0
+    size_name: str, chosen: list[str], changes: dict[str, Any], seed: int
 ) -> dict[str, Any]:
     """The results file's parameters: the task's, the size's, the seed and the arms run."""
     from gradientmail.demo.model import GPT

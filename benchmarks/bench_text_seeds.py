@@ -205,7 +205,7 @@ def _parameters(
     size: str, mode_name: str, mode: dict[str, Any], chosen: list[str]
 ) -> dict[str, Any]:
     """The results file's parameters: the size's, the mode's (``chosen``: the arms run),
-    the defaults, ``PREVIOUS`` and the inner optimizer's."""
+    the defaults, ``PREVIOUS``, the inner optimizer's and where the syncer ran."""
     from gradientmail.demo.model import GPT
     from gradientmail.protocol.records import RunConfig
 
@@ -222,6 +222,7 @@ def _parameters(
             "inner_lr": task.SGD_LR if sgd else task.LR,
             "sgd_clip": task.SGD_CLIP if sgd else None,
             "spread_max": SPREAD_MAX,
+            "syncer_in": task.SYNCER_IN,
         }
         | {key: value for key, value in task.SIZES[size].items() if key != "model"}
         | mode
