@@ -24,14 +24,16 @@ synchronous, every sync waits for the slowest).
 Per arm: steps per learner (local, and committed: the sum of its steps over the rounds of
 a fragment, averaged over fragments, against what it would take alone in the budget, its
 pauses included), the mean of the learners' own models' bits per byte when their budget
-ended (before their close) and that of the newest committed θ then (the model the final
-rounds start from: ``bench_fleet_close``), what each would do alone in the budget
-(``budget / (s × BASE_STEP)``), each learner's share of its training time spent waiting on
-rounds (``NodeState.waited_seconds``), the final bits per byte of the shared model
-(gradientmail: the newest committed model once every learner closed;
-torchft: the mean of its replicas' losses after their last sync) and the learners' bits
-per byte against wall time (every ``CURVE_EVERY`` seconds, on the final evaluation's
-windows).
+ended (before their close), that of the mean of those models (gradientmail's close ends
+on it: its final round commits the mean of the models closing began with), that of the
+newest committed θ then (the model the final rounds start from: ``bench_fleet_close``),
+what each would do alone in the budget (``budget / (s × BASE_STEP)``), each learner's share
+of its training time spent waiting on rounds (``NodeState.waited_seconds``), the final bits
+per byte of the shared model (gradientmail: the newest committed model once every learner
+closed; torchft: the mean of its replicas' models after their last sync,
+``bench_text_eval.mean_model``, as ``bench_text``'s fair harness judges it, the mean of
+their losses recorded apart) and the learners' bits per byte against wall time (every
+``CURVE_EVERY`` seconds, on the final evaluation's windows).
 
 Usage: ``.venv/bin/python benchmarks/bench_fleet.py [--fleets NAME ...] [--arms NAME ...]
 [--repeats N] [--budget SECONDS] [--keep]`` (``--keep``: the stored runs of the fleets
@@ -52,6 +54,7 @@ import _harness as h
 import bench_convergence_task as convergence
 import bench_fleet_close as close
 import bench_text_data as data
+import bench_text_eval
 import bench_text_task as task
 import msgspec
 from _launch import launch
@@ -77,6 +80,9 @@ FLEETS: dict[str, list[float]] = {
     "equal-H250": [1.0, 1.0, 1.0, 1.0],
 }
 ARMS = ("gm", "gm-repeatable", "torchft", "dp")
+EVALUATION = "mean of the replicas' models"
+"""How a torchft run's final bits per byte were measured (a run without it: the mean of its
+replicas' losses, which the page does not judge)."""
 
 
 def matched(fleet: str) -> list[float]:
@@ -184,13 +190,24 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
         (Path(spec["scratch"]) / f"overrun-{index}").write_text(str(overrun))
         before = evaluate(model, final_set)
         (Path(spec["scratch"]) / f"before-{index}").write_text(str(before))
+        bench_text_eval.save(model, _before_close(Path(spec["scratch"])), index)
         if spec["system"] == "gm":
             close.committed_reading(spec, index, model, lambda m: evaluate(m, final_set))
         return curve
 
-    return Learning(
-        model, size["batch"] * length, run, lambda: evaluate(model, final_set), optimizer
-    )
+    def final() -> float:
+        bench_text_eval.save(model, Path(spec["scratch"]), index)
+        return evaluate(model, final_set)
+
+    return Learning(model, size["batch"] * length, run, final, optimizer)
+
+
+def _before_close(scratch: Path) -> Path:
+    """Where the learners of the run in ``scratch`` save their models when their budget
+    ends."""
+    folder = scratch / "before-close"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
@@ -330,8 +347,12 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
     committed_loss = close.before_final(scratch, len(speeds), rounds)
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
+    before_close = bench_text_eval.mean_model(
+        _before_close(scratch), len(speeds), task.SIZES[SIZE], seed
+    )
     return {
         "bits_per_byte": task.bits(shared),
+        "bits_per_byte_mean_model_before_close": task.bits(before_close["final_loss"]),
         "bits_per_byte_learners_after_close": task.bits(sum(finals) / len(finals)),
         "bits_per_byte_before_close": task.bits(sum(before) / len(before)),
         "bits_per_byte_committed": None if committed_loss is None else task.bits(committed_loss),
@@ -406,7 +427,8 @@ def run(
 
 
 def _brief(figures: dict[str, Any]) -> dict[str, Any]:
-    keys = ("bits_per_byte", "bits_per_byte_before_close", "bits_per_byte_committed")
+    keys = ("bits_per_byte", "bits_per_byte_mean_model_before_close", "bits_per_byte_before_close")
+    keys += ("bits_per_byte_committed", "bits_per_byte_mean_of_losses")
     keys += ("fastest_waiting_share",)
     keys += ("committed_over_alone", "rounds")
     return {k: round(figures[k], 4) for k in keys if k in figures}
@@ -452,12 +474,15 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
                 "failed_syncs": report["failed_syncs"],
             }
         )
-    finals = [r["final_loss"] for r in reports]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
-    final = statistics.fmean(finals)
-    curve = fleet_curve(reports, budget, final)
+    mean = bench_text_eval.mean_model(scratch / "run", len(speeds), task.SIZES[SIZE], seed)
+    curve = fleet_curve(reports, budget, mean["final_loss"])
     return {
-        "bits_per_byte": task.bits(final),
+        "bits_per_byte": task.bits(mean["final_loss"]),
+        "evaluation": EVALUATION,
+        "bits_per_byte_mean_of_losses": task.bits(
+            statistics.fmean(r["final_loss"] for r in reports)
+        ),
         "curve": _bits_curve(curve),
         "learners": learners,
         "fastest_waiting_share": learners[fastest]["waiting_share"],
