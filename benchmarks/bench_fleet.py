@@ -36,7 +36,8 @@ their losses recorded apart) and the learners' bits per byte against wall time (
 ``CURVE_EVERY`` seconds, on the final evaluation's windows).
 
 Usage: ``.venv/bin/python benchmarks/bench_fleet.py [--fleets NAME ...] [--arms NAME ...]
-[--repeats N] [--budget SECONDS] [--keep]`` (``--keep``: the stored runs of the fleets
+[--repeats N] [--seeds S ...] [--budget SECONDS] [--keep]`` (``--repeats``: runs of each
+seed, 3 by default; ``--seeds``: 0 by default; ``--keep``: the stored runs of the fleets
 and arms not run now stay in ``fleet.json``).
 """
 
@@ -51,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
-import bench_convergence_task as convergence
 import bench_fleet_close as close
+import bench_fleet_task as fleet_task
 import bench_text_data as data
 import bench_text_eval
 import bench_text_task as task
@@ -62,90 +63,15 @@ from _workers import Learning, learner_worker, syncer_worker
 from bench_text_arms import lighthouse, worker_spec
 
 NAME = "fleet"
-SIZE = "medium"
-BASE_STEP = 0.1
-"""Seconds per step of a speed-1 learner (the medium model's compute is about a third)."""
-SYNC_EVERY = 50
-CURVE_EVERY = 10.0
-"""Seconds between two validation losses of a learner's model while it trains."""
-BUDGET = 120.0
-PAUSE = 15.0
-PAUSE_EVERY = 250
-FLEETS: dict[str, list[float]] = {
-    "equal": [1.0, 1.0, 1.0, 1.0],
-    "mixed": [1.0, 1.5, 2.0, 3.0],
-    "straggler": [1.0, 1.0, 1.0, 4.0],
-    "pausing": [1.0, 1.0, 1.0, 1.0],
-    "equal-H100": [1.0, 1.0, 1.0, 1.0],
-    "equal-H250": [1.0, 1.0, 1.0, 1.0],
-}
 ARMS = ("gm", "gm-repeatable", "torchft", "dp")
 EVALUATION = "mean of the replicas' models"
 """How a torchft run's final bits per byte were measured (a run without it: the mean of its
 replicas' losses, which the page does not judge)."""
 
 
-def matched(fleet: str) -> list[float]:
-    """An equal fleet of ``fleet``'s size that takes as many steps in ``BUDGET``: every
-    learner at the harmonic mean of its speeds, or for ``pausing`` at the speed that takes
-    what its learners take alone, the pauses included (``X-matched``: the reference a fleet
-    of unequal machines is held to)."""
-    speeds = FLEETS[fleet]
-    if fleet != "pausing":
-        return [len(speeds) / sum(1 / s for s in speeds)] * len(speeds)
-    last = len(speeds) - 1
-    steps = sum(alone_steps(s, BUDGET, pauses=k == last) for k, s in enumerate(speeds))
-    return [len(speeds) * BUDGET / (BASE_STEP * steps)] * len(speeds)
-
-
-def sync_every(fleet: str) -> int:
-    """The fleet's H: ``SYNC_EVERY`` unless its name ends in ``-H<steps>``."""
-    _, marked, steps = fleet.rpartition("-H")
-    return int(steps) if marked and steps.isdigit() else SYNC_EVERY
-
-
 def config(arm: str, fleet: str) -> Any:
     overlap = 2 if arm == "gm-repeatable" else None
-    return task.run_config(sync_every(fleet), "fp32", overlap=overlap)
-
-
-def lr_scale(started: float, budget: float) -> float:
-    """The learning rate's factor at this moment of the budget (``lr_at``'s schedule)."""
-    fraction = min(1.0, (time.monotonic() - started) / budget)
-    return convergence.lr_at(int(fraction * 1000), 1000) / convergence.LR
-
-
-def timed_steps(
-    step: Callable[[], None],
-    *,
-    speed: float,
-    budget: float,
-    started: float,
-    pauses: bool,
-    after_step: Callable[[], None],
-    probe: Callable[[], float],
-) -> tuple[int, float, list[list[float]]]:
-    """Run ``step`` at ``speed × BASE_STEP`` seconds a step until ``budget`` seconds after
-    ``started``; with ``pauses`` a pause of ``PAUSE`` seconds every ``PAUSE_EVERY`` steps.
-    Returns the steps taken, the seconds steps overran their time (a peer system's blocking
-    sync, the node's own work) and ``probe()`` (a validation loss) every ``CURVE_EVERY``
-    seconds, as ``[seconds, loss]`` pairs."""
-    steps, overrun = 0, 0.0
-    curve: list[list[float]] = []
-    while (elapsed := time.monotonic() - started) < budget:
-        if elapsed >= len(curve) * CURVE_EVERY:
-            curve.append([elapsed, probe()])
-        began = time.monotonic()
-        step()
-        after_step()
-        steps += 1
-        left = speed * BASE_STEP - (time.monotonic() - began)
-        overrun += max(0.0, -left)
-        if pauses and steps % PAUSE_EVERY == 0:
-            left += PAUSE
-        if left > 0:
-            time.sleep(left)
-    return steps, overrun, curve
+    return task.run_config(fleet_task.sync_every(fleet), "fp32", overlap=overlap)
 
 
 def learning(spec: dict[str, Any], index: int) -> Learning:
@@ -157,7 +83,7 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
     from gradientmail.demo.model import GPT
 
     torch.set_num_threads(1)
-    size = task.SIZES[SIZE]
+    size = task.SIZES[fleet_task.SIZE]
     corpus = data.stdlib_corpus(shards=spec["learners"], seed=spec["seed"])
     length = size["model"]["context"]
     final_set = corpus.evaluation(*size["final_eval"], length=length)
@@ -172,13 +98,13 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
 
         def step() -> None:
             for group in optimizer.param_groups:
-                group["lr"] = lr * lr_scale(started, spec["budget"])
+                group["lr"] = lr * fleet_task.lr_scale(started, spec["budget"])
             loss = model.loss(next(batches))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
 
-        _, overrun, curve = timed_steps(
+        _, overrun, curve = fleet_task.timed_steps(
             step,
             speed=speed,
             budget=spec["budget"],
@@ -219,8 +145,8 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
     from gradientmail.demo.model import GPT
 
     torch.set_num_threads(1)
-    size = task.SIZES[SIZE]
-    learners = len(FLEETS[fleet])
+    size = task.SIZES[fleet_task.SIZE]
+    learners = len(fleet_task.FLEETS[fleet])
     corpus = data.stdlib_corpus(shards=learners, seed=seed)
     length = size["model"]["context"]
     streams = [corpus.train(k, batch_size=size["batch"], length=length) for k in range(learners)]
@@ -230,14 +156,14 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
 
     def step() -> None:
         for group in optimizer.param_groups:
-            group["lr"] = lr * lr_scale(started, budget)
+            group["lr"] = lr * fleet_task.lr_scale(started, budget)
         loss = model.loss(torch.cat([next(s) for s in streams]))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
     final_set = corpus.evaluation(*size["final_eval"], length=length)
-    steps, _, curve = timed_steps(
+    steps, _, curve = fleet_task.timed_steps(
         step,
         speed=1.0,
         budget=budget,
@@ -277,29 +203,6 @@ def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
     ]
 
 
-def alone_steps(
-    speed: float,
-    budget: float,
-    *,
-    pauses: bool,
-    base_step: float = BASE_STEP,
-    pause: tuple[float, int] = (PAUSE, PAUSE_EVERY),
-) -> int:
-    """The steps a learner of ``speed`` takes alone in ``budget`` seconds at ``base_step``
-    seconds a step of speed 1, its pauses (``pause``: seconds, every so many steps)
-    included."""
-    seconds, every = pause
-    steps, elapsed = 0, 0.0
-    while elapsed < budget:
-        steps += 1
-        elapsed += speed * base_step + (seconds if pauses and steps % every == 0 else 0.0)
-    return steps
-
-
-for _name in ("mixed", "straggler", "pausing"):
-    FLEETS[f"{_name}-matched"] = matched(_name)
-
-
 def committed_steps(rounds: list[dict[str, Any]], fragments: int) -> dict[str, float]:
     """Each learner's steps that reached a committed round, averaged over fragments."""
     totals: dict[str, float] = {}
@@ -311,9 +214,9 @@ def committed_steps(rounds: list[dict[str, Any]], fragments: int) -> dict[str, f
 
 def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dict[str, Any]:
     """One gradientmail arm: ``K`` learner processes and a syncer; the fleet's figures."""
-    speeds = FLEETS[fleet]
+    speeds = fleet_task.FLEETS[fleet]
     spec = worker_spec(
-        SIZE,
+        fleet_task.SIZE,
         seed,
         scratch,
         system="gm",
@@ -328,7 +231,9 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
     committed = committed_steps(launched["reports"]["syncer"]["rounds"], task.FRAGMENTS)
     learners = []
     for k, (report, speed) in enumerate(zip(reports, speeds, strict=True)):
-        alone = alone_steps(speed, budget, pauses=fleet == "pausing" and k == len(speeds) - 1)
+        alone = fleet_task.alone_steps(
+            speed, budget, pauses=fleet == "pausing" and k == len(speeds) - 1
+        )
         learners.append(
             {
                 "speed": speed,
@@ -341,14 +246,14 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
         )
     finals = [r["final_loss"] for r in reports]
     before = [float((scratch / f"before-{k}").read_text()) for k in range(len(speeds))]
-    shared = close.shared_loss(scratch, SIZE, seed, len(speeds))
+    shared = close.shared_loss(scratch, fleet_task.SIZE, seed, len(speeds))
     curve = fleet_curve(reports, budget, shared)
     rounds = launched["reports"]["syncer"]["rounds"]
     committed_loss = close.before_final(scratch, len(speeds), rounds)
     lags = [lag for r in reports for lag in r["lag_steps"]]
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
     before_close = bench_text_eval.mean_model(
-        _before_close(scratch), len(speeds), task.SIZES[SIZE], seed
+        _before_close(scratch), len(speeds), task.SIZES[fleet_task.SIZE], seed
     )
     return {
         "bits_per_byte": task.bits(shared),
@@ -369,68 +274,94 @@ def run_gm(arm: str, fleet: str, seed: int, budget: float, scratch: Path) -> dic
 
 
 def run(
-    fleets: list[str], arms: list[str], repeats: int, budget: float, results: Path, keep: bool
+    fleets: list[str],
+    arms: list[str],
+    repeats: int,
+    budget: float,
+    results: Path,
+    keep: bool,
+    seeds: list[int],
 ) -> Path:
-    """Every fleet × arm × repeat (seed 0, run again: the timing differs), written to
-    ``results/fleet.json`` after each, every run marked with the invocation that measured it
-    (``measured``: date, commit); with ``keep`` the stored runs of the fleets and arms not
-    run now stay (a matrix measured in parts; ``SystemExit`` when their budget or sizes
-    differ)."""
+    """Every fleet × arm × seed × repeat (a seed run again: the timing differs; data-parallel
+    once a seed), written to ``results/fleet.json`` after each, every run marked with its
+    seed and the invocation that measured it (``measured``: date, commit); with ``keep`` the
+    stored runs of the fleets and arms not run now stay (a matrix measured in parts;
+    ``SystemExit`` when their budget or sizes differ)."""
     result = h.header(
         NAME,
-        quick=budget < BUDGET,
+        quick=budget < fleet_task.BUDGET,
         parameters={
-            "size": SIZE,
-            "base_step": BASE_STEP,
-            "sync_every": SYNC_EVERY,
+            "size": fleet_task.SIZE,
+            "base_step": fleet_task.BASE_STEP,
+            "sync_every": fleet_task.SYNC_EVERY,
             "budget": budget,
-            "pause": [PAUSE, PAUSE_EVERY],
-            "fleets": {f: FLEETS[f] for f in fleets},
+            "pause": [fleet_task.PAUSE, fleet_task.PAUSE_EVERY],
+            "fleets": {f: fleet_task.FLEETS[f] for f in fleets},
             "arms": arms,
             "repeats": repeats,
+            "seeds": seeds,
         },
     )
-    runs: dict[str, list[dict[str, Any]]] = {}
-    stored = results / f"{NAME}.json"
-    if keep and stored.exists():
-        before = json.loads(stored.read_text(encoding="utf-8"))
-        same = ("size", "base_step", "sync_every", "budget", "pause")
-        if any(before["parameters"][k] != result["parameters"][k] for k in same):
-            raise SystemExit(f"{stored}: its runs were measured with other parameters")
-        runs = before["figures"]["runs"]
-        earlier = {"date": before["date"], "git_commit": before["git_commit"]}
-        for entries in runs.values():
-            for entry in entries:
-                entry.setdefault("measured", earlier)
-        result["parameters"]["fleets"] = before["parameters"]["fleets"] | {
-            f: FLEETS[f] for f in fleets
-        }
+    runs = _stored(results / f"{NAME}.json", result, fleets) if keep else {}
     measured = {"date": result["date"], "git_commit": result["git_commit"]}
     for fleet in fleets:
         for arm in arms:
             runs.pop(f"{fleet}/{arm}", None)
-            for repeat in range(repeats if arm != "dp" else 1):
-                with tempfile.TemporaryDirectory(prefix="gm-fleet-") as tmp:
-                    if arm == "dp":
-                        figures = run_dp(fleet, 0, budget)
-                    elif arm == "torchft":
-                        figures = run_torchft(fleet, 0, budget, Path(tmp) / "torchft")
-                    else:
-                        figures = run_gm(arm, fleet, 0, budget, Path(tmp) / "run")
-                figures["load"] = os.getloadavg()
-                figures["measured"] = measured
-                runs.setdefault(f"{fleet}/{arm}", []).append(figures)
-                print(f"{fleet}/{arm} #{repeat}: {json.dumps(_brief(figures))}", flush=True)
-                result["figures"] = {"runs": runs}
-                h.write_result(results, NAME, result)
+            for seed in seeds:
+                for repeat in range(repeats if arm != "dp" else 1):
+                    figures = _one(arm, fleet, seed, budget)
+                    figures |= {"seed": seed, "load": os.getloadavg(), "measured": measured}
+                    runs.setdefault(f"{fleet}/{arm}", []).append(figures)
+                    brief = json.dumps(_brief(figures))
+                    print(f"{fleet}/{arm} seed {seed} #{repeat}: {brief}", flush=True)
+                    result["figures"] = {"runs": runs}
+                    h.write_result(results, NAME, result)
     return results / f"{NAME}.json"
 
 
+def _stored(
+    stored: Path, result: dict[str, Any], fleets: list[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """The runs already in ``stored`` (none when there is no such file), each marked with the
+    invocation that measured it; ``result``'s fleets gain theirs."""
+    if not stored.exists():
+        return {}
+    before = json.loads(stored.read_text(encoding="utf-8"))
+    same = ("size", "base_step", "sync_every", "budget", "pause")
+    if any(before["parameters"][k] != result["parameters"][k] for k in same):
+        raise SystemExit(f"{stored}: its runs were measured with other parameters")
+    runs: dict[str, list[dict[str, Any]]] = before["figures"]["runs"]
+    earlier = {"date": before["date"], "git_commit": before["git_commit"]}
+    for entries in runs.values():
+        for entry in entries:
+            entry.setdefault("measured", earlier)
+    result["parameters"]["fleets"] = before["parameters"]["fleets"] | {
+        f: fleet_task.FLEETS[f] for f in fleets
+    }
+    return runs
+
+
+def _one(arm: str, fleet: str, seed: int, budget: float) -> dict[str, Any]:
+    """One run of ``arm`` on ``fleet``: its figures."""
+    if arm == "dp":
+        return run_dp(fleet, seed, budget)
+    with tempfile.TemporaryDirectory(prefix="gm-fleet-") as tmp:
+        if arm == "torchft":
+            return run_torchft(fleet, seed, budget, Path(tmp) / "torchft")
+        return run_gm(arm, fleet, seed, budget, Path(tmp) / "run")
+
+
 def _brief(figures: dict[str, Any]) -> dict[str, Any]:
-    keys = ("bits_per_byte", "bits_per_byte_mean_model_before_close", "bits_per_byte_before_close")
-    keys += ("bits_per_byte_committed", "bits_per_byte_mean_of_losses")
-    keys += ("fastest_waiting_share",)
-    keys += ("committed_over_alone", "rounds")
+    keys = [
+        "bits_per_byte",
+        "bits_per_byte_mean_model_before_close",
+        "bits_per_byte_before_close",
+        "bits_per_byte_committed",
+        "bits_per_byte_mean_of_losses",
+        "fastest_waiting_share",
+        "committed_over_alone",
+        "rounds",
+    ]
     return {k: round(figures[k], 4) for k in keys if k in figures}
 
 
@@ -438,12 +369,12 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
     """torchft's DiLoCo with the fleet's speeds: one replica process per learner and a
     lighthouse; its figures (waiting: the share of its budget a learner's steps overran
     their time, blocked in a sync)."""
-    speeds = FLEETS[fleet]
+    speeds = fleet_task.FLEETS[fleet]
     base = config("gm", fleet)
     scratch.mkdir(parents=True)
     with lighthouse(scratch / "log-lighthouse.txt") as address:
         spec = worker_spec(
-            SIZE,
+            fleet_task.SIZE,
             seed,
             scratch / "run",
             system="torchft",
@@ -466,7 +397,7 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
             {
                 "speed": speed,
                 "steps": len(report["step_times"]),
-                "alone_steps": alone_steps(
+                "alone_steps": fleet_task.alone_steps(
                     speed, budget, pauses=fleet == "pausing" and k == len(speeds) - 1
                 ),
                 "waiting_share": overrun / budget,
@@ -475,7 +406,9 @@ def run_torchft(fleet: str, seed: int, budget: float, scratch: Path) -> dict[str
             }
         )
     fastest = min(range(len(speeds)), key=lambda k: speeds[k])
-    mean = bench_text_eval.mean_model(scratch / "run", len(speeds), task.SIZES[SIZE], seed)
+    mean = bench_text_eval.mean_model(
+        scratch / "run", len(speeds), task.SIZES[fleet_task.SIZE], seed
+    )
     curve = fleet_curve(reports, budget, mean["final_loss"])
     return {
         "bits_per_byte": task.bits(mean["final_loss"]),
@@ -505,10 +438,13 @@ def _worker(spec_path: Path, role: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fleets", nargs="+", choices=list(FLEETS), default=list(FLEETS))
+    parser.add_argument(
+        "--fleets", nargs="+", choices=list(fleet_task.FLEETS), default=list(fleet_task.FLEETS)
+    )
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--budget", type=float, default=BUDGET)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--budget", type=float, default=fleet_task.BUDGET)
     parser.add_argument("--results", type=Path, default=h.RESULTS)
     parser.add_argument("--keep", action="store_true", help="keep the stored runs")
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
@@ -516,7 +452,8 @@ def main() -> None:
     if args.worker:
         _worker(Path(args.worker[0]), args.worker[1])
         return
-    print(run(args.fleets, args.arms, args.repeats, args.budget, args.results, args.keep))
+    arguments = (args.fleets, args.arms, args.repeats, args.budget, args.results, args.keep)
+    print(run(*arguments, args.seeds))
 
 
 if __name__ == "__main__":

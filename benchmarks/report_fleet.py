@@ -4,6 +4,7 @@ import statistics
 from typing import Any
 
 import bench_fleet
+import bench_fleet_task
 from _page import Page, num, provenance, table
 
 HETEROGENEOUS = ("mixed", "straggler", "pausing")
@@ -20,6 +21,19 @@ ARM_LABEL = {
     "torchft": "torchft DiLoCo",
     "dp": "data-parallel, fastest speed",
 }
+
+
+def _against(runs: dict[str, list[dict[str, Any]]], key: str) -> float | str | None:
+    """The median bits per byte the default is judged against (``key``: fleet/arm); a
+    reason instead where only torchft runs judged on the mean of their replicas' losses
+    were stored (not the model the default is judged on)."""
+    entries = runs.get(key, [])
+    if key.endswith("/torchft"):
+        judged = [r for r in entries if r.get("evaluation") == bench_fleet.EVALUATION]
+        if entries and not judged:
+            return "not judged: torchft on the mean of its replicas' losses"
+        entries = judged
+    return _median(entries, "bits_per_byte")
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -40,13 +54,13 @@ def _range(runs: list[dict[str, Any]], key: str, digits: int = 3) -> str:
 def _ratios(fleet: str, run: dict[str, Any], p: dict[str, Any]) -> dict[str, float]:
     """A run's steps: committed ÷ taken (1: no step lost), and taken and committed ÷ what
     each learner takes alone in the budget at its nominal speed, its pauses included
-    (``bench_fleet.alone_steps``; below 1: it waited, or the machine was too busy for its
+    (``bench_fleet_task.alone_steps``; below 1: it waited, or the machine was too busy for its
     nominal speed)."""
     learners = run.get("learners", [])
     last = len(learners) - 1
     taken = sum(x["steps"] for x in learners)
     alone = sum(
-        bench_fleet.alone_steps(
+        bench_fleet_task.alone_steps(
             x["speed"],
             p["budget"],
             pauses=fleet == "pausing" and k == last,
@@ -63,8 +77,17 @@ def _ratios(fleet: str, run: dict[str, Any], p: dict[str, Any]) -> dict[str, flo
     }
 
 
+def _count(runs: list[dict[str, Any]]) -> str:
+    """How many runs, and of which seeds where any is not seed 0 (runs stored without one
+    were of seed 0)."""
+    seeds = sorted({r.get("seed", 0) for r in runs})
+    if seeds == [0]:
+        return str(len(runs))
+    return f"{len(runs)} (seeds {', '.join(str(s) for s in seeds)})"
+
+
 def _row(fleet: str, arm: str, runs: list[dict[str, Any]], p: dict[str, Any]) -> list[str]:
-    speeds = "/".join(f"{s:g}" for s in bench_fleet.FLEETS.get(fleet, []))
+    speeds = "/".join(f"{s:g}" for s in bench_fleet_task.FLEETS.get(fleet, []))
     learners = [r["learners"] for r in runs if "learners" in r]
     ratios = [r | _ratios(fleet, r, p) for r in runs]
     committed = [sum(x.get("committed_steps", 0.0) for x in ls) for ls in learners]
@@ -74,7 +97,7 @@ def _row(fleet: str, arm: str, runs: list[dict[str, Any]], p: dict[str, Any]) ->
     return [
         f"{fleet} ({speeds})",
         ARM_LABEL.get(arm, arm),
-        str(len(runs)),
+        _count(runs),
         _range(runs, "bits_per_byte"),
         _range(runs, "bits_per_byte_before_close"),
         _range(runs, "bits_per_byte_committed"),
@@ -102,15 +125,18 @@ def fleets(page: Page, result: dict[str, Any] | None) -> None:
         f"{p['pause'][0]:.0f} s every {p['pause'][1]} steps; `*-matched` fleets are equal "
         "fleets that take as many steps in the budget. Bits per byte: the shared model after "
         "the close (gradientmail: the newest committed model once every learner closed; "
-        "torchft: the mean of its replicas' losses); before close: the learners' own "
-        "models when the budget ended; committed θ: the newest committed model then, "
+        "torchft: the mean of its replicas' models after their last sync, as the fair "
+        "real-text harness judges it); before close: the learners' own models when the "
+        "budget ended (the mean of their losses; gradientmail's close ends on the mean of "
+        "those models); committed θ: the newest committed model then, "
         "before any final round (the model the close starts from). Waiting: the fastest "
         "learner's share of its time waiting on rounds (torchft: its steps' time beyond "
         "their own, blocked in a sync). "
         "Committed ÷ taken: the steps that reached a committed round over the steps the "
         "learners took (1: none lost); taken ÷ alone: over what each takes alone in the "
         "budget at its nominal speed (below 1: waiting, or a machine too busy for its "
-        "nominal speed: see the load). Several runs: median [min, max].",
+        "nominal speed: see the load). Several runs: median [min, max]; runs of seed 0 "
+        "(the timing differs from run to run) but where the runs column names seeds.",
         "",
         provenance(result),
         "",
@@ -169,12 +195,12 @@ def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], p: dict[str, Any
         )
         worst = max(r["bits_per_byte"] for r in gm)
         for other in ("gm-repeatable", "torchft"):
-            theirs = _median(runs.get(f"{fleet}/{other}", []), "bits_per_byte")
+            theirs = _against(runs, f"{fleet}/{other}")
             page.target(
                 f"fleet {fleet}: default's bits per byte vs {ARM_LABEL[other]}",
                 "lower in every run",
-                f"{num(worst)} at worst against {num(theirs)}",
-                None if theirs is None else worst < theirs,
+                f"{num(worst)} at worst against {_shown(theirs)}",
+                theirs if not isinstance(theirs, float) else worst < theirs,
                 "bench_fleet",
             )
         matched = _median(runs.get(f"{fleet}-matched/gm", []), "bits_per_byte")
@@ -214,18 +240,27 @@ def _equal_targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
         equal = _median(runs.get(f"{fleet}/gm", []), "bits_per_byte")
         if equal is None:
             continue
-        at = f"H {bench_fleet.sync_every(fleet)}"
+        at = f"H {bench_fleet_task.sync_every(fleet)}"
         for other, name, target, factor in _EQUAL_AGAINST:
-            theirs = _median(runs.get(f"{fleet}/{other}", []), "bits_per_byte")
+            theirs = _against(runs, f"{fleet}/{other}")
             if theirs is None:
                 continue
             page.target(
                 f"equal fleet, {at}: default vs {name}",
                 target,
-                f"{num(equal)} against {num(theirs)} ({equal / theirs - 1:+.2%})",
-                equal <= factor * theirs,
+                _shown(theirs, equal),
+                theirs if isinstance(theirs, str) else equal <= factor * theirs,
                 "bench_fleet",
             )
+
+
+def _shown(theirs: float | str | None, ours: float | None = None) -> str:
+    """The figure judged against (``ours`` against it, with the difference, when given)."""
+    if not isinstance(theirs, float):
+        return "–" if ours is None else f"{num(ours)}"
+    if ours is None:
+        return num(theirs)
+    return f"{num(ours)} against {num(theirs)} ({ours / theirs - 1:+.2%})"
 
 
 def _plot(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:

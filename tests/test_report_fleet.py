@@ -28,6 +28,12 @@ def run(bits: float, waits: float, *steps: tuple[float, int, float]) -> dict[str
     }
 
 
+def torchft(bits: float, waits: float) -> dict[str, Any]:
+    """A torchft run judged on the mean of its replicas' models."""
+    evaluation = report_fleet.bench_fleet.EVALUATION
+    return {"bits_per_byte": bits, "fastest_waiting_share": waits, "evaluation": evaluation}
+
+
 def result() -> dict[str, Any]:
     fast = [(1.0, 100, 100.0), (1.0, 100, 100.0), (1.0, 100, 100.0), (4.0, 25, 25.0)]
     slow = [(1.0, 25, 25.0), (1.0, 25, 25.0), (1.0, 25, 25.0), (4.0, 25, 25.0)]
@@ -50,7 +56,7 @@ def result() -> dict[str, Any]:
             "runs": {
                 "straggler/gm": [run(2.8, 0.0, *fast), run(2.9, 0.01, *fast)],
                 "straggler/gm-repeatable": [run(3.7, 0.75, *slow)],
-                "straggler/torchft": [{"bits_per_byte": 2.7, "fastest_waiting_share": 0.7}],
+                "straggler/torchft": [torchft(2.7, 0.7)],
             }
         },
     }
@@ -108,10 +114,10 @@ def test_the_equal_fleet_is_judged_at_each_h_against_the_repeatable_mode_and_tor
     measured["figures"]["runs"] = {
         "equal/gm": [run(2.70, 0.0, *equal)],
         "equal/gm-repeatable": [run(2.71, 0.0, *equal)],
-        "equal/torchft": [{"bits_per_byte": 2.72, "fastest_waiting_share": 0.01}],
+        "equal/torchft": [torchft(2.72, 0.01)],
         "equal-H250/gm": [run(3.00, 0.0, *equal)],
         "equal-H250/gm-repeatable": [run(2.90, 0.0, *equal)],
-        "equal-H250/torchft": [{"bits_per_byte": 2.95, "fastest_waiting_share": 0.01}],
+        "equal-H250/torchft": [torchft(2.95, 0.01)],
     }
     page = _page.Page(tmp_path)
     report_fleet.fleets(page, measured)
@@ -123,10 +129,44 @@ def test_the_equal_fleet_is_judged_at_each_h_against_the_repeatable_mode_and_tor
     assert not any("H 100" in name for name in verdicts)
 
 
+def test_torchft_runs_judged_on_the_mean_of_their_losses_are_not_judged(tmp_path: Path) -> None:
+    """The default is judged against torchft only on the model it is itself judged on (the
+    mean of the learners' models): runs stored before the harness measured it say why
+    they are not judged, whatever their figure."""
+    equal = [(1.0, 100, 100.0)] * 4
+    measured = result()
+    losses = {"bits_per_byte": 3.5, "fastest_waiting_share": 0.7}
+    measured["figures"]["runs"] |= {
+        "straggler/torchft": [losses],
+        "equal/gm": [run(2.70, 0.0, *equal)],
+        "equal/torchft": [{"bits_per_byte": 2.60, "fastest_waiting_share": 0.0}],
+    }
+    page = _page.Page(tmp_path)
+    report_fleet.fleets(page, measured)
+    verdicts = {row[0]: row[3] for row in page.targets}
+    reason = "not judged: torchft on the mean of its replicas' losses"
+    assert verdicts["fleet straggler: default's bits per byte vs torchft DiLoCo"] == reason
+    assert verdicts["equal fleet, H 50: default vs torchft DiLoCo"] == reason
+
+
+def test_the_runs_column_names_the_seeds_where_runs_are_not_all_of_seed_0(
+    tmp_path: Path,
+) -> None:
+    equal = [(1.0, 100, 100.0)] * 4
+    measured = result()
+    seeded = [run(2.70, 0.0, *equal) | {"seed": s} for s in (0, 1, 2)]
+    measured["figures"]["runs"] |= {"equal/gm": seeded}
+    page = _page.Page(tmp_path)
+    report_fleet.fleets(page, measured)
+    text = "\n".join(page.lines)
+    assert "| equal (1/1/1/1) | gradientmail, default (adaptive) | 3 (seeds 0, 1, 2) |" in text
+    assert "| straggler (1/1/1/4) | gradientmail, default (adaptive) | 2 |" in text
+
+
 def test_each_unequal_fleet_has_an_equal_fleet_taking_as_many_steps_alone() -> None:
     """``X-matched`` takes what ``X``'s learners take alone in the budget, pauses included
     (within a step per learner: steps are whole)."""
-    fleet_module = report_fleet.bench_fleet
+    fleet_module = report_fleet.bench_fleet_task
     budget = fleet_module.BUDGET
     for fleet in ("mixed", "straggler", "pausing"):
         speeds = fleet_module.FLEETS[fleet]
