@@ -16,7 +16,8 @@ as a user's trainer makes one); ``equal-H100`` and ``equal-H250``, the equal fle
 and 250 (``sync_every``); ``mixed-matched``, ``straggler-matched`` and ``pausing-matched``,
 equal fleets that take as many steps in the budget as those (``matched``): the reference an
 unequal fleet is held to. Arms: ``gm`` (the default, ``RunConfig.overlap`` None: the
-adaptive schedule), ``gm-repeatable`` (``overlap=2``: the rounds pace every learner), and
+adaptive schedule), ``gm-repeatable`` (``overlap=2``: the rounds pace every learner),
+``gm-sync`` (``overlap=0``, the synchronous mode: what torchft's DiLoCo computes),
 ``dp`` (data-parallel, one process, every learner's batch per step at the fastest speed),
 and ``torchft`` (its DiLoCo, ``bench_text_torchft``'s replicas with the same speeds:
 synchronous, every sync waits for the slowest).
@@ -63,14 +64,14 @@ from _workers import Learning, learner_worker, syncer_worker
 from bench_text_arms import lighthouse, worker_spec
 
 NAME = "fleet"
-ARMS = ("gm", "gm-repeatable", "torchft", "dp")
+ARMS = ("gm", "gm-repeatable", "gm-sync", "torchft", "dp")
 EVALUATION = "mean of the replicas' models"
 """How a torchft run's final bits per byte were measured (a run without it: the mean of its
 replicas' losses, which the page does not judge)."""
 
 
 def config(arm: str, fleet: str) -> Any:
-    overlap = 2 if arm == "gm-repeatable" else None
+    overlap = {"gm-repeatable": 2, "gm-sync": 0}.get(arm)
     return task.run_config(fleet_task.sync_every(fleet), "fp32", overlap=overlap)
 
 

@@ -18,6 +18,7 @@ factor of the arm's bits per byte the default may reach."""
 ARM_LABEL = {
     "gm": "gradientmail, default (adaptive)",
     "gm-repeatable": "gradientmail, repeatable mode",
+    "gm-sync": "gradientmail, synchronous mode",
     "torchft": "torchft DiLoCo",
     "dp": "data-parallel, fastest speed",
 }
