@@ -117,13 +117,14 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
         (Path(spec["scratch"]) / f"overrun-{index}").write_text(str(overrun))
         before = evaluate(model, final_set)
         (Path(spec["scratch"]) / f"before-{index}").write_text(str(before))
-        bench_text_eval.save(model, _before_close(Path(spec["scratch"])), index)
         if spec["system"] == "gm":
+            bench_text_eval.save(model, _before_close(Path(spec["scratch"])), index)
             close.committed_reading(spec, index, model, lambda m: evaluate(m, final_set))
         return curve
 
     def final() -> float:
-        bench_text_eval.save(model, Path(spec["scratch"]), index)
+        if spec["system"] == "torchft":
+            bench_text_eval.save(model, Path(spec["scratch"]), index)
         return evaluate(model, final_set)
 
     return Learning(model, size["batch"] * length, run, final, optimizer)

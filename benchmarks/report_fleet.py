@@ -197,11 +197,13 @@ def _targets(page: Page, runs: dict[str, list[dict[str, Any]]], p: dict[str, Any
         worst = max(r["bits_per_byte"] for r in gm)
         for other in ("gm-repeatable", "torchft"):
             theirs = _against(runs, f"{fleet}/{other}")
+            judged = theirs if isinstance(theirs, float) else None
+            reason = theirs if isinstance(theirs, str) else None
             page.target(
                 f"fleet {fleet}: default's bits per byte vs {ARM_LABEL[other]}",
                 "lower in every run",
-                f"{num(worst)} at worst against {_shown(theirs)}",
-                theirs if not isinstance(theirs, float) else worst < theirs,
+                f"{num(worst)} at worst against {num(judged)}",
+                reason if judged is None else worst < judged,
                 "bench_fleet",
             )
         matched = _median(runs.get(f"{fleet}-matched/gm", []), "bits_per_byte")
@@ -249,18 +251,17 @@ def _equal_targets(page: Page, runs: dict[str, list[dict[str, Any]]]) -> None:
             page.target(
                 f"equal fleet, {at}: default vs {name}",
                 target,
-                _shown(theirs, equal),
+                _versus(equal, theirs),
                 theirs if isinstance(theirs, str) else equal <= factor * theirs,
                 "bench_fleet",
             )
 
 
-def _shown(theirs: float | str | None, ours: float | None = None) -> str:
-    """The figure judged against (``ours`` against it, with the difference, when given)."""
-    if not isinstance(theirs, float):
-        return "–" if ours is None else f"{num(ours)}"
-    if ours is None:
-        return num(theirs)
+def _versus(ours: float, theirs: float | str) -> str:
+    """``ours`` against the figure judged against, with the difference (``ours`` alone
+    where there is none, ``theirs`` then being the reason)."""
+    if isinstance(theirs, str):
+        return num(ours)
     return f"{num(ours)} against {num(theirs)} ({ours / theirs - 1:+.2%})"
 
 
