@@ -131,8 +131,8 @@ def test_the_equal_fleet_is_judged_at_each_h_against_the_repeatable_mode_and_tor
 
 def test_torchft_runs_judged_on_the_mean_of_their_losses_are_not_judged(tmp_path: Path) -> None:
     """The default is judged against torchft only on the model it is itself judged on (the
-    mean of the learners' models): runs stored before the harness measured it say why
-    they are not judged, whatever their figure."""
+    mean of the learners' models): torchft runs without that evaluation (the mean of their
+    replicas' losses) say why they are not judged, whatever their figure."""
     equal = [(1.0, 100, 100.0)] * 4
     measured = result()
     losses = {"bits_per_byte": 3.5, "fastest_waiting_share": 0.7}
