@@ -210,12 +210,18 @@ async def _observe(
     rt: Runtime, held: RoundState, watch: LeaseWatch, verified: Verified, fresh: bool
 ) -> tuple[RoundObservation, LeaseWatch]:
     """One look at ``held.round``: what ``observed`` needs, and nothing more (nothing past a
-    record, no claims while closing it, no snapshots before anyone claimed it, later rounds
-    only while it is empty and held)."""
-    record = await rt.store.record(held.round)
+    record, the record while closing it only every ``poll_interval`` (``wants_record``), no
+    claims while closing it, no snapshots before anyone claimed it, later rounds only while
+    it is empty and held)."""
+    record, record_at = None, None
+    if held.wants_record(rt.clock.now(), rt.options.poll_interval):
+        record_at = rt.clock.now()
+        record = await rt.store.record(held.round)
     if record is not None:
         now = rt.clock.now()
-        return RoundObservation(record, (), frozenset(), frozenset(), frozenset(), now, now), watch
+        empty: frozenset[str] = frozenset()
+        view = RoundObservation(record, (), empty, empty, empty, now, now, record_at=record_at)
+        return view, watch
     claims = () if held.closing else tuple(await rt.store.round_claims(held.round))
     published: frozenset[str] = frozenset()
     if held.closing or claims:
@@ -239,6 +245,7 @@ async def _observe(
         snapshots_at=snapshots_at,
         leases_at=watch.looked,
         later=later,
+        record_at=record_at,
     )
     return view, watch
 

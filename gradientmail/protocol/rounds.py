@@ -303,11 +303,12 @@ def decide_close(view: CloseView, config: RunConfig) -> Literal["waiting", "grac
 
 @dataclass(frozen=True, slots=True)
 class RoundObservation:
-    """One look at a round: its ``record`` (None: none yet), its ``claims`` in order, the
-    learners with a snapshot in it (in a signed run, only snapshots that verify), the
-    learners with a snapshot in one of the next ``fragments - 1`` rounds (``later``; None
-    when not listed), the holders of a live lease, the nodes whose lease says ``learner``,
-    and when the snapshots and the leases were listed."""
+    """One look at a round: its ``record`` (None: none yet, or not looked for), its
+    ``claims`` in order, the learners with a snapshot in it (in a signed run, only snapshots
+    that verify), the learners with a snapshot in one of the next ``fragments - 1`` rounds
+    (``later``; None when not listed), the holders of a live lease, the nodes whose lease
+    says ``learner``, when the snapshots and the leases were listed, and when the record was
+    looked for (``record_at``; None: not in this look, ``RoundState.wants_record``)."""
 
     record: RoundRecord | None
     claims: tuple[tuple[int, str], ...]
@@ -317,6 +318,7 @@ class RoundObservation:
     snapshots_at: float
     leases_at: float
     later: frozenset[str] | None = None
+    record_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +331,8 @@ class RoundState:
     ``due_from``: when its first snapshot is expected soon (``cadence.Cadence.due_from``),
     from which it is due before any snapshot is listed; ``expected_at``: when that first
     snapshot is expected (``cadence.Cadence.expected_at``); ``opened_at``: when this
-    syncer took the round up, the round before it ended (``AFTER_COMMIT``)."""
+    syncer took the round up, the round before it ended (``AFTER_COMMIT``);
+    ``record_looked_at``: when this node last looked for the round's record."""
 
     round: int
     me: str
@@ -345,6 +348,7 @@ class RoundState:
     quorum_at: float | None = None
     passed_at: float | None = None
     arrivals: tuple[tuple[str, float], ...] = ()
+    record_looked_at: float | None = None
 
     @property
     def closing(self) -> bool:
@@ -371,6 +375,18 @@ class RoundState:
             return None
         return times[learner] - self.arrivals[0][1]
 
+    def wants_record(self, now: float, every: float) -> bool:
+        """Whether the next look should look for the round's record: always while deciding;
+        while closing the round, once ``every`` seconds. Only a takeover commits a round
+        this node holds, and only past the claim timeout or once its lease is gone; its
+        own record write is create-once and adopts a record found there
+        (``RoundSuperseded``), so looking less often costs a superseded closer the time to
+        its next look, never a second record, where looking at every due poll doubles the
+        requests of a round everyone waits on."""
+        if not self.closing or self.record_looked_at is None:
+            return True
+        return now - self.record_looked_at >= every
+
     def wants_later(self, snapshots: frozenset[str], learners: frozenset[str]) -> bool:
         """Whether the next look should list the later rounds' snapshots (``later``): only
         while closing a round that is empty or that some live learner (of ``learners``) has
@@ -382,6 +398,8 @@ def observed(
     state: RoundState, view: RoundObservation, now: float, config: RunConfig
 ) -> tuple[RoundState, Step]:
     """The next state and step of the round after ``view``, taken at ``now``."""
+    if view.record_at is not None:
+        state = replace(state, record_looked_at=view.record_at)
     if view.record is not None and state.closing:
         return state, Adopt(view.record, superseded=True)
     if state.closing:

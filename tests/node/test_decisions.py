@@ -377,6 +377,24 @@ def test_later_rounds_are_listed_only_while_a_live_learner_is_missing() -> None:
     assert not state.wants_later(both, both)
 
 
+def test_a_closer_looks_for_the_record_once_a_poll_interval_and_adopts_one_found() -> None:
+    state = RoundState(7, "a", claim_timeout=30.0)
+    assert state.wants_record(0.0, every=1.0)  # deciding: every look
+    state, step = observed(state, look(record_at=0.0), 0.0, CONFIG)
+    assert step == Claim(0)
+    state = state.claimed(0.0)
+    assert state.record_looked_at == 0.0
+    assert not state.wants_record(0.5, every=1.0)
+    one = look(snapshots=frozenset({"a"}), snapshots_at=0.5)
+    state, _ = observed(state, one, 0.5, CONFIG)
+    assert state.record_looked_at == 0.0  # a look without the record keeps the last one's time
+    assert state.wants_record(1.0, every=1.0)
+    record = took_part(a=None)
+    state, step = observed(state, look(record=record, record_at=1.0), 1.0, CONFIG)
+    assert step == Adopt(record, superseded=True)
+    assert state.record_looked_at == 1.0
+
+
 def test_an_empty_round_closes_once_everybody_left() -> None:
     state = RoundState(7, "a", claim_timeout=30.0).claimed(0.0)
     gone = look(live=frozenset(), later=frozenset({"b"}))

@@ -69,6 +69,8 @@ CONFIG = RunConfig(
 )  # fmt: skip
 CLAIM_TIMEOUT = 6.0
 LEASE_TIMEOUT = 3.0
+POLL_INTERVAL = 1.0
+"""``NodeOptions.poll_interval``: a syncer closing a round looks for its record this often."""
 THETA0 = tuple(f"theta0:{f}".encode() for f in range(CONFIG.fragments))
 
 
@@ -229,7 +231,8 @@ class ProtocolModel(RuleBasedStateMachine):
     def _observe(self, syncer: SyncerModel, held: RoundState, lag: int) -> RoundObservation:
         """``_node.syncer_task._observe``: one look at the round, through a lagging listing."""
         round = held.round
-        record = self._record(round)
+        looks = held.wants_record(self.now, POLL_INTERVAL)
+        record = self._record(round) if looks else None
         claims = () if held.closing else self._claims(round, lag)
         published = frozenset(self._published(round, lag)) if held.closing or claims else None
         syncer.watch = syncer.watch.observed(self._beats(lag), self.now)
@@ -250,6 +253,7 @@ class ProtocolModel(RuleBasedStateMachine):
             snapshots_at=self.now,
             leases_at=self.now,
             later=later,
+            record_at=self.now if looks else None,
         )
 
     def _adopt(self, node: NodeModel, record: RoundRecord) -> None:
