@@ -8,7 +8,11 @@ another). Every learner gets the same wall-clock budget. A learner of speed ``s`
 sleep, so that a slow learner does not take the fast ones' cores on this 2-core machine; a
 step whose compute alone is longer is not padded). The learning rate follows
 ``bench_convergence_task.lr_at`` over the fraction of the budget elapsed, so a slow learner
-is not left at a high rate.
+is not left at a high rate; in ``equal-steps`` (1/1/1/1, H 50) over the fraction of the
+steps each learner takes alone in the budget instead (``bench_fleet_task.by_steps``), so
+that the rates do not depend on the timing: two systems that compute the same model step
+for step (the synchronous mode and torchft's DiLoCo) end on it there, and what separates an
+arm from them is its algorithm, not the chaos of millisecond differences in its rates.
 
 Fleets: ``equal`` (1/1/1/1), ``mixed`` (1/1.5/2/3), ``straggler`` (1/1/1/4) and ``pausing``
 (1/1/1/1, learner 3 pausing ``PAUSE`` seconds every ``PAUSE_EVERY`` steps, a validation pass
@@ -38,8 +42,8 @@ their losses recorded apart) and the learners' bits per byte against wall time (
 
 Usage: ``.venv/bin/python benchmarks/bench_fleet.py [--fleets NAME ...] [--arms NAME ...]
 [--repeats N] [--seeds S ...] [--budget SECONDS] [--keep]`` (``--repeats``: runs of each
-seed, 3 by default; ``--seeds``: 0 by default; ``--keep``: the stored runs of the fleets
-and arms not run now stay in ``fleet.json``).
+seed, 3 by default; ``--seeds``: 0 by default; ``--keep``: the stored runs of the fleets,
+arms and seeds not run now stay in ``fleet.json``).
 """
 
 import argparse
@@ -94,12 +98,17 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
     speed = spec["speeds"][index]
     pauses = spec["fleet"] == "pausing" and index == len(spec["speeds"]) - 1
 
+    schedule = _schedule(spec["fleet"], speed, spec["budget"], pauses)
+
     def run(first: int, after_step: Callable[[], None]) -> list[list[float]]:
         started = time.monotonic()  # every learner starts once all have joined
+        taken = 0
 
         def step() -> None:
+            nonlocal taken
             for group in optimizer.param_groups:
-                group["lr"] = lr * fleet_task.lr_scale(started, spec["budget"])
+                group["lr"] = lr * schedule(started, taken)
+            taken += 1
             loss = model.loss(next(batches))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -130,6 +139,18 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
     return Learning(model, size["batch"] * length, run, final, optimizer)
 
 
+def _schedule(
+    fleet: str, speed: float, budget: float, pauses: bool
+) -> Callable[[float, int], float]:
+    """The learning rate's factor of a learner of ``fleet`` at ``speed``, from the moment it
+    started and the steps it took: the clock's share of the budget, or for a fleet whose
+    rate follows the steps (``by_steps``) its steps' share of what it takes alone."""
+    if not fleet_task.by_steps(fleet):
+        return lambda started, _: fleet_task.lr_scale(started, budget)
+    alone = fleet_task.alone_steps(speed, budget, pauses=pauses)
+    return lambda _, taken: fleet_task.step_scale(taken, alone)
+
+
 def _before_close(scratch: Path) -> Path:
     """Where the learners of the run in ``scratch`` save their models when their budget
     ends."""
@@ -154,11 +175,15 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
     streams = [corpus.train(k, batch_size=size["batch"], length=length) for k in range(learners)]
     model = GPT(task.model_config(size), seed=seed)
     optimizer, lr = task.inner_optimizer("adamw", model)
+    schedule = _schedule(fleet, 1.0, budget, False)
     started = time.monotonic()
+    taken = 0
 
     def step() -> None:
+        nonlocal taken
         for group in optimizer.param_groups:
-            group["lr"] = lr * fleet_task.lr_scale(started, budget)
+            group["lr"] = lr * schedule(started, taken)
+        taken += 1
         loss = model.loss(torch.cat([next(s) for s in streams]))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -287,8 +312,8 @@ def run(
     """Every fleet × arm × seed × repeat (a seed run again: the timing differs; data-parallel
     once a seed), written to ``results/fleet.json`` after each, every run marked with its
     seed and the invocation that measured it (``measured``: date, commit); with ``keep`` the
-    stored runs of the fleets and arms not run now stay (a matrix measured in parts;
-    ``SystemExit`` when their budget or sizes differ)."""
+    stored runs of the fleets, arms and seeds not run now stay (a matrix measured in parts,
+    or more seeds of an arm; ``SystemExit`` when their budget or sizes differ)."""
     result = h.header(
         NAME,
         quick=budget < fleet_task.BUDGET,
@@ -308,12 +333,13 @@ def run(
     measured = {"date": result["date"], "git_commit": result["git_commit"]}
     for fleet in fleets:
         for arm in arms:
-            runs.pop(f"{fleet}/{arm}", None)
+            key = f"{fleet}/{arm}"
+            runs[key] = [r for r in runs.get(key, []) if r.get("seed") not in seeds]
             for seed in seeds:
                 for repeat in range(repeats if arm != "dp" else 1):
                     figures = _one(arm, fleet, seed, budget)
                     figures |= {"seed": seed, "load": os.getloadavg(), "measured": measured}
-                    runs.setdefault(f"{fleet}/{arm}", []).append(figures)
+                    runs[key].append(figures)
                     brief = json.dumps(_brief(figures))
                     print(f"{fleet}/{arm} seed {seed} #{repeat}: {brief}", flush=True)
                     result["figures"] = {"runs": runs}
@@ -448,7 +474,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--budget", type=float, default=fleet_task.BUDGET)
     parser.add_argument("--results", type=Path, default=h.RESULTS)
-    parser.add_argument("--keep", action="store_true", help="keep the stored runs")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the stored runs of other fleets, arms, seeds"
+    )
     parser.add_argument("--worker", nargs=2, metavar=("SPEC", "ROLE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

@@ -23,6 +23,7 @@ FLEETS: dict[str, list[float]] = {
     "pausing": [1.0, 1.0, 1.0, 1.0],
     "equal-H100": [1.0, 1.0, 1.0, 1.0],
     "equal-H250": [1.0, 1.0, 1.0, 1.0],
+    "equal-steps": [1.0, 1.0, 1.0, 1.0],
 }
 
 
@@ -47,8 +48,25 @@ def sync_every(fleet: str) -> int:
 
 def lr_scale(started: float, budget: float) -> float:
     """The learning rate's factor at this moment of the budget (``lr_at``'s schedule)."""
-    fraction = min(1.0, (time.monotonic() - started) / budget)
-    return convergence.lr_at(int(fraction * 1000), 1000) / convergence.LR
+    return _scale((time.monotonic() - started) / budget)
+
+
+def by_steps(fleet: str) -> bool:
+    """Whether ``fleet``'s learning rate follows each learner's step count instead of the
+    clock (a name ending in ``-steps``): the same schedule over the steps the learner takes
+    alone in the budget (``step_scale``), so that two systems' learners that take the same
+    steps run the same rates whatever their timing."""
+    return fleet.endswith("-steps")
+
+
+def step_scale(step: int, steps: int) -> float:
+    """The learning rate's factor at step ``step`` of ``steps`` (``lr_scale``'s schedule
+    over steps)."""
+    return _scale(step / steps)
+
+
+def _scale(fraction: float) -> float:
+    return convergence.lr_at(int(min(1.0, fraction) * 1000), 1000) / convergence.LR
 
 
 def timed_steps(
