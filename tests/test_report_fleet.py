@@ -181,3 +181,18 @@ def test_each_unequal_fleet_has_an_equal_fleet_taking_as_many_steps_alone() -> N
         )
         assert abs(equal - unequal) <= len(speeds), (fleet, equal, unequal)
         assert len(set(fleet_module.FLEETS[f"{fleet}-matched"])) == 1
+
+
+def test_the_steps_schedule_is_the_clock_schedule_over_the_steps_taken_alone() -> None:
+    """``equal-steps`` sets the rate from the learner's steps over those it takes alone in
+    the budget: the clock's curve (warm-up to the peak over the first 5%, then a decay to
+    the floor, where it stays past the budget's steps); only fleets named so use it."""
+    fleet_module = report_fleet.bench_fleet_task
+    steps = fleet_module.alone_steps(1.0, fleet_module.BUDGET, pauses=False)
+    scales = [fleet_module.step_scale(k, steps) for k in range(steps + 5)]
+    assert scales[0] < scales[steps // 20] == max(scales) == 1.0
+    assert scales[-1] == scales[steps] == min(scales[steps // 20 :]) > 0.0
+    peak = scales.index(1.0)
+    assert all(a >= b for a, b in zip(scales[peak:], scales[peak + 1 :], strict=False))
+    assert [f for f in fleet_module.FLEETS if fleet_module.by_steps(f)] == ["equal-steps"]
+    assert fleet_module.sync_every("equal-steps") == fleet_module.SYNC_EVERY
