@@ -47,6 +47,7 @@ arms and seeds not run now stay in ``fleet.json``).
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -98,17 +99,14 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
     speed = spec["speeds"][index]
     pauses = spec["fleet"] == "pausing" and index == len(spec["speeds"]) - 1
 
-    schedule = _schedule(spec["fleet"], speed, spec["budget"], pauses)
-
     def run(first: int, after_step: Callable[[], None]) -> list[list[float]]:
         started = time.monotonic()  # every learner starts once all have joined
-        taken = 0
+        rate = _rates(spec["fleet"], speed, spec["budget"], pauses, started)
 
         def step() -> None:
-            nonlocal taken
+            scale = rate()
             for group in optimizer.param_groups:
-                group["lr"] = lr * schedule(started, taken)
-            taken += 1
+                group["lr"] = lr * scale
             loss = model.loss(next(batches))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -139,16 +137,17 @@ def learning(spec: dict[str, Any], index: int) -> Learning:
     return Learning(model, size["batch"] * length, run, final, optimizer)
 
 
-def _schedule(
-    fleet: str, speed: float, budget: float, pauses: bool
-) -> Callable[[float, int], float]:
-    """The learning rate's factor of a learner of ``fleet`` at ``speed``, from the moment it
-    started and the steps it took: the clock's share of the budget, or for a fleet whose
-    rate follows the steps (``by_steps``) its steps' share of what it takes alone."""
+def _rates(
+    fleet: str, speed: float, budget: float, pauses: bool, started: float
+) -> Callable[[], float]:
+    """The learning rate's factor for each next step of a learner of ``fleet`` at ``speed``
+    that started at ``started``: the clock's share of the budget, or for a fleet whose rate
+    follows the steps (``by_steps``) the share of what it takes alone that it has taken."""
     if not fleet_task.by_steps(fleet):
-        return lambda started, _: fleet_task.lr_scale(started, budget)
+        return lambda: fleet_task.lr_scale(started, budget)
     alone = fleet_task.alone_steps(speed, budget, pauses=pauses)
-    return lambda _, taken: fleet_task.step_scale(taken, alone)
+    taken = itertools.count()
+    return lambda: fleet_task.step_scale(next(taken), alone)
 
 
 def _before_close(scratch: Path) -> Path:
@@ -175,15 +174,13 @@ def run_dp(fleet: str, seed: int, budget: float) -> dict[str, Any]:
     streams = [corpus.train(k, batch_size=size["batch"], length=length) for k in range(learners)]
     model = GPT(task.model_config(size), seed=seed)
     optimizer, lr = task.inner_optimizer("adamw", model)
-    schedule = _schedule(fleet, 1.0, budget, False)
     started = time.monotonic()
-    taken = 0
+    rate = _rates(fleet, 1.0, budget, False, started)
 
     def step() -> None:
-        nonlocal taken
+        scale = rate()
         for group in optimizer.param_groups:
-            group["lr"] = lr * schedule(started, taken)
-        taken += 1
+            group["lr"] = lr * scale
         loss = model.loss(torch.cat([next(s) for s in streams]))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -213,10 +213,9 @@ async def _observe(
     record, the record while closing it only every ``poll_interval`` (``wants_record``), no
     claims while closing it, no snapshots before anyone claimed it, later rounds only while
     it is empty and held)."""
-    record, record_at = None, None
-    if held.wants_record(rt.clock.now(), rt.options.poll_interval):
-        record_at = rt.clock.now()
-        record = await rt.store.record(held.round)
+    looked = rt.clock.now()
+    record_at = looked if held.wants_record(looked, rt.options.poll_interval) else None
+    record = None if record_at is None else await rt.store.record(held.round)
     if record is not None:
         now = rt.clock.now()
         empty: frozenset[str] = frozenset()
