@@ -124,21 +124,21 @@ def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
 
 
 SPARSE: dict[str, dict[str, Any]] = {
-    "topk1": {"topk_density": 0.01, "outer_momentum": 0.0, "outer_lr": 2.0},
-    "topk3": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 2.0},
-    "topk1lr1": {"topk_density": 0.01, "outer_momentum": 0.0},
-    "topk3lr1": {"topk_density": 0.03, "outer_momentum": 0.0},
-    "topk1lr4": {"topk_density": 0.01, "outer_momentum": 0.0, "outer_lr": 4.0},
-    "topk3lr4": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 4.0},
-    "topk3lr8": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 8.0},
+    "topk1": {"topk_density": 0.01, "outer_momentum": 0.0},
+    "topk3": {"topk_density": 0.03, "outer_momentum": 0.0},
+    "topk1lr05": {"topk_density": 0.01, "outer_momentum": 0.0, "outer_lr": 0.5},
+    "topk3lr05": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 0.5},
+    "topk1lr2": {"topk_density": 0.01, "outer_momentum": 0.0, "outer_lr": 2.0},
+    "topk3lr2": {"topk_density": 0.03, "outer_momentum": 0.0, "outer_lr": 2.0},
     "topk1nag": {"topk_density": 0.01, "update_encoding": "int8"},
     "topk3nag": {"topk_density": 0.03, "update_encoding": "int8"},
 }
 """The ``topk`` arms: their name as an encoding, and what they change of ``run_config``.
 ``topk1`` / ``topk3``: deltas at 1% / 3% density, 2 bits, chunks of 4096, updates ``topk``,
-plain averaging at outer lr 2 (no momentum: the error feedback in its place, as SparseLoCo;
-the best outer step measured, docs/protocol.md); ``…lrX`` the same at outer lr X; ``…nag``
-the same deltas under the default Nesterov step, whose dense update travels as int8."""
+plain averaging at outer lr 1 (no momentum: the error feedback in its place, as SparseLoCo;
+each element averaged over the deltas that sent it; the best outer lr measured,
+docs/protocol.md); ``…lrX`` the same at outer lr X; ``…nag`` the same deltas under the
+default Nesterov step, whose dense update travels as int8."""
 
 
 def run_config(sync_every: int, encoding: str) -> Any:

@@ -30,7 +30,14 @@ from gradientmail.protocol.codec import (
     tensors_of,
 )
 from gradientmail.protocol.outer import added
-from gradientmail.protocol.records import BlobRef, FragmentSpec, Manifest, RoundRecord, Snapshot
+from gradientmail.protocol.records import (
+    BlobRef,
+    FragmentSpec,
+    Manifest,
+    RoundRecord,
+    RunConfig,
+    Snapshot,
+)
 from gradientmail.protocol.sizes import delta_problem, max_blob_bytes
 from gradientmail.protocol.sparse import TOPK
 from gradientmail.store import Store
@@ -113,7 +120,7 @@ class Rebuilder:
             update = await self._store.get_blob(record.update, most=max_blob_bytes(spec))
             if update is None:
                 return None
-            mean = await self._mean(record, spec) if replay else None
+            mean = await self._mean(record, spec, config) if replay else None
             theta_list, moment_list = await anyio.to_thread.run_sync(
                 partial(checkpoint.replayed, theta, moment, update, spec, config, mean=mean)
             )
@@ -195,7 +202,7 @@ class Rebuilder:
         return Rebuilt(at, tensors[0], moment, outer=momentum)
 
     async def _mean(
-        self, record: RoundRecord, spec: FragmentSpec
+        self, record: RoundRecord, spec: FragmentSpec, config: RunConfig
     ) -> tuple[list[Tensor] | None, bool]:
         """``checkpoint.mean_of`` ``record``'s round, from its participants' deltas."""
         wanted = {p.learner for p in record.participants}
@@ -215,7 +222,7 @@ class Rebuilder:
                 )
             delta = await anyio.to_thread.run_sync(_decoded_delta, datas, snapshot, spec)
             found.append((snapshot, delta))
-        return checkpoint.mean_of(record, found, spec)
+        return checkpoint.mean_of(record, found, spec, config)
 
 
 def _decoded_delta(datas: Sequence[bytes], snapshot: Snapshot, spec: FragmentSpec) -> list[Tensor]:

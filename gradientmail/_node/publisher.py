@@ -26,12 +26,12 @@ from gradientmail._node.waits import Waits
 from gradientmail.errors import MailboxUnavailable, RecordError
 from gradientmail.events.kinds import PublishFailed, SnapshotPublished
 from gradientmail.protocol import keys
-from gradientmail.protocol.aggregation import l2_norm
 from gradientmail.protocol.codec import encode_fragment, part_spec
 from gradientmail.protocol.feedback import Feedback, encoded
 from gradientmail.protocol.group import PartReport
 from gradientmail.protocol.learner_inputs import PublishEnded
 from gradientmail.protocol.learner_values import Publish
+from gradientmail.protocol.mean import l2_norm
 from gradientmail.protocol.merge import Merge
 from gradientmail.protocol.records import BlobRef, Encoding, FragmentSpec, SnapshotPart
 from gradientmail.protocol.records import Snapshot as SnapshotRecord

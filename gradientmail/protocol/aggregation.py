@@ -4,13 +4,10 @@
 ``non-finite``, ``stale``, ``tokens``, ``outlier``, and with a trusted loss ``loss``
 (when each applies: docs/protocol.md, "Rejections"). Norms are recomputed here;
 ``Snapshot.norm`` is the writer's claim and is not trusted. The accepted snapshots get
-weights per ``RunConfig.weighting`` (bounded by ``robust`` with ``RunConfig.robust``); the
-mean ``Σ w_i·Δ_i`` is accumulated in fp32 in learner order, so every closer computes the
-same bits.
-
-A delta is tensors or a checked blob decoded piece by piece (``pieces.BlobView``): every
-pass takes ``pieces.CHUNK_ELEMENTS`` elements of each delta at a time, never a decoded copy
-of a whole delta (a ``screen``'s trials decode one delta at a time).
+weights per ``RunConfig.weighting`` (bounded by ``robust`` with ``RunConfig.robust``); their
+mean is ``protocol.mean``'s, accumulated in fp32 in learner order, so every closer computes
+the same bits. Every pass reads the deltas a piece at a time (a ``screen``'s trials decode
+one delta at a time).
 
 Pure: no I/O but a ``screen``'s trusted loss; runs on whatever thread calls it (the syncer
 runs it in a worker thread).
@@ -18,17 +15,25 @@ runs it in a worker thread).
 
 import math
 import statistics
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
 import msgspec
-import torch
 from torch import Tensor
 
 from gradientmail.protocol import keys
 from gradientmail.protocol.bounds import allowance, judged_steps
-from gradientmail.protocol.codec import tensors_of
+from gradientmail.protocol.mean import (
+    Delta,
+    by_senders,
+    dense,
+    l2_norm,
+    mean_and_dots,
+    pairwise_distances,
+    piece_of,
+    sum_of_squares,
+)
 from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, all_finite, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
@@ -45,24 +50,16 @@ __all__ = [
     "MAX_DELTA_RATIO",
     "Aggregate",
     "Candidate",
-    "Delta",
     "Screen",
     "aggregate",
     "counted_snapshots",
-    "dense",
-    "l2_norm",
-    "pairwise_distances",
     "refused",
-    "weighted_mean",
 ]
 
 MAX_DELTA_RATIO = 100.0
 """The largest delta a round accepts, relative to ``‖θ‖ + √n`` of its fragment: a hundred
 times the fragment's norm, or a root-mean-square change of a hundred per element."""
 
-
-Delta: TypeAlias = Sequence[Tensor] | FragmentBlob | PartedBlob | SparseBlob
-"""A snapshot's delta: its tensors (``spec.params`` order), or its checked blob (or parts)."""
 
 Screen: TypeAlias = Callable[[Iterable[Sequence[Tensor]]], list[str | None]]
 """A round's deltas (each its tensors in ``spec.params`` order, decoded one at a time) to
@@ -91,60 +88,16 @@ class Aggregate:
     cosine: float | None
 
 
-def _pieces(delta: Delta) -> Iterator[Tensor]:
-    """``delta`` as flat pieces of ``CHUNK_ELEMENTS`` (a parameter's last shorter), in order."""
-    if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
-        for index, param in enumerate(delta.spec.params):
-            for start, end in chunk_ranges(param.numel):
-                yield delta.piece(index, start, end)
-        return
-    for tensor in delta:
-        flat = tensor.detach().reshape(-1)
-        for start, end in chunk_ranges(flat.numel()):
-            yield flat[start:end]
-
-
-def _piece(delta: Delta, index: int, start: int, end: int) -> Tensor:
-    """Elements ``[start, end)`` of parameter ``index`` of ``delta``, as fp32."""
-    if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
-        return delta.piece(index, start, end)
-    return delta[index].detach().reshape(-1)[start:end].to(torch.float32)
-
-
-def dense(delta: Delta) -> list[Tensor]:
-    """``delta`` as fp32 tensors (a blob decoded a piece at a time, ``codec.tensors_of``):
-    one delta whole, for a caller that needs it so (``screening``)."""
-    if isinstance(delta, FragmentBlob | PartedBlob | SparseBlob):
-        return tensors_of(delta)
-    return [tensor.detach().to(torch.float32) for tensor in delta]
-
-
-def _squares(piece: Tensor) -> float:
-    return float(torch.linalg.vector_norm(piece.to(torch.float64)) ** 2)
-
-
-def l2_norm(tensors: Delta, *, minus: Sequence[Tensor] | None = None) -> float | None:
-    """The L2 norm of ``tensors`` (less ``minus``, element by element in fp32: a learner's
-    ``S − B`` without its copy) taken as one vector, summed in float64 a piece at a time;
-    None if it is not finite. Learners put it in ``Snapshot.norm``; rounds recompute it."""
-    pieces = _pieces(tensors)
-    if minus is not None:
-        pairs = zip(pieces, _pieces(minus), strict=True)
-        pieces = (piece.to(torch.float32) - other for piece, other in pairs)
-    norm = math.sqrt(math.fsum(_squares(piece) for piece in pieces))
-    return norm if math.isfinite(norm) else None
-
-
 def _finite_norm(delta: Delta, spec: FragmentSpec) -> str | float:
     """The name of ``delta``'s first parameter holding NaN or ±Inf, else its L2 norm
     (``l2_norm``), in one pass."""
     squares = []
     for index, param in enumerate(spec.params):
         for start, end in chunk_ranges(param.numel):
-            piece = _piece(delta, index, start, end)
+            piece = piece_of(delta, index, start, end)
             if not all_finite(piece):
                 return param.name
-            squares.append(_squares(piece))
+            squares.append(sum_of_squares(piece))
     norm = math.sqrt(math.fsum(squares))
     return norm if math.isfinite(norm) else math.inf
 
@@ -232,56 +185,6 @@ def _weights(snapshots: Sequence[Snapshot], config: RunConfig) -> list[float]:
     if total <= 0:
         return [1.0 / len(snapshots)] * len(snapshots)
     return [w / total for w in raw]
-
-
-def weighted_mean(
-    deltas: Sequence[Delta], weights: Sequence[float], spec: FragmentSpec
-) -> list[Tensor]:
-    """``Σ wᵢ·Δᵢ`` accumulated in fp32 in the order given, a piece at a time: a round's mean,
-    and the same bits again when a checkpoint's momentum is replayed from the record's
-    weights (``protocol.checkpoint``)."""
-    return _mean(deltas, weights, spec, cosines=False)[0]
-
-
-def _mean(
-    deltas: Sequence[Delta], weights: Sequence[float], spec: FragmentSpec, *, cosines: bool
-) -> tuple[list[Tensor], list[float] | None]:
-    """``weighted_mean`` and (for two or more deltas, when ``cosines``) each delta's dot
-    product with it in float64, in one pass a piece at a time. Each element sums the
-    deltas in the order given, whatever the pieces, so both give the same bits."""
-    mean = [torch.zeros(param.shape, dtype=torch.float32) for param in spec.params]
-    cosines = cosines and len(deltas) >= 2
-    dots: list[list[float]] = [[] for _ in deltas]
-    for index, param in enumerate(spec.params):
-        flat = mean[index].view(-1)
-        for start, end in chunk_ranges(param.numel):
-            pieces = [_piece(delta, index, start, end) for delta in deltas]
-            acc = flat[start:end]
-            for piece, weight in zip(pieces, weights, strict=True):
-                acc.add_(piece, alpha=weight)
-            if cosines:
-                for products, piece in zip(dots, pieces, strict=True):
-                    products.append(float(torch.dot(piece.double(), acc.double())))
-    return mean, [math.fsum(products) for products in dots] if cosines else None
-
-
-def pairwise_distances(deltas: Sequence[Delta], spec: FragmentSpec) -> list[list[float]]:
-    """``‖Δᵢ − Δⱼ‖`` for every pair of ``deltas`` (fp32 differences, squares summed in
-    float64), in one pass a piece at a time; ``inf`` where not finite."""
-    count = len(deltas)
-    squares: list[list[list[float]]] = [[[] for _ in deltas] for _ in deltas]
-    for index, param in enumerate(spec.params):
-        for start, end in chunk_ranges(param.numel):
-            pieces = [_piece(delta, index, start, end) for delta in deltas]
-            for i in range(count):
-                for j in range(i + 1, count):
-                    squares[i][j].append(_squares(pieces[i] - pieces[j]))
-    out = [[0.0] * count for _ in deltas]
-    for i in range(count):
-        for j in range(i + 1, count):
-            distance = math.sqrt(math.fsum(squares[i][j]))
-            out[i][j] = out[j][i] = distance if math.isfinite(distance) else math.inf
-    return out
 
 
 def _cosine(
@@ -424,7 +327,10 @@ def aggregate(
         return Aggregate(mean=None, participants=(), rejected=tuple(rejected), cosine=None)
     snapshots = [candidate.snapshot for candidate, _, _ in kept]
     weights, notes = _weighted(kept, spec, config, momentum)
-    mean, dots = _mean([delta for _, delta, _ in kept], weights, spec, cosines=True)
+    sparse = [by_senders(snapshot, config) for snapshot in snapshots]
+    mean, dots = mean_and_dots(
+        [delta for _, delta, _ in kept], weights, spec, cosines=True, sparse=sparse
+    )
     result = Aggregate(
         mean=mean,
         participants=_participants(snapshots, weights, notes),

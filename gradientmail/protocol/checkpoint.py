@@ -120,12 +120,15 @@ def step(
 
 
 def mean_of(
-    record: RoundRecord, snapshots: Sequence[tuple[Snapshot, Sequence[Tensor]]], spec: FragmentSpec
+    record: RoundRecord,
+    snapshots: Sequence[tuple[Snapshot, Sequence[Tensor]]],
+    spec: FragmentSpec,
+    config: RunConfig,
 ) -> tuple[list[Tensor] | None, bool]:
     """The mean delta of ``record``'s round again, and whether the round was final, from the
     decoded deltas of its participants' ``snapshots`` (any order; others are ignored).
     Raises ``RecordError`` naming a participant whose snapshot is missing."""
-    from gradientmail.protocol.aggregation import weighted_mean
+    from gradientmail.protocol.mean import by_senders, weighted_mean
 
     by_learner = {snapshot.learner: (snapshot, delta) for snapshot, delta in snapshots}
     chosen = []
@@ -141,7 +144,8 @@ def mean_of(
         return None, False
     final = all(snapshot.final is True for snapshot, _ in chosen)
     weights = [p.weight for p in record.participants]
-    return weighted_mean([delta for _, delta in chosen], weights, spec), final
+    sparse = [by_senders(snapshot, config) for snapshot, _ in chosen]
+    return weighted_mean([delta for _, delta in chosen], weights, spec, sparse), final
 
 
 def replayed(

@@ -87,7 +87,7 @@ async def from_scratch(
             found.append((snapshot, await blob(store, snapshot.delta, fragment)))
         update = await store.get_blob(record.update)
         assert update is not None
-        mean = mean_of(record, found, spec)
+        mean = mean_of(record, found, spec, manifest.config)
         theta, momentum = replayed(theta, momentum, update, spec, manifest.config, mean=mean)
         out[record.version] = (theta, momentum)
     return out

@@ -138,7 +138,7 @@ def test_replay_from_every_checkpoint_is_exact(encoding: Encoding) -> None:
             )
         only_theta = theta
         for committed in rounds[start:]:
-            mean = mean_of(committed.record, committed.snapshots, SPEC)
+            mean = mean_of(committed.record, committed.snapshots, SPEC, config)
             theta, momentum = replayed(theta, momentum, committed.update, SPEC, config, mean=mean)
             only_theta, none = replayed(only_theta, None, committed.update, SPEC, config, mean=None)
             assert none is None
@@ -152,7 +152,7 @@ def test_a_replay_without_a_participants_snapshot_says_whose() -> None:
     config = RunConfig(fragments=1, sync_every=4)
     committed = run(config, 1, seed=0)[0]
     with pytest.raises(RecordError, match="counts 'b', whose snapshot is gone"):
-        mean_of(committed.record, [committed.snapshots[0]], SPEC)
+        mean_of(committed.record, [committed.snapshots[0]], SPEC, config)
 
 
 def test_the_checkpoint_rule() -> None:

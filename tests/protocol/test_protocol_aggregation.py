@@ -13,9 +13,9 @@ from gradientmail.protocol.aggregation import (
     Candidate,
     aggregate,
     counted_snapshots,
-    l2_norm,
     refused,
 )
+from gradientmail.protocol.mean import l2_norm
 from gradientmail.protocol.records import (
     BlobRef,
     FragmentSpec,

@@ -9,7 +9,7 @@ from bounds_helpers import CONFIG, SPEC, VERSION, candidate, tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradientmail.protocol.aggregation import aggregate, l2_norm, weighted_mean
+from gradientmail.protocol.aggregation import aggregate
 from gradientmail.protocol.bounds import (
     CLIP_FACTOR,
     HISTORY_FACTOR,
@@ -18,6 +18,7 @@ from gradientmail.protocol.bounds import (
     clip_scales,
     lone_scale,
 )
+from gradientmail.protocol.mean import l2_norm, weighted_mean
 
 
 def test_a_liar_weighs_no_more_per_step_than_the_round_s_lower_median() -> None:

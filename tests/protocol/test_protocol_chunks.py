@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gradientmail.protocol.pieces as pieces
-from gradientmail.protocol.aggregation import Candidate, aggregate, l2_norm
+from gradientmail.protocol.aggregation import Candidate, aggregate
 from gradientmail.protocol.codec import (
     FRAGMENT_FORMAT,
     CodecError,
@@ -26,6 +26,7 @@ from gradientmail.protocol.codec import (
     open_fragment,
     spec_digest,
 )
+from gradientmail.protocol.mean import l2_norm
 from gradientmail.protocol.outer import apply_update, committed_update, outer_step
 from gradientmail.protocol.pieces import all_finite
 from gradientmail.protocol.records import BlobRef, FragmentSpec, ParamSpec, RunConfig, Snapshot

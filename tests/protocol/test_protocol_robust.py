@@ -11,12 +11,8 @@ from bounds_helpers import CONFIG, SPEC, VERSION, candidate, tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradientmail.protocol.aggregation import (
-    aggregate,
-    l2_norm,
-    pairwise_distances,
-    weighted_mean,
-)
+from gradientmail.protocol.aggregation import aggregate
+from gradientmail.protocol.mean import l2_norm, pairwise_distances, weighted_mean
 from gradientmail.protocol.robust import RADIUS, centered
 
 
