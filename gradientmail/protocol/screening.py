@@ -71,10 +71,21 @@ def verdicts(baseline: float, trials: Sequence[float]) -> list[str | None]:
         if not math.isfinite(trial):
             reasons.append(f"gives a trusted loss of {trial}")
         elif trial > baseline:
-            reasons.append(f"raises the trusted loss from {baseline:.6g} to {trial:.6g}")
+            before, after = _apart(baseline, trial)
+            reasons.append(f"raises the trusted loss from {before} to {after}")
         else:
             reasons.append(None)
     return reasons
+
+
+def _apart(low: float, high: float) -> tuple[str, str]:
+    """``low`` and ``high`` (``low < high``) at six significant digits, or at as many more
+    as it takes for the two to read apart."""
+    for digits in range(6, 18):
+        left, right = f"{low:.{digits}g}", f"{high:.{digits}g}"
+        if left != right:
+            break
+    return left, right
 
 
 def screen(

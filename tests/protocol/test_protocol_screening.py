@@ -51,6 +51,16 @@ def test_a_rejection_names_both_losses() -> None:
     ]
 
 
+@pytest.mark.parametrize("above", [1e-7, 1e-12, 5e-16])
+def test_losses_that_agree_to_six_digits_are_named_apart(above: float) -> None:
+    baseline = 0.5271991
+    trial = baseline * (1 + above)
+    reason = verdicts(baseline, [trial])[0]
+    assert reason is not None
+    before, after = reason.removeprefix("raises the trusted loss from ").split(" to ")
+    assert float(before) < float(after), reason
+
+
 @pytest.mark.parametrize("baseline", [math.nan, math.inf, -math.inf])
 def test_a_baseline_the_loss_cannot_score_is_refused_not_judged(baseline: float) -> None:
     with pytest.raises(ValueError, match="must return a finite number"):
