@@ -139,9 +139,11 @@ async def test_a_learner_leaving_while_another_goes_on_changes_nothing_in_its_ro
     finals = [r for r in rounds if any(p.steps == 0 for p in r.participants)]
     shown = [(r.round, [(p.learner, p.steps) for p in r.participants]) for r in rounds]
     assert [r.round for r in finals] == [r.round for r in rounds[-2:]], shown[-8:]
-    assert all(p.learner == "b" and p.steps == 0 for r in finals for p in r.participants), shown[
-        -8:
-    ]
+    final_parts = [(r.round, [(p.learner, p.steps) for p in r.participants]) for r in finals]
+    assert all(p.learner == "b" and p.steps == 0 for r in finals for p in r.participants), (
+        final_parts,
+        shown[-8:],
+    )
 
 
 @pytest.mark.timing
