@@ -123,7 +123,7 @@ def mean_and_dots(
     mean = [torch.zeros(param.shape, dtype=torch.float32) for param in spec.params]
     cosines = cosines and len(deltas) >= 2
     dots: list[list[float]] = [[] for _ in deltas]
-    senders = sparse is not None and any(sparse)
+    only_sent = sparse if sparse is not None and any(sparse) else None
     for index, param in enumerate(spec.params):
         flat = mean[index].view(-1)
         for start, end in chunk_ranges(param.numel):
@@ -131,9 +131,8 @@ def mean_and_dots(
             acc = flat[start:end]
             for piece, weight in zip(pieces, weights, strict=True):
                 acc.add_(piece, alpha=weight)
-            if senders:
-                assert sparse is not None
-                acc.div_(_sent_weight(pieces, weights, sparse))
+            if only_sent is not None:
+                acc.div_(_sent_weight(pieces, weights, only_sent))
             if cosines:
                 for products, piece in zip(dots, pieces, strict=True):
                     products.append(float(torch.dot(piece.double(), acc.double())))

@@ -81,20 +81,15 @@ def test_each_element_is_the_mean_of_the_deltas_that_sent_it(
     dense = [data.draw(st.booleans()) for _ in deltas]
     raw = [data.draw(st.integers(1, 100)) for _ in deltas]
     weights = [w / math.fsum(raw) for w in raw]
-    blobs = [open_fragment(sparse_blob(d), SPEC) for d in deltas]
     decoded = [
-        split(d) if is_dense else tensors_of(blob)
-        for d, blob, is_dense in zip(deltas, blobs, dense, strict=True)
+        split(d) if is_dense else tensors_of(open_fragment(sparse_blob(d), SPEC))
+        for d, is_dense in zip(deltas, dense, strict=True)
     ]
     got = weighted_mean(decoded, weights, SPEC, [not d for d in dense])
-    flat = [torch.cat([t.reshape(-1) for t in delta]).double() for delta in decoded]
-    sent = [torch.ones(NUMEL) if d else (f != 0).double() for f, d in zip(flat, dense, strict=True)]
-    total = sum(w * f for w, f in zip(weights, flat, strict=True))
-    count = sum(w * s for w, s in zip(weights, sent, strict=True))
-    assert isinstance(total, torch.Tensor)
-    assert isinstance(count, torch.Tensor)
-    size = sum(w * f.abs() for w, f in zip(weights, flat, strict=True))
-    assert isinstance(size, torch.Tensor)
+    flat = torch.stack([torch.cat([t.reshape(-1) for t in delta]) for delta in decoded]).double()
+    w = torch.tensor(weights, dtype=torch.float64).unsqueeze(1)
+    sent = torch.where(torch.tensor(dense).unsqueeze(1), 1.0, (flat != 0).double())
+    total, count, size = ((w * x).sum(0) for x in (flat, sent, flat.abs()))
     divisor = torch.where(count > 0, count, 1.0)
     want = torch.where(count > 0, total / divisor, 0.0)
     # fp32 sums of terms that may cancel: the error scales with the terms, not the result.

@@ -240,8 +240,9 @@ async def _check_checkpoint(
     config = manifest.config
     before = await reader.rebuild(record.fragment, record.version - 1, momentum=with_momentum)
     assert before is not None, record.round
-    deltas = await _deltas(store, record, manifest) if with_momentum else None
-    mean = None if deltas is None else mean_of(record, deltas, spec, config)
+    mean = None
+    if with_momentum:
+        mean = mean_of(record, await _deltas(store, record, manifest), spec, config)
     update = await _blob(store, record.update)
     theta, momentum = replayed(before.theta, before.momentum, update, spec, config, mean=mean)
     assert _same_bits(theta, decode_fragment(await _blob(store, record.theta), spec))
