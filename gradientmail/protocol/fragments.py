@@ -447,10 +447,13 @@ class Preview:
 
 
 def _topk_bytes(spec: FragmentSpec, config: RunConfig) -> tuple[int, int]:
-    """A ``topk`` delta of ``spec`` selecting all it may (every element equal) and the
-    ``topk`` update of that selection."""
-    ones = [torch.ones(param.shape) for param in spec.params]
-    delta = encode_fragment(ones, spec, TOPK, block_size=1, sparsity=delta_sparsity(config))
+    """A ``topk`` delta of ``spec`` selecting all it may (magnitudes 1 to 2, so every
+    selected element is sent, at places drawn at random with a fixed seed: the gaps its
+    index codes take are those of a selection of no particular pattern) and the ``topk``
+    update of that selection."""
+    generator = torch.Generator().manual_seed(0)
+    values = [torch.rand(param.shape, generator=generator).add_(1) for param in spec.params]
+    delta = encode_fragment(values, spec, TOPK, block_size=1, sparsity=delta_sparsity(config))
     selected = decode_fragment(delta, spec)
     update = encode_fragment(selected, spec, TOPK, block_size=1, sparsity=update_sparsity(config))
     return len(delta), len(update)

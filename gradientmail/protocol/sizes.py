@@ -13,8 +13,8 @@ __all__ = ["delta_problem", "max_blob_bytes"]
 
 _BYTES_PER_ELEMENT = 11
 """The most an element takes in any encoding: a ``topk`` element in a chunk of its own (an
-I32 count, an F32 scale, a U16 index and an 8-bit code); int8 with block size 1 takes 5,
-fp32 4."""
+I32 count, an F32 scale, an 8-bit code and at most a quarter byte of index codes); int8 with
+block size 1 takes 5, fp32 4."""
 
 
 def max_blob_bytes(spec: FragmentSpec) -> int:

@@ -7,12 +7,13 @@ Of each chunk of ``chunk`` elements (never straddling two parameters) the encode
 does) and sends those whose decoded value ``x̂`` has their sign and is within a factor two
 of them. What is not sent, ``r = x − x̂``, is exact in fp32 (Sterbenz), so ``x̂ + r = x`` bit
 for bit (``protocol.feedback`` keeps ``r``). A chunk holding NaN or ±Inf sends its selection
-as NaN. The formulas and the blob's four tensors: docs/protocol.md, "The ``topk`` encoding
-and error feedback".
+as NaN. The sent elements' offsets in their chunks travel as Golomb–Rice coded gaps
+(``protocol.gaps``). The formulas and the blob's tensors: docs/protocol.md, "The ``topk``
+encoding and error feedback".
 
-Opening a blob checks every count, index, scale and padding bit against the spec before
-decoding or allocating anything of the declared size, so one content has one blob; anything
-else raises ``CodecError``.
+Opening a blob checks every count, index code, scale and padding bit against the spec
+before decoding or allocating anything of the declared size, so one content has one blob;
+anything else raises ``CodecError``.
 
 Pure: no I/O; the caller's thread. Memory: the blob and a few pieces of
 ``pieces.CHUNK_ELEMENTS`` elements (encoding keeps only the selection of each piece).
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from gradientmail.errors import CodecError
-from gradientmail.protocol import pieces
+from gradientmail.protocol import gaps, pieces
 from gradientmail.protocol.framing import Expected, Meta, check_header, check_offsets, write_header
 from gradientmail.protocol.records import Encoding, FragmentSpec, RunConfig
 
@@ -193,13 +194,17 @@ def encode_sparse(
     scales = torch.cat([p.scales for p in found]) if found else torch.empty(0)
     indices = torch.cat([p.indices for p in found]) if found else torch.empty(0, dtype=torch.int32)
     codes = torch.cat([p.codes for p in found]) if found else torch.empty(0, dtype=torch.uint8)
-    expected = _expected(spec, sparsity.chunk, sparsity.bits, indices.numel())
+    numel = sum(param.numel for param in spec.params)
+    r = gaps.shift(indices.numel(), numel)
+    high, low = gaps.write(counts, indices, r)
+    expected = _expected(spec, sparsity.chunk, sparsity.bits, indices.numel(), len(high))
     if tuple(counts.shape) != expected["counts"][1]:
         raise ValueError("the pieces are not the fragment's, a whole number of chunks each")
     payload = [
         counts.numpy().astype("<i4").tobytes(),
         scales.numpy().astype("<f4").tobytes(),
-        indices.numpy().astype("<u2").tobytes(),
+        high,
+        low,
         _pack(codes, sparsity.bits),
     ]
     return write_header(meta, expected)[0] + b"".join(payload)
@@ -210,32 +215,56 @@ def _chunks(spec: FragmentSpec, chunk: int) -> list[int]:
     return [-(-param.numel // chunk) for param in spec.params]
 
 
-def _expected(spec: FragmentSpec, chunk: int, bits: int, sent: int) -> Expected:
-    """Every tensor of a blob of ``spec`` sending ``sent`` elements, in its stored order."""
+def _expected(spec: FragmentSpec, chunk: int, bits: int, sent: int, high: int) -> Expected:
+    """Every tensor of a blob of ``spec`` sending ``sent`` elements whose index codes take
+    ``high`` bytes, in its stored order."""
     count = sum(_chunks(spec, chunk))
+    r = gaps.shift(sent, sum(param.numel for param in spec.params))
     return {
         "counts": ("I32", (count,)),
         "scales": ("F32", (count,)),
-        "indices": ("U16", (sent,)),
+        "high": ("U8", (high,)),
+        "low": ("U8", (-(-sent * r // 8),)),
         "codes": ("U8", (-(-sent * bits // 8),)),
     }
 
 
-def _declared(header: dict[str, Any], spec: FragmentSpec) -> int:
-    """The number of elements the header declares sent, checked against the spec before
-    anything of that size is read: at most one per element of the fragment."""
-    entry = header.get("indices")
+def _counts(data: bytes, header: dict[str, Any], start: int, lengths: Tensor) -> Tensor:
+    """The chunks' counts, the blob's first tensor, read and checked against the chunks'
+    ``lengths`` before anything else is: their sum is what the other tensors' sizes are
+    checked against."""
+    entry = header.get("counts")
+    if not isinstance(entry, dict):
+        raise CodecError("a topk blob needs its 'counts' tensor", reason="shape")
+    if entry.get("shape") != [lengths.numel()]:
+        raise CodecError(
+            f"counts: shape {entry.get('shape')!r}, expected [{lengths.numel()}]", reason="shape"
+        )
+    size = 4 * lengths.numel()
+    if entry.get("dtype") != "I32" or entry.get("data_offsets") != [0, size]:
+        raise CodecError("malformed safetensors data: a topk blob's counts come first, as I32")
+    if len(data) - start < size:
+        raise CodecError("malformed safetensors data: the blob ends within its counts")
+    counts = torch.from_numpy(np.frombuffer(data, "<i4", lengths.numel(), start).astype(np.int64))
+    if bool(((counts < 0) | (counts > lengths)).any()):
+        raise CodecError("the chunks' counts do not fit: each must be within its chunk")
+    return counts
+
+
+def _declared(header: dict[str, Any], sent: int, numel: int) -> int:
+    """The bytes of index codes the header declares, checked against the most ``sent``
+    elements of ``numel`` can take before anything of that size is read."""
+    entry = header.get("high")
     shape = entry.get("shape") if isinstance(entry, dict) else None
     if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int):
-        raise CodecError("a topk blob needs a flat 'indices' tensor", reason="shape")
-    sent = shape[0]
-    numel = sum(param.numel for param in spec.params)
-    if not 0 <= sent <= numel:
+        raise CodecError("a topk blob needs a flat 'high' tensor", reason="shape")
+    most = gaps.high_bytes(sent, numel, gaps.shift(sent, numel))
+    if not 0 <= shape[0] <= most:
         raise CodecError(
-            f"the blob declares {sent} sent elements, the fragment has {numel}: a hostile "
-            "or damaged index set"
+            f"the blob declares {shape[0]} bytes of index codes, its {sent} elements take at "
+            f"most {most}: a hostile or damaged index set"
         )
-    return sent
+    return shape[0]
 
 
 def open_sparse(
@@ -247,37 +276,69 @@ def open_sparse(
     ``CodecError`` naming what is wrong."""
     if not 1 <= chunk <= MAX_CHUNK or bits not in BITS:
         raise CodecError(f"a topk blob of chunk {chunk} and {bits} bits: out of range")
-    sent = _declared(header, spec)
-    expected = _expected(spec, chunk, bits, sent)
+    lengths = _lengths(spec, chunk)
+    counts = _counts(data, header, start, lengths)
+    sent, numel, count = int(counts.sum()), int(lengths.sum()), lengths.numel()
+    expected = _expected(spec, chunk, bits, sent, _declared(header, sent, numel))
     check_header(header, expected)
     check_offsets(header, expected, len(data) - start)
-    count = expected["counts"][1][0]
-    at = start
-    counts = torch.from_numpy(np.frombuffer(data, "<i4", count, at).astype(np.int64))
-    scales = torch.from_numpy(np.frombuffer(data, "<f4", count, at + 4 * count).copy())
-    lengths = _lengths(spec, chunk)
-    if bool(((counts < 0) | (counts > lengths)).any()) or int(counts.sum()) != sent:
-        raise CodecError(
-            f"the chunks' counts do not fit: each must be within its chunk and they must add "
-            f"up to the {sent} indices declared"
-        )
+    scales = torch.from_numpy(np.frombuffer(data, "<f4", count, start + 4 * count).copy())
     if bool((scales < 0).any()) or bool(torch.isinf(scales).any()):
         raise CodecError("a chunk scale is negative or infinite")
     if bool((scales[counts == 0] != 0).any()):
         raise CodecError("a chunk that sends nothing has a non-zero scale")
-    blob = SparseBlob(
+    high_at = start + 8 * count
+    low_at = high_at + expected["high"][1][0]
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    streams = gaps.Streams(high_at, low_at, low_at, gaps.shift(sent, numel))
+    starts = _index(data, streams, offsets, lengths, chunk)
+    codes_at = low_at + expected["low"][1][0]
+    _check_padding(data, low_at, sent * streams.r, "index")
+    _check_padding(data, codes_at, sent * bits, "code")
+    return SparseBlob(
         spec=spec,
         chunk=chunk,
         bits=bits,
         data=data,
-        offsets=torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]),
+        offsets=offsets,
         scales=scales,
         first_chunk=tuple(np.cumsum([0, *_chunks(spec, chunk)]).tolist()),
-        indices_at=start + 8 * count,
-        codes_at=start + 8 * count + 2 * sent,
+        streams=streams,
+        starts=starts,
+        codes_at=codes_at,
     )
-    blob.check_indices(lengths)
-    return blob
+
+
+def _index(
+    data: bytes, streams: gaps.Streams, offsets: Tensor, lengths: Tensor, chunk: int
+) -> Tensor:
+    """Where each chunk's index codes start in ``high`` (and where the last ends), after
+    checking every offset inside its chunk and no byte or bit of ``high`` after the last
+    code. Raises ``CodecError``."""
+    starts = torch.empty(lengths.numel() + 1, dtype=torch.int64)
+    bit = 0
+    step = max(1, pieces.CHUNK_ELEMENTS // chunk)
+    for first, last in pieces.chunk_ranges(lengths.numel(), step):
+        counts = offsets[first + 1 : last + 1] - offsets[first:last]
+        span = int(counts.sum()) + (int(lengths[first:last].sum()) >> streams.r)
+        index, ends = gaps.read(data, streams, bit, int(offsets[first]), counts, span)
+        chunk_of = torch.repeat_interleave(torch.arange(last - first), counts)
+        if bool((index >= lengths[first:last][chunk_of]).any()):
+            raise CodecError("an index lies outside its chunk: a hostile or damaged blob")
+        ends = torch.cat([torch.tensor([bit]), ends])
+        starts[first:last] = ends[offsets[first:last] - offsets[first]]
+        bit = int(ends[-1])
+    starts[-1] = bit
+    if -(-bit // 8) != streams.high_end - streams.high_at:
+        raise CodecError("the index codes are followed by bytes that belong to none")
+    _check_padding(data, streams.high_at, bit, "index")
+    return starts
+
+
+def _check_padding(data: bytes, at: int, used: int, what: str) -> None:
+    """The bits of the byte after the ``used`` bits of the stream at ``at`` are zero."""
+    if used % 8 and data[at + used // 8] >> (used % 8):
+        raise CodecError(f"the padding bits after the last {what} code are not zero")
 
 
 def _lengths(spec: FragmentSpec, chunk: int) -> Tensor:
@@ -301,7 +362,8 @@ class SparseBlob:
     offsets: Tensor
     scales: Tensor
     first_chunk: tuple[int, ...]
-    indices_at: int
+    streams: gaps.Streams
+    starts: Tensor
     codes_at: int
 
     def _sent(self, first: int, last: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -310,8 +372,8 @@ class SparseBlob:
         p0, p1 = int(self.offsets[first]), int(self.offsets[last])
         counts = self.offsets[first + 1 : last + 1] - self.offsets[first:last]
         chunk_of = torch.repeat_interleave(torch.arange(last - first), counts)
-        raw = np.frombuffer(self.data, "<u2", p1 - p0, self.indices_at + 2 * p0)
-        index = torch.from_numpy(raw.astype(np.int64))
+        bit, end = int(self.starts[first]), int(self.starts[last])
+        index, _ = gaps.read(self.data, self.streams, bit, p0, counts, end - bit)
         per = 8 // self.bits
         lo, hi = p0 // per, -(-p1 // per)
         codes = _unpack(
@@ -331,24 +393,3 @@ class SparseBlob:
         scales = self.scales[first : first + c1 - c0][chunk_of]
         out[chunk_of * self.chunk + offset] = _values(codes, scales, self.bits)
         return out[start - c0 * self.chunk : end - c0 * self.chunk]
-
-    def check_indices(self, lengths: Tensor) -> None:
-        """Every index inside its chunk and strictly increasing within it; the padding bits
-        of the last code byte zero. Raises ``CodecError``."""
-        step = max(1, pieces.CHUNK_ELEMENTS // self.chunk)
-        for first, last in pieces.chunk_ranges(lengths.numel(), step):
-            chunk_of, index, _ = self._sent(first, last)
-            if bool((index >= lengths[first:last][chunk_of]).any()):
-                raise CodecError("an index lies outside its chunk: a hostile or damaged blob")
-            same = chunk_of[1:] == chunk_of[:-1]
-            if bool((same & (index[1:] <= index[:-1])).any()):
-                raise CodecError(
-                    "a chunk's indices are not strictly increasing (duplicated or out of "
-                    "order): a hostile or damaged blob"
-                )
-        sent = int(self.offsets[-1])
-        per = 8 // self.bits
-        if sent % per:
-            tail = self.data[self.codes_at + sent // per] >> (self.bits * (sent % per))
-            if tail:
-                raise CodecError("the padding bits after the last code are not zero")

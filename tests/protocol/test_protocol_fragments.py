@@ -226,9 +226,10 @@ def test_preview_sizes_are_the_blobs_a_run_writes() -> None:
 
 
 def test_preview_shows_the_topk_bytes_a_learner_moves() -> None:
-    """A ``topk`` delta is at most the preview's size (a selection may send fewer), and
-    exactly it when every element is sent; a learner's bytes per period are the deltas up
-    and, for ``topk`` updates, one learner's selection down."""
+    """A ``topk`` delta of no particular pattern takes about the preview's size (its index
+    codes depend on where its selection lies: packed together it takes less); a learner's
+    bytes per period are the deltas up and, for ``topk`` updates, one learner's selection
+    down."""
     model = transformer(layers=2, width=64)
     config = RunConfig(
         fragments=2, sync_every=30, delta_encoding="topk", update_encoding="topk", topk_chunk=512
@@ -236,13 +237,15 @@ def test_preview_shows_the_topk_bytes_a_learner_moves() -> None:
     shown = preview(model.named_parameters(), config)
     specs = signature(list(model.named_parameters()), 2, config.pattern)
     sparsity = delta_sparsity(config)
+    generator = torch.Generator().manual_seed(7)
     for spec, size in zip(specs, shown.fragments, strict=True):
-        deltas = [torch.randn(p.shape) for p in spec.params]
+        deltas = [torch.randn(p.shape, generator=generator) for p in spec.params]
         blob = encode_fragment(deltas, spec, "topk", block_size=1, sparsity=sparsity)
-        assert len(blob) <= size.blob_bytes["topk"] < size.blob_bytes["int4"]
-        signs = [torch.ones(p.shape) for p in spec.params]
-        blob = encode_fragment(signs, spec, "topk", block_size=1, sparsity=sparsity)
-        assert len(blob) == size.blob_bytes["topk"]
+        assert abs(len(blob) - size.blob_bytes["topk"]) < 0.05 * size.blob_bytes["topk"]
+        assert size.blob_bytes["topk"] < size.blob_bytes["int4"]
+        packed = [torch.ones(p.shape) for p in spec.params]
+        blob = encode_fragment(packed, spec, "topk", block_size=1, sparsity=sparsity)
+        assert len(blob) < size.blob_bytes["topk"]
         assert size.blob_bytes["topk"] < size.topk_update_bytes < 2 * size.blob_bytes["topk"]
     up, down = shown.bytes_per_period()
     assert up == sum(f.blob_bytes["topk"] for f in shown.fragments)

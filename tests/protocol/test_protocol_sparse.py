@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from gradientmail.errors import CodecError
-from gradientmail.protocol import pieces
+from gradientmail.protocol import gaps, pieces
 from gradientmail.protocol.codec import decode_fragment, encode_fragment, open_fragment
 from gradientmail.protocol.feedback import Feedback, encoded
 from gradientmail.protocol.framing import FRAGMENT_FORMAT, Meta, spec_digest, write_header
@@ -155,59 +155,80 @@ SMALL = FragmentSpec(index=0, params=(ParamSpec(name="x", shape=(10,), dtype="fl
 def forged(
     counts: list[int],
     scales: list[float],
-    indices: list[int],
+    high: bytes,
+    low: bytes,
     codes: bytes,
     *,
     chunk: int = 5,
     bits: int = 8,
     declared: int | None = None,
 ) -> bytes:
-    """A ``topk`` blob of ``SMALL`` with these tensors (``declared``: the number of indices
-    its header claims)."""
-    n = len(indices) if declared is None else declared
+    """A ``topk`` blob of ``SMALL`` with these tensors (``declared``: the bytes of index
+    codes its header claims)."""
     meta = Meta(FRAGMENT_FORMAT, "topk", chunk, 0, spec_digest(SMALL), bits)
     expected = {
         "counts": ("I32", (len(counts),)),
         "scales": ("F32", (len(scales),)),
-        "indices": ("U16", (n,)),
-        "codes": ("U8", (-(-n * bits // 8),)),
+        "high": ("U8", (len(high) if declared is None else declared,)),
+        "low": ("U8", (len(low),)),
+        "codes": ("U8", (len(codes),)),
     }
     header, _ = write_header(meta, expected)
     return (
         header
         + np.array(counts, "<i4").tobytes()
         + np.array(scales, "<f4").tobytes()
-        + np.array(indices, "<u2").tobytes()
+        + high
+        + low
         + codes
     )
+
+
+def coded(counts: list[int], offsets: list[int]) -> tuple[bytes, bytes]:
+    """The index streams the encoder writes for these offsets of ``SMALL``."""
+    r = gaps.shift(len(offsets), 10)
+    return gaps.write(torch.tensor(counts), torch.tensor(offsets), r)
+
+
+# Three offsets of ten elements cut at r = 1: gaps 4 | 0, 2, so the stop bits 2, 3 and 5 of
+# `high` (0x2C) and three zero low bits.
+HIGH, LOW = bytes([0x2C]), bytes([0])
+ALL = ([5, 5], [1.0, 1.0], bytes([0xFF, 0x03]), b"", bytes(10))
+WELL_FORMED = forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes(3))
 
 
 def test_a_well_formed_forgery_decodes() -> None:
     """The forger writes what the encoder writes, so each refusal below is of its one
     change."""
-    y = decode_fragment(forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes([255, 0, 128])), SMALL)[0]
+    assert coded([1, 2], [4, 0, 3]) == (HIGH, LOW)
+    assert coded([5, 5], list(range(5)) * 2) == (ALL[2], ALL[3])
+    y = decode_fragment(forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes([255, 0, 128])), SMALL)[0]
     assert y.tolist() == [0, 0, 0, 0, 255, -127.5, 0, 0, 0.5, 0]
+    assert decode_fragment(forged(*ALL), SMALL)[0].tolist() == [-255.0] * 10
 
 
 @pytest.mark.parametrize(
     ("blob", "match"),
     [
-        (forged([1, 2], [1.0, 0.5], [5, 0, 3], bytes(3)), "outside its chunk"),
-        (forged([1, 2], [1.0, 0.5], [4, 3, 3], bytes(3)), "strictly increasing"),
-        (forged([1, 2], [1.0, 0.5], [4, 3, 0], bytes(3)), "strictly increasing"),
-        (forged([2, 2], [1.0, 0.5], [4, 0, 3], bytes(3)), "counts do not fit"),
-        (forged([6, 0], [1.0, 0.0], [0, 1, 2, 3, 4, 4], bytes(6)), "counts do not fit"),
-        (forged([1, 2], [-1.0, 0.5], [4, 0, 3], bytes(3)), "negative or infinite"),
-        (forged([1, 2], [math.inf, 0.5], [4, 0, 3], bytes(3)), "negative or infinite"),
-        (forged([0, 2], [1.0, 0.5], [0, 3], bytes(2)), "sends nothing"),
-        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes([0xC0]), bits=2), "padding bits"),
-        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=11), "declares 11"),
-        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=1 << 40), "declares"),
-        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=4), "malformed"),
-        (forged([3], [1.0], [4, 0, 3], bytes(3)), "shape"),
-        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), chunk=1 << 17), "out of range"),
-        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), bits=3), "out of range"),
-        (forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3))[:-1], "malformed"),
+        (forged([1, 2], [1.0, 0.5], HIGH, bytes([1]), bytes(3)), "outside its chunk"),
+        (forged([1, 2], [1.0, 0.5], bytes([0x0C]), LOW, bytes(3)), "end after 2 of 3"),
+        (forged([1, 2], [1.0, 0.5], bytes([0x6C]), LOW, bytes(3)), "padding bits"),
+        (forged([1, 2], [1.0, 0.5], HIGH, bytes([8]), bytes(3)), "padding bits"),
+        (forged([5, 5], [1.0, 1.0], ALL[2] + bytes(1), b"", bytes(10)), "belong to none"),
+        (forged([1, 2], [1.0, 0.5], HIGH + bytes(1), LOW, bytes(3)), "declares 2 bytes"),
+        (forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes(3), declared=1 << 40), "declares"),
+        (forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes(3), declared=0), "malformed"),
+        (forged([6, 0], [1.0, 0.0], *coded([5, 0], list(range(5))), bytes(6)), "do not fit"),
+        (forged([-1, 2], [1.0, 0.5], HIGH, LOW, bytes(3)), "do not fit"),
+        (forged([1, 2], [-1.0, 0.5], HIGH, LOW, bytes(3)), "negative or infinite"),
+        (forged([1, 2], [math.inf, 0.5], HIGH, LOW, bytes(3)), "negative or infinite"),
+        (forged([0, 2], [1.0, 0.5], *coded([0, 2], [0, 3]), bytes(2)), "sends nothing"),
+        (forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes([0xC0]), bits=2), "padding bits"),
+        (forged([3], [1.0], HIGH, LOW, bytes(3)), "shape"),
+        (forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes(3), chunk=1 << 17), "out of range"),
+        (forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes(3), bits=3), "out of range"),
+        (forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes(3))[:-1], "malformed"),
+        (WELL_FORMED[: 8 + struct.unpack_from("<Q", WELL_FORMED)[0] + 4], "within its counts"),
     ],
 )
 def test_hostile_blobs_are_refused(blob: bytes, match: str) -> None:
@@ -215,15 +236,38 @@ def test_hostile_blobs_are_refused(blob: bytes, match: str) -> None:
         open_fragment(blob, SMALL)
 
 
-def test_a_huge_declared_count_is_refused_before_allocating() -> None:
-    """A header claiming 2⁴⁰ indices in a blob of a few hundred bytes is refused from the
-    header alone (allocating it would take terabytes)."""
-    blob = forged([1, 2], [1.0, 0.5], [4, 0, 3], bytes(3), declared=1 << 40)
+def test_a_huge_declared_index_stream_is_refused_before_allocating() -> None:
+    """A header claiming 2⁴⁰ bytes of index codes in a blob of a few hundred bytes is
+    refused from the header and the counts alone (allocating it would take terabytes)."""
+    blob = forged([1, 2], [1.0, 0.5], HIGH, LOW, bytes(3), declared=1 << 40)
     size = struct.unpack_from("<Q", blob)[0]
     header = msgspec.json.decode(blob[8 : 8 + size])
-    assert header["indices"]["shape"] == [1 << 40]
+    assert header["high"]["shape"] == [1 << 40]
     with pytest.raises(CodecError, match="hostile"):
         open_fragment(blob, SMALL)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), min_size=2, max_size=2),
+    st.binary(max_size=4),
+    st.binary(max_size=4),
+)
+def test_any_index_streams_are_refused_or_give_increasing_offsets_in_their_chunks(
+    counts: list[int], high: bytes, low: bytes
+) -> None:
+    """No index set a blob can hold has a duplicated, unordered or out-of-chunk offset: any
+    bytes in its index streams are refused or decode to offsets strictly increasing inside
+    their chunks."""
+    sent = sum(counts)
+    scales = [1.0 if n else 0.0 for n in counts]
+    try:
+        blob = open_fragment(forged(counts, scales, high, low, bytes(sent)), SMALL)
+    except CodecError:
+        return
+    assert isinstance(blob, SparseBlob)
+    y = blob.piece(0, 0, 10)
+    assert [int((y[:5] != 0).sum()), int((y[5:] != 0).sum())] == counts
 
 
 # -- error feedback --------------------------------------------------------------------------
