@@ -12,7 +12,7 @@ index then takes about ``r + 2`` bits instead of 16 (at 1% density about 8, at 4
 ``tests/protocol/test_protocol_gaps.py``).
 
 Reading a stream checks what a hostile writer could get wrong: every code ends within the
-bits its chunks can hold (``read`` reads no further), and the caller checks each offset
+bits its chunks can hold (``read_offsets`` reads no further), and the caller checks each offset
 against its chunk and the streams' lengths and padding (``sparse.open_sparse``).
 
 Pure: no I/O; the caller's thread. Memory: the streams of the elements read and a few
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from gradientmail.errors import CodecError
 
-__all__ = ["MAX_SHIFT", "Streams", "high_bytes", "pack_fields", "read", "shift", "write"]
+__all__ = ["MAX_SHIFT", "Streams", "high_bytes", "pack_fields", "read_offsets", "shift", "write"]
 
 MAX_SHIFT: Final = 16
 """The widest ``low`` field: a gap in a chunk of at most ``2^16`` elements fits it."""
@@ -104,7 +104,7 @@ def write(counts: Tensor, offsets: Tensor, r: int) -> tuple[bytes, bytes]:
     return high, pack_fields(gaps.bitwise_and((1 << r) - 1), r)
 
 
-def read(
+def read_offsets(
     data: bytes, streams: Streams, bit: int, first: int, counts: Tensor, span: int
 ) -> tuple[Tensor, Tensor]:
     """The offsets of the elements ``first, first + 1, …`` that chunks of ``counts``

@@ -321,7 +321,7 @@ def _index(
     for first, last in pieces.chunk_ranges(lengths.numel(), step):
         counts = offsets[first + 1 : last + 1] - offsets[first:last]
         span = int(counts.sum()) + (int(lengths[first:last].sum()) >> streams.r)
-        index, ends = gaps.read(data, streams, bit, int(offsets[first]), counts, span)
+        index, ends = gaps.read_offsets(data, streams, bit, int(offsets[first]), counts, span)
         chunk_of = torch.repeat_interleave(torch.arange(last - first), counts)
         if bool((index >= lengths[first:last][chunk_of]).any()):
             raise CodecError("an index lies outside its chunk: a hostile or damaged blob")
@@ -373,7 +373,7 @@ class SparseBlob:
         counts = self.offsets[first + 1 : last + 1] - self.offsets[first:last]
         chunk_of = torch.repeat_interleave(torch.arange(last - first), counts)
         bit, end = int(self.starts[first]), int(self.starts[last])
-        index, _ = gaps.read(self.data, self.streams, bit, p0, counts, end - bit)
+        index, _ = gaps.read_offsets(self.data, self.streams, bit, p0, counts, end - bit)
         per = 8 // self.bits
         lo, hi = p0 // per, -(-p1 // per)
         codes = _unpack(

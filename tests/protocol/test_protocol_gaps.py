@@ -45,13 +45,13 @@ def test_offsets_round_trip_from_any_chunk(
     span = sent + (numel >> r)
     if r == gaps.shift(sent, numel):
         assert len(high) <= gaps.high_bytes(sent, numel, r)
-    got, ends = gaps.read(blob, streams, 0, 0, torch.tensor(counts), span)
+    got, ends = gaps.read_offsets(blob, streams, 0, 0, torch.tensor(counts), span)
     assert got.tolist() == offsets
     assert len(high) == -(-int(ends[-1]) // 8) if sent else high == b""
     first = data.draw(st.integers(0, len(counts) - 1))
     skip = sum(counts[:first])
     bit = int(ends[skip - 1]) if skip else 0
-    rest, _ = gaps.read(blob, streams, bit, skip, torch.tensor(counts[first:]), span)
+    rest, _ = gaps.read_offsets(blob, streams, bit, skip, torch.tensor(counts[first:]), span)
     assert rest.tolist() == offsets[skip:]
 
 
@@ -60,7 +60,7 @@ def test_a_code_longer_than_its_chunks_allow_is_not_read() -> None:
     allow, not read to its end."""
     blob, streams = streams_of(bytes(64), b"", 0)
     with pytest.raises(CodecError, match="end after 0 of 1"):
-        gaps.read(blob, streams, 0, 0, torch.tensor([1]), 9)
+        gaps.read_offsets(blob, streams, 0, 0, torch.tensor([1]), 9)
 
 
 @pytest.mark.parametrize(("density", "bits"), [(0.01, 8.5), (0.04, 6.5), (0.3, 3.5)])
