@@ -28,7 +28,16 @@ from torch import Tensor
 
 from gradientmail.errors import CodecError
 
-__all__ = ["MAX_SHIFT", "Streams", "high_bytes", "pack_fields", "read_offsets", "shift", "write"]
+__all__ = [
+    "MAX_SHIFT",
+    "Streams",
+    "high_bytes",
+    "pack_fields",
+    "read_fields",
+    "read_offsets",
+    "shift",
+    "write",
+]
 
 MAX_SHIFT: Final = 16
 """The widest ``low`` field: a gap in a chunk of at most ``2^16`` elements fits it."""
@@ -62,23 +71,40 @@ def high_bytes(sent: int, numel: int, r: int) -> int:
 
 
 def pack_fields(values: Tensor, r: int) -> bytes:
-    """``values`` (non-negative, below ``2^r``) in ``r`` bits each, low bits first."""
+    """``values`` (non-negative, below ``2^r``) in ``r`` bits each, low bits first, the last
+    byte's padding bits zero: the layout of ``low`` and of a ``topk`` blob's codes."""
     if r == 0 or values.numel() == 0:
         return b""
+    if 8 % r == 0:
+        per = 8 // r
+        padded = torch.nn.functional.pad(values.to(torch.uint8), (0, -values.numel() % per))
+        packed = torch.zeros(padded.numel() // per, dtype=torch.uint8)
+        for j, column in enumerate(padded.view(-1, per).unbind(1)):
+            packed |= column << (r * j)
+        return packed.numpy().tobytes()
     weights = torch.arange(r, dtype=torch.int64)
     bits = values.to(torch.int64).unsqueeze(1).bitwise_right_shift(weights).bitwise_and(1)
     return np.packbits(bits.to(torch.uint8).numpy().reshape(-1), bitorder="little").tobytes()
 
 
-def _fields(data: bytes, at: int, first: int, count: int, r: int) -> Tensor:
-    """``count`` fields of ``r`` bits from the ``first`` on, of the stream at byte ``at``."""
+def read_fields(data: bytes, at: int, first: int, count: int, r: int) -> Tensor:
+    """``count`` fields of ``r`` bits (at most ``MAX_SHIFT``) from the ``first`` on, of the
+    stream ``pack_fields`` wrote at byte ``at`` of ``data``: int64."""
     if r == 0 or count == 0:
         return torch.zeros(count, dtype=torch.int64)
     lo, hi = first * r // 8, -(-(first + count) * r // 8)
-    raw = np.frombuffer(data, np.uint8, hi - lo, at + lo)
-    skip = first * r - 8 * lo
-    bits = np.unpackbits(raw, bitorder="little")[skip : skip + count * r].reshape(count, r)
-    return torch.from_numpy(bits.astype(np.int64) @ (np.int64(1) << np.arange(r, dtype=np.int64)))
+    if 8 % r == 0:
+        per, mask = 8 // r, (1 << r) - 1
+        packed = torch.from_numpy(np.frombuffer(data, np.uint8, hi - lo, at + lo).copy())
+        fields = torch.stack([(packed >> (r * j)) & mask for j in range(per)], dim=1)
+        return fields.reshape(-1)[first - lo * per : first - lo * per + count].to(torch.int64)
+    raw = np.zeros(hi - lo + 2, dtype=np.int64)
+    raw[: hi - lo] = np.frombuffer(data, np.uint8, hi - lo, at + lo)
+    place = (first + np.arange(count, dtype=np.int64)) * r - 8 * lo
+    byte = place >> 3
+    # A field of at most 16 bits starting anywhere in a byte lies within three bytes.
+    window = raw[byte] | (raw[byte + 1] << 8) | (raw[byte + 2] << 16)
+    return torch.from_numpy((window >> (place & 7)) & ((1 << r) - 1))
 
 
 def _starts(counts: Tensor) -> Tensor:
@@ -106,16 +132,17 @@ def write(counts: Tensor, offsets: Tensor, r: int) -> tuple[bytes, bytes]:
 
 def read_offsets(
     data: bytes, streams: Streams, bit: int, first: int, counts: Tensor, span: int
-) -> tuple[Tensor, Tensor]:
-    """The offsets of the elements ``first, first + 1, …`` that chunks of ``counts``
-    elements send, each in its chunk (not checked against the chunk's length), and the bit
-    of ``high`` after each one's code. ``bit`` is where the first code starts in ``high``;
-    no code is read past ``bit + span``. Raises ``CodecError`` when fewer codes end there
-    than there are elements."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(chunk of each, offset, end)`` of the elements ``first, first + 1, …`` that chunks
+    of ``counts`` elements send: its chunk counted from the first, its offset in it (not
+    checked against the chunk's length), and the bit of ``high`` after its code. ``bit`` is
+    where the first code starts in ``high``; no code is read past ``bit + span``. Raises
+    ``CodecError`` when fewer codes end there than there are elements."""
     counts = counts.to(torch.int64)
     n = int(counts.sum())
+    chunk_of = torch.repeat_interleave(torch.arange(counts.numel()), counts)
     if n == 0:
-        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        return chunk_of, torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
     end = min(bit + span, 8 * (streams.high_end - streams.high_at))
     lo, hi = bit // 8, -(-end // 8)
     raw = np.frombuffer(data, np.uint8, max(0, hi - lo), streams.high_at + lo)
@@ -128,8 +155,7 @@ def read_offsets(
     stops = torch.from_numpy(found[:n].astype(np.int64))
     quotients = torch.diff(stops, prepend=torch.tensor([-1])) - 1
     steps = quotients.bitwise_left_shift(streams.r)
-    steps.bitwise_or_(_fields(data, streams.low_at, first, n, streams.r)).add_(1)
+    steps.bitwise_or_(read_fields(data, streams.low_at, first, n, streams.r)).add_(1)
     total = torch.cumsum(steps, 0)
-    chunk_of = torch.repeat_interleave(torch.arange(counts.numel()), counts)
     before = torch.cat([torch.zeros(1, dtype=torch.int64), total])[_starts(counts)]
-    return total - before[chunk_of] - 1, stops + bit + 1
+    return chunk_of, total - before[chunk_of] - 1, stops + bit + 1

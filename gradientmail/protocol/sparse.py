@@ -164,24 +164,6 @@ def _encode_piece(piece: Tensor, sparsity: Sparsity) -> _Piece:
     )
 
 
-def _pack(codes: Tensor, bits: int) -> bytes:
-    per = 8 // bits
-    padded = torch.nn.functional.pad(codes, (0, -codes.numel() % per)).view(-1, per)
-    packed = torch.zeros(padded.shape[0], dtype=torch.uint8)
-    for j in range(per):
-        packed |= padded[:, j] << (bits * j)
-    return packed.numpy().tobytes()
-
-
-def _unpack(packed: bytes, bits: int, first: int, count: int) -> Tensor:
-    """``count`` codes from the ``first`` of the bytes ``packed`` on."""
-    per = 8 // bits
-    raw = torch.from_numpy(np.frombuffer(packed, dtype=np.uint8).copy())
-    mask = (1 << bits) - 1
-    codes = torch.stack([(raw >> (bits * j)) & mask for j in range(per)], dim=1).reshape(-1)
-    return codes[first : first + count]
-
-
 def encode_sparse(
     pieces: Iterator[Tensor], spec: FragmentSpec, sparsity: Sparsity, meta: Meta
 ) -> bytes:
@@ -194,10 +176,9 @@ def encode_sparse(
     scales = torch.cat([p.scales for p in found]) if found else torch.empty(0)
     indices = torch.cat([p.indices for p in found]) if found else torch.empty(0, dtype=torch.int32)
     codes = torch.cat([p.codes for p in found]) if found else torch.empty(0, dtype=torch.uint8)
-    numel = sum(param.numel for param in spec.params)
-    r = gaps.shift(indices.numel(), numel)
+    r = gaps.shift(indices.numel(), sum(param.numel for param in spec.params))
     high, low = gaps.write(counts, indices, r)
-    expected = _expected(spec, sparsity.chunk, sparsity.bits, indices.numel(), len(high))
+    expected = _expected(spec, sparsity.chunk, sparsity.bits, indices.numel(), r, len(high))
     if tuple(counts.shape) != expected["counts"][1]:
         raise ValueError("the pieces are not the fragment's, a whole number of chunks each")
     payload = [
@@ -205,7 +186,7 @@ def encode_sparse(
         scales.numpy().astype("<f4").tobytes(),
         high,
         low,
-        _pack(codes, sparsity.bits),
+        gaps.pack_fields(codes, sparsity.bits),
     ]
     return write_header(meta, expected)[0] + b"".join(payload)
 
@@ -215,11 +196,10 @@ def _chunks(spec: FragmentSpec, chunk: int) -> list[int]:
     return [-(-param.numel // chunk) for param in spec.params]
 
 
-def _expected(spec: FragmentSpec, chunk: int, bits: int, sent: int, high: int) -> Expected:
-    """Every tensor of a blob of ``spec`` sending ``sent`` elements whose index codes take
-    ``high`` bytes, in its stored order."""
+def _expected(spec: FragmentSpec, chunk: int, bits: int, sent: int, r: int, high: int) -> Expected:
+    """Every tensor of a blob of ``spec`` sending ``sent`` elements whose index codes, cut
+    at ``r`` bits, take ``high`` bytes, in its stored order."""
     count = sum(_chunks(spec, chunk))
-    r = gaps.shift(sent, sum(param.numel for param in spec.params))
     return {
         "counts": ("I32", (count,)),
         "scales": ("F32", (count,)),
@@ -251,14 +231,15 @@ def _counts(data: bytes, header: dict[str, Any], start: int, lengths: Tensor) ->
     return counts
 
 
-def _declared(header: dict[str, Any], sent: int, numel: int) -> int:
+def _declared(header: dict[str, Any], sent: int, numel: int, r: int) -> int:
     """The bytes of index codes the header declares, checked against the most ``sent``
-    elements of ``numel`` can take before anything of that size is read."""
+    elements of ``numel`` cut at ``r`` bits can take before anything of that size is
+    read."""
     entry = header.get("high")
     shape = entry.get("shape") if isinstance(entry, dict) else None
     if not (isinstance(shape, list) and len(shape) == 1 and type(shape[0]) is int):
         raise CodecError("a topk blob needs a flat 'high' tensor", reason="shape")
-    most = gaps.high_bytes(sent, numel, gaps.shift(sent, numel))
+    most = gaps.high_bytes(sent, numel, r)
     if not 0 <= shape[0] <= most:
         raise CodecError(
             f"the blob declares {shape[0]} bytes of index codes, its {sent} elements take at "
@@ -279,7 +260,8 @@ def open_sparse(
     lengths = _lengths(spec, chunk)
     counts = _counts(data, header, start, lengths)
     sent, numel, count = int(counts.sum()), int(lengths.sum()), lengths.numel()
-    expected = _expected(spec, chunk, bits, sent, _declared(header, sent, numel))
+    r = gaps.shift(sent, numel)
+    expected = _expected(spec, chunk, bits, sent, r, _declared(header, sent, numel, r))
     check_header(header, expected)
     check_offsets(header, expected, len(data) - start)
     scales = torch.from_numpy(np.frombuffer(data, "<f4", count, start + 4 * count).copy())
@@ -290,10 +272,10 @@ def open_sparse(
     high_at = start + 8 * count
     low_at = high_at + expected["high"][1][0]
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-    streams = gaps.Streams(high_at, low_at, low_at, gaps.shift(sent, numel))
+    streams = gaps.Streams(high_at, low_at, low_at, r)
     starts = _index(data, streams, offsets, lengths, chunk)
     codes_at = low_at + expected["low"][1][0]
-    _check_padding(data, low_at, sent * streams.r, "index")
+    _check_padding(data, low_at, sent * r, "index")
     _check_padding(data, codes_at, sent * bits, "code")
     return SparseBlob(
         spec=spec,
@@ -321,8 +303,9 @@ def _index(
     for first, last in pieces.chunk_ranges(lengths.numel(), step):
         counts = offsets[first + 1 : last + 1] - offsets[first:last]
         span = int(counts.sum()) + (int(lengths[first:last].sum()) >> streams.r)
-        index, ends = gaps.read_offsets(data, streams, bit, int(offsets[first]), counts, span)
-        chunk_of = torch.repeat_interleave(torch.arange(last - first), counts)
+        chunk_of, index, ends = gaps.read_offsets(
+            data, streams, bit, int(offsets[first]), counts, span
+        )
         if bool((index >= lengths[first:last][chunk_of]).any()):
             raise CodecError("an index lies outside its chunk: a hostile or damaged blob")
         ends = torch.cat([torch.tensor([bit]), ends])
@@ -371,14 +354,9 @@ class SparseBlob:
         (the chunk counted from ``first``)."""
         p0, p1 = int(self.offsets[first]), int(self.offsets[last])
         counts = self.offsets[first + 1 : last + 1] - self.offsets[first:last]
-        chunk_of = torch.repeat_interleave(torch.arange(last - first), counts)
         bit, end = int(self.starts[first]), int(self.starts[last])
-        index, _ = gaps.read_offsets(self.data, self.streams, bit, p0, counts, end - bit)
-        per = 8 // self.bits
-        lo, hi = p0 // per, -(-p1 // per)
-        codes = _unpack(
-            self.data[self.codes_at + lo : self.codes_at + hi], self.bits, p0 - lo * per, p1 - p0
-        )
+        chunk_of, index, _ = gaps.read_offsets(self.data, self.streams, bit, p0, counts, end - bit)
+        codes = gaps.read_fields(self.data, self.codes_at, p0, p1 - p0, self.bits)
         return chunk_of, index, codes
 
     def piece(self, index: int, start: int, end: int) -> Tensor:

@@ -45,13 +45,13 @@ def test_offsets_round_trip_from_any_chunk(
     span = sent + (numel >> r)
     if r == gaps.shift(sent, numel):
         assert len(high) <= gaps.high_bytes(sent, numel, r)
-    got, ends = gaps.read_offsets(blob, streams, 0, 0, torch.tensor(counts), span)
+    _, got, ends = gaps.read_offsets(blob, streams, 0, 0, torch.tensor(counts), span)
     assert got.tolist() == offsets
     assert len(high) == -(-int(ends[-1]) // 8) if sent else high == b""
     first = data.draw(st.integers(0, len(counts) - 1))
     skip = sum(counts[:first])
     bit = int(ends[skip - 1]) if skip else 0
-    rest, _ = gaps.read_offsets(blob, streams, bit, skip, torch.tensor(counts[first:]), span)
+    _, rest, _ = gaps.read_offsets(blob, streams, bit, skip, torch.tensor(counts[first:]), span)
     assert rest.tolist() == offsets[skip:]
 
 
@@ -90,3 +90,18 @@ def test_the_cut_follows_the_mean_gap() -> None:
     assert cuts == sorted(cuts)
     assert all(b - a <= 1 for a, b in itertools.pairwise(cuts))
     assert gaps.shift(1, 1 << 40) == gaps.MAX_SHIFT
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, gaps.MAX_SHIFT), st.data())
+def test_fields_of_any_width_round_trip_from_any_one(r: int, data: st.DataObject) -> None:
+    """What ``pack_fields`` writes (a ``topk`` blob's codes and ``low``), ``read_fields``
+    reads back from any field on, through either of its paths (widths dividing 8 or not),
+    and the padding bits are zero."""
+    values = data.draw(st.lists(st.integers(0, (1 << r) - 1), min_size=1, max_size=40))
+    packed = gaps.pack_fields(torch.tensor(values), r)
+    assert len(packed) == -(-len(values) * r // 8)
+    assert len(values) * r % 8 == 0 or packed[-1] >> (len(values) * r % 8) == 0
+    first = data.draw(st.integers(0, len(values) - 1))
+    got = gaps.read_fields(b"ab" + packed, 2, first, len(values) - first, r)
+    assert got.tolist() == values[first:]
