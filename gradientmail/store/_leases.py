@@ -8,12 +8,17 @@ is listed.
 Runs in the node's tasks on the event loop, like the store.
 """
 
+from collections.abc import Sequence
+
 from gradientmail.errors import RecordError
 from gradientmail.protocol import keys
 from gradientmail.protocol.records import LeaseBeat
 from gradientmail.store._objects import RunObjects
 
 __all__ = ["Leases"]
+
+_RELISTS = 3
+"""How many times one node's beats are listed in one look at the leases."""
 
 
 class Leases:
@@ -36,64 +41,88 @@ class Leases:
         whose body is a beat of ``learner`` (and, in a signed run, verifies), so that beats
         planted under its name neither make it look dead nor push its next beat out of the
         layout."""
-        beats = []
         listed = await self._objects.requests.list_keys(
             keys.lease_prefix(learner), attempts=attempts
         )
-        for key in listed:
-            parsed = keys.parse_lease(key)
-            if parsed is not None and await self._beat_ok(key, learner, attempts):
-                beats.append((parsed[1], key))
-        return sorted(beats)
+        return sorted(
+            (beat, key) for beat, _, key in await self._node_beats(learner, listed, attempts)
+        )
 
     async def leases(self) -> dict[str, tuple[int, keys.Role]]:
         """Every node holding a lease, with its newest good beat (one whose body is a beat
         of that node and, in a signed run, verifies) and that beat's role."""
-        await self._objects.refresh_identities()
-        listed: dict[str, list[tuple[int, keys.Role, str]]] = {}
-        for key in await self._objects.requests.list_keys(keys.LEASES):
-            parsed = keys.parse_lease(key)
-            if parsed is not None:
-                learner, beat, role = parsed
-                listed.setdefault(learner, []).append((beat, role, key))
-        newest: dict[str, tuple[int, keys.Role]] = {}
-        for learner, beats in listed.items():
-            for beat, role, key in sorted(beats, reverse=True):
-                if await self._beat_ok(key, learner, None):
-                    newest[learner] = (beat, role)
-                    break
-        present = {key for beats in listed.values() for _, _, key in beats}
-        self._beats = {key: ok for key, ok in self._beats.items() if key in present}
-        return newest
+        return {
+            node: (newest := max(found), found[newest])
+            for node, found in (await self.lease_beats()).items()
+        }
 
     async def lease_beats(self) -> dict[str, dict[int, keys.Role]]:
         """Every node's lease beats present, as ``{beat: role}``: only beats whose body is a
         beat of their node and, in a signed run, verifies under the run key and the run's id
         (each beat is read once and remembered), so a beat someone else planted under a
-        node's lease is ignored."""
+        node's lease is ignored. A node whose beats are all gone by the time they are read
+        is absent."""
         await self._objects.refresh_identities()
-        listed = [
-            (key, parsed)
-            for key in await self._objects.requests.list_keys(keys.LEASES)
-            if (parsed := keys.parse_lease(key)) is not None
-        ]
+        listed = await self._objects.requests.list_keys(keys.LEASES)
+        by_node: dict[str, list[str]] = {}
+        for key in listed:
+            parsed = keys.parse_lease(key)
+            if parsed is not None:
+                by_node.setdefault(parsed[0], []).append(key)
         found: dict[str, dict[int, keys.Role]] = {}
-        for key, (node, beat, role) in listed:
-            if await self._beat_ok(key, node, None):
-                found.setdefault(node, {})[beat] = role
-        present = {key for key, _ in listed}
+        present = set(listed)
+        for node, node_keys in by_node.items():
+            beats = await self._node_beats(node, node_keys, None)
+            if beats:
+                found[node] = {beat: role for beat, role, _ in beats}
+            present.update(key for _, _, key in beats)
         self._beats = {key: ok for key, ok in self._beats.items() if key in present}
         return found
 
-    async def _beat_ok(self, key: str, learner: str, attempts: int | None) -> bool:
-        """Whether ``key`` holds a beat of ``learner`` (verified in a signed run); each
-        verdict is remembered, as beats are create-once."""
+    async def _node_beats(
+        self, learner: str, listed: Sequence[str], attempts: int | None
+    ) -> list[tuple[int, keys.Role, str]]:
+        """The good beats of ``learner`` among the keys ``listed``, as ``(beat, role, key)``.
+
+        A node writes its next beat before it deletes the one before, so a beat listed but
+        gone when read means a newer one is there: ``learner``'s beats are listed again (at
+        most ``_RELISTS`` times) rather than the node looking, for one listing, as if it
+        held no lease."""
+        for relist in range(_RELISTS + 1):
+            if relist:
+                listed = await self._objects.requests.list_keys(
+                    keys.lease_prefix(learner), attempts=attempts
+                )
+            found, vanished = await self._verified(learner, listed, attempts)
+            if not vanished:
+                break
+        return found
+
+    async def _verified(
+        self, learner: str, listed: Sequence[str], attempts: int | None
+    ) -> tuple[list[tuple[int, keys.Role, str]], bool]:
+        """The good beats of ``learner`` among ``listed``, and whether any was gone."""
+        found: list[tuple[int, keys.Role, str]] = []
+        vanished = False
+        for key in listed:
+            parsed = keys.parse_lease(key)
+            if parsed is None or parsed[0] != learner:
+                continue
+            verdict = await self._beat_ok(key, learner, attempts)
+            vanished = vanished or verdict is None
+            if verdict:
+                found.append((parsed[1], parsed[2], key))
+        return found, vanished
+
+    async def _beat_ok(self, key: str, learner: str, attempts: int | None) -> bool | None:
+        """Whether ``key`` holds a beat of ``learner`` (verified in a signed run), or None
+        when it is gone; each verdict is remembered, as beats are create-once."""
         known = self._beats.get(key)
         if known is not None:
             return known
         data = await self._objects.read(key, attempts=attempts)
         if data is None:
-            return False
+            return None
         try:
             ok = self._objects.decode(key, data, LeaseBeat).learner == learner
         except RecordError as exc:

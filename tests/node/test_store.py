@@ -1,6 +1,7 @@
 """The typed store: verified blobs, strict records, counted requests, ambiguous writes."""
 
 import os
+from collections.abc import Sequence
 
 import msgspec
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from gradientmail.errors import CorruptBlob, MailboxUnavailable
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.records import INDEX_CHUNK, chunk_index
+from gradientmail.protocol.records import INDEX_CHUNK, LeaseBeat, chunk_index
 from gradientmail.store import Store, sha256
 
 pytestmark = pytest.mark.anyio
@@ -121,6 +122,58 @@ class PlainMailbox:
 
 
 RANGES = [(0, 10), (INDEX_CHUNK - 5, INDEX_CHUNK + 5), (3 * INDEX_CHUNK + 7, 3 * INDEX_CHUNK + 7)]
+
+
+class Renewing(MemoryMailbox):
+    """Node ``a`` beats (its next beat written, the one before deleted) right after each of
+    the next ``renewals`` listings of the leases is taken, as a node renewing its lease
+    between a reader's listing and its reads would."""
+
+    def __init__(self, renewals: int) -> None:
+        super().__init__()
+        self.renewals = renewals
+        self.beat = 0
+        self.listings = 0
+
+    async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
+        listed = await super().list(prefix, after=after)
+        if prefix.startswith(keys.LEASES):
+            self.listings += 1
+            if self.renewals:
+                self.renewals -= 1
+                await self.renew()
+        return listed
+
+    async def renew(self) -> None:
+        self.beat += 1
+        data = msgspec.json.encode(LeaseBeat(learner="a"))
+        await self.put_if_absent(keys.lease("a", self.beat, "learner"), data)
+        await self.delete([keys.lease("a", self.beat - 1, "learner")])
+
+
+@pytest.mark.parametrize("look", ["leases", "lease_beats", "own_beats"])
+async def test_a_lease_renewed_while_it_is_read_is_still_held(look: str) -> None:
+    box = Renewing(renewals=0)
+    await box.renew()
+    box.renewals = 1
+    store = Store(box)
+    seen = {
+        "leases": store.leases,
+        "lease_beats": store.lease_beats,
+        "own_beats": lambda: store.own_beats("a"),
+    }[look]
+    assert (
+        await seen()
+        == {
+            "leases": {"a": (2, "learner")},
+            "lease_beats": {"a": {2: "learner"}},
+            "own_beats": [(2, keys.lease("a", 2, "learner"))],
+        }[look]
+    )
+    box.renewals = 100
+    box.listings = 0
+    await seen()
+    assert box.listings <= 4
 
 
 async def test_ranges_of_an_indexed_blob_are_read_chunk_by_chunk_and_checked() -> None:
