@@ -57,11 +57,7 @@ def _fold(learner: S, record: RoundRecord, seen_at: float) -> tuple[S, list[Acti
     if record.version > slot.version:
         slot = replace(slot, wanted=record, update_failed=False, reported=False)
     committed = learner.committed + (record.committed_by == learner.name)
-    closing = (
-        learner.closing.folded(record, learner.name, learner.config.sync_every)
-        if learner.closing
-        else None
-    )
+    closing = learner.closing.folded(record, learner.name) if learner.closing else None
     others = any(p.learner != learner.name and p.closing is not True for p in record.participants)
     state = replace(
         learner,

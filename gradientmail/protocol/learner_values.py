@@ -185,12 +185,10 @@ class FlushingClose:
     ends on the newest θ: every version it applies while closing merges as ``final``),
     ``finals`` the round each fragment's final snapshot went to (empty until published),
     ``missed`` the fragments whose final round committed without their final snapshot and
-    that publish it again, ``again`` those whose final snapshot went out again. A left-out
-    final goes out again once whatever left it out (a learner still flushing meets that
-    learner's final in the next round of the fragment), unless another learner trained on
-    in that round for more than a period of steps (``sync_every``), and again as long as
-    the rounds that leave it out hold only other learners' closing snapshots or none, and
-    rejected
+    that publish it again, ``again`` those whose final snapshot went out again. A left-out final
+    goes out again once whatever left it out (a learner still flushing meets that
+    learner's final in the next round of the fragment), and again as long as the rounds
+    that leave it out hold only other learners' closing snapshots or none, and rejected
     none (their flushes are finite, so their finals come: a round closes empty only once
     every live learner published past it); left out a second time by a round in which
     another learner trained on, or one that rejected a snapshot (this one's, or one that
@@ -203,18 +201,13 @@ class FlushingClose:
     missed: frozenset[int] = frozenset()
     again: frozenset[int] = frozenset()
 
-    def folded(self, record: RoundRecord, name: str, period: int) -> "FlushingClose":
-        """``record`` was folded: note a final round of this learner's that left it out,
-        unless another learner trained on in it for more than ``period`` steps (a schedule
-        that stood still, say): the model closing began with then lacks a whole cycle of
-        that learner's progress, and must not pull the run back."""
+    def folded(self, record: RoundRecord, name: str) -> "FlushingClose":
+        """``record`` was folded: note a final round of this learner's that left it out."""
         fragment = record.fragment
         if not self.finals or record.round != self.finals[fragment]:
             return self
         participants = record.participants
         if any(p.learner == name for p in participants):
-            return self
-        if any(p.closing is not True and p.steps > period for p in participants):
             return self
         flushing = not record.rejected and all(p.closing is True for p in participants)
         if fragment in self.again and not flushing:

@@ -245,30 +245,6 @@ def test_a_final_snapshot_a_round_left_out_goes_out_once_more_for_the_next_round
         assert learner.finished == (cycle == 2)
 
 
-def test_a_final_left_out_by_a_round_another_trained_on_for_over_a_period_goes_out_no_more() -> (
-    None
-):
-    """Rounds 2 and 3 commit without this learner's finals, the other learner having trained
-    on in them: 5 steps in round 2, over a period (``sync_every`` 4: its schedule stood
-    still, say), so the model closing began with lacks a whole cycle of its progress and
-    fragment 0's final goes out no more (its round merges as final); 4 steps in round 3,
-    so fragment 1's goes out once more, for round 5, as above."""
-    model = ((torch.full((2,), 3.0),), (torch.full((2,), 4.0),))
-    learner, finals = finals_out(model)
-    for job, steps in zip(finals, (5, 4), strict=True):
-        learner, _ = learner.handle(PublishEnded(job.fragment, job.round, True))
-        seen = record(job.round, included=("other",))
-        trained = tuple(msgspec.structs.replace(p, steps=steps) for p in seen.participants)
-        seen = msgspec.structs.replace(seen, participants=trained)
-        learner, _ = learner.handle(RecordSeen(seen, now=4.0))
-        learner, _ = learner.handle(VersionReady(job.fragment, job.round, (torch.full((2,), 2.0),)))
-    learner, actions = learner.handle(Flushed(now=5.0))
-    assert [a.outcome for a in actions if isinstance(a, Apply)] == ["final", "late"]
-    learner, again = learner.handle(Finalized())
-    assert [(j.fragment, j.round) for j in again] == [(1, 5)]
-    assert not learner.finished
-
-
 def test_a_final_snapshot_left_out_by_flush_rounds_goes_out_until_it_meets_their_finals() -> None:
     """The other learner trained on in round 3 (left out once: out again, as above), then
     its flush filled round 5 and round 7 closed empty (it had published past it): only
