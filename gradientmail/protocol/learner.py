@@ -319,9 +319,8 @@ class Learner(LearnerState):
                 continue
             mine = published is not None and published.round <= ready.round
             outcome = state._merge(fragment, ready.round, published if mine else None)
-            lag = None
-            if outcome == "included" and published is not None:
-                lag = state.step - published.step
+            own = published if outcome == "included" else None
+            lag = None if own is None else state.step - own.step
             actions.append(
                 Apply(
                     fragment=fragment,
@@ -346,6 +345,9 @@ class Learner(LearnerState):
                 reported=False,
             )
             state = state.with_slot(fragment, aligned)
+            if state.closing is not None:
+                closing = state.closing.applied(fragment, ready.round, slot.base, ready.theta)
+                state = replace(state, closing=closing)
             if outcome == "rejected":
                 # The ledger dropped the steps up to the record when it was folded; the reset
                 # to the round's θ just now also wiped the steps taken since.

@@ -1,7 +1,8 @@
 """The values the pure learner (``protocol.learner``) is made of and answers with: its
 actions, and the state of one fragment. Pure: no I/O."""
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeAlias
 
 from torch import Tensor
@@ -178,21 +179,24 @@ class Slot:
 @dataclass(frozen=True, slots=True)
 class FlushingClose:
     """A close with flush (``BeganClosing``, docs/protocol.md "The last round of a
-    run"): ``models`` the live model when it began (one tuple per fragment), ``round`` the
-    first round past every version that model held (its final snapshots are skipped once
-    others trained on in a round more than ``F`` past it: ``jobs``), ``behind`` whether
-    the learner was ``behind`` then (its unsent steps dropped, it publishes nothing more and
-    ends on the newest θ: every version it applies while closing merges as ``final``),
-    ``finals`` the round each fragment's final snapshot went to (empty until published),
-    ``missed`` the fragments whose final round committed without their final snapshot and
-    that publish it again, ``again`` those whose final snapshot went out again. A left-out final
-    goes out again once whatever left it out (a learner still flushing meets that
-    learner's final in the next round of the fragment), and again as long as the rounds
-    that leave it out hold only other learners' closing snapshots or none, and rejected
-    none (their flushes are finite, so their finals come: a round closes empty only once
-    every live learner published past it); left out a second time by a round in which
-    another learner trained on, or one that rejected a snapshot (this one's, or one that
-    may be of a learner training on), it ends on the others' θ."""
+    run"): ``models`` the live model when it began (one tuple per fragment), ``round``
+    the first round past every version that model held (its final snapshots are skipped
+    once others trained on in a round more than ``F`` past it: ``jobs``), ``behind``
+    whether the learner was ``behind`` then (its unsent steps dropped, it publishes
+    nothing more and ends on the newest θ: every version it applies while closing merges
+    as ``final``), ``finals`` the round each fragment's final snapshot went to (empty
+    until published), ``missed`` the fragments whose final round committed without their
+    final snapshot and that publish it again, ``again`` those whose final snapshot went
+    out again, ``trained`` the rounds in which another learner trained on since the
+    finals went out and ``lacked`` what they moved each fragment's θ by (added back to a
+    final sent again: ``applied``). A left-out final goes out again once whatever left
+    it out (a learner still flushing meets that learner's final in the next round of the
+    fragment), and again as long as the rounds that leave it out hold only other
+    learners' closing snapshots or none, and rejected none (their flushes are finite, so
+    their finals come: a round closes empty only once every live learner published past
+    it); left out a second time by a round in which another learner trained on, or one
+    that rejected a snapshot (this one's, or one that may be of a learner training on),
+    it ends on the others' θ."""
 
     models: tuple[Tensors, ...]
     round: int
@@ -200,19 +204,42 @@ class FlushingClose:
     finals: tuple[int, ...] = ()
     missed: frozenset[int] = frozenset()
     again: frozenset[int] = frozenset()
+    trained: frozenset[int] = frozenset()
+    lacked: Mapping[int, Tensors] = field(default_factory=dict)
 
     def folded(self, record: RoundRecord, name: str) -> "FlushingClose":
-        """``record`` was folded: note a final round of this learner's that left it out."""
+        """``record`` was folded: note a round in which another learner trained on once the
+        finals went out (``trained``), and a final round of this learner's that left it out."""
         fragment = record.fragment
-        if not self.finals or record.round != self.finals[fragment]:
-            return self
         participants = record.participants
+        state = self
+        if self.finals and any(p.learner != name and p.closing is not True for p in participants):
+            state = replace(self, trained=self.trained | {record.round})
+        if not state.finals or record.round != state.finals[fragment]:
+            return state
         if any(p.learner == name for p in participants):
-            return self
+            return state
         flushing = not record.rejected and all(p.closing is True for p in participants)
-        if fragment in self.again and not flushing:
+        if fragment in state.again and not flushing:
+            return state
+        return replace(state, missed=state.missed | {fragment})
+
+    def applied(
+        self, fragment: int, round: int, before: Tensors, after: Tensors
+    ) -> "FlushingClose":
+        """``round``'s version of ``fragment`` was applied, θ going from ``before`` to
+        ``after``: once the finals went out, what a round in which another learner trained
+        on moved θ is what the model closing began with lacks (``lacked``), and a final sent
+        again adds it back, so that it does not take that learner's steps back; what the
+        others' flush rounds moved it (their outer step's look-ahead) a final does take
+        back, as the run's last model is the mean of the models."""
+        if round not in self.trained:
             return self
-        return replace(self, missed=self.missed | {fragment})
+        moved = tuple(a.sub(b) for a, b in zip(after, before, strict=True))
+        earlier = self.lacked.get(fragment)
+        if earlier is not None:
+            moved = tuple(m.add(e) for m, e in zip(moved, earlier, strict=True))
+        return replace(self, lacked={**self.lacked, fragment: moved})
 
     def took_final(self, fragment: int, round: int) -> bool:
         """Whether ``round`` is where ``fragment``'s final snapshot went, no resend of it
@@ -252,6 +279,11 @@ class FlushingClose:
             slot = slots[fragment]
             round = keys.round_of(fragment, slot.version + 1, fragments)
             model = self.models[fragment]
+            lacked = self.lacked.get(fragment) if self.finals else None
+            if lacked is not None:
+                model = tuple(
+                    m.add(x.to(m.device, m.dtype)) for m, x in zip(model, lacked, strict=True)
+                )
             jobs.append(
                 Publish(
                     fragment, round, slot.version, slot.base, model, 0, 0, closing=True, final=True
