@@ -279,7 +279,7 @@ class FlushingClose:
             slot = slots[fragment]
             round = keys.round_of(fragment, slot.version + 1, fragments)
             model = self.models[fragment]
-            lacked = self.lacked.get(fragment) if self.finals else None
+            lacked = self.lacked.get(fragment)
             if lacked is not None:
                 model = tuple(
                     m.add(x.to(m.device, m.dtype)) for m, x in zip(model, lacked, strict=True)
