@@ -68,6 +68,10 @@ class _Processes:
         log = (self._scratch / f"log-{role}.txt").read_text(errors="replace")
         return RuntimeError(f"{role} failed:\n{log[-4000:]}")
 
+    def reported(self, role: str) -> bool:
+        """Whether ``role`` has written its report."""
+        return (self._scratch / f"result-{role}.json").exists()
+
     def close(self) -> None:
         """Kill every process still running and close the logs."""
         for process in self._started:
@@ -109,18 +113,33 @@ def _wait_all(
     services: dict[str, subprocess.Popen[bytes]],
     timeout: float,
 ) -> None:
-    """Wait for every learner that reads no standard input, then close the standard input of
-    the others and of the services and wait for them; ``RuntimeError``
-    (``_Processes.failed``) for the first that exits with an error."""
+    """Wait until every learner that reads no standard input has written its report (its
+    node closed: its work is done) or exited, then close the standard input of the others
+    and of the services, and wait for every process; ``RuntimeError``
+    (``_Processes.failed``) for the first that exits with an error. The standard inputs
+    close on the reports, not on the exits, so that a process hosting the syncer tears down
+    beside the others, as every process of a peer system does: an interpreter with torch
+    loaded takes seconds to exit, and waiting for the others' exits first put one more such
+    exit into every run's wall time."""
     stopped = services | {role: p for role, p in learners.items() if p.stdin is not None}
-    for role, process in learners.items():
-        if role not in stopped and process.wait(timeout=timeout) != 0:
-            raise processes.failed(role)
+    working = {role: p for role, p in learners.items() if role not in stopped}
+
+    def finished() -> bool:
+        for role, process in working.items():
+            if process.poll() not in (None, 0):
+                raise processes.failed(role)
+        return all(
+            process.poll() is not None or processes.reported(role)
+            for role, process in working.items()
+        )
+
+    wait_for(finished, timeout, "every learner's report")
     for process in stopped.values():
         assert process.stdin is not None
         process.stdin.close()
-    for role, process in stopped.items():
-        if process.wait(timeout=timeout if role in learners else 120) != 0:
+    for role, process in {**working, **stopped}.items():
+        limit = timeout if role in learners else 120
+        if process.wait(timeout=limit) != 0:
             raise processes.failed(role)
 
 
