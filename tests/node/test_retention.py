@@ -140,9 +140,10 @@ class Peak:
 
 def closing_finals(shown: Preview) -> int:
     """What a ``topk`` run's close adds beside the rounds' bound (docs/protocol.md, "What
-    the store holds"): every learner's final snapshots, dense at ``int4``, and the final
-    rounds' updates at ``int8``, one of each per fragment."""
-    return sum(LEARNERS * f.blob_bytes["int4"] + f.blob_bytes["int8"] for f in shown.fragments)
+    the store holds"): every learner's final snapshots and the final rounds' updates, dense
+    (``Preview.closing_bytes``)."""
+    up, down = shown.closing_bytes()
+    return LEARNERS * up + down
 
 
 class Sampled(LocalMailbox):
