@@ -68,9 +68,9 @@ class _Processes:
         log = (self._scratch / f"log-{role}.txt").read_text(errors="replace")
         return RuntimeError(f"{role} failed:\n{log[-4000:]}")
 
-    def reported(self, role: str) -> bool:
-        """Whether ``role`` has written its report."""
-        return (self._scratch / f"result-{role}.json").exists()
+    def report(self, role: str) -> Path:
+        """Where ``role`` writes its report (once its work is done)."""
+        return self._scratch / f"result-{role}.json"
 
     def close(self) -> None:
         """Kill every process still running and close the logs."""
@@ -125,13 +125,13 @@ def _wait_all(
     working = {role: p for role, p in learners.items() if role not in stopped}
 
     def finished() -> bool:
+        done = True
         for role, process in working.items():
-            if process.poll() not in (None, 0):
+            code = process.poll()
+            if code not in (None, 0):
                 raise processes.failed(role)
-        return all(
-            process.poll() is not None or processes.reported(role)
-            for role, process in working.items()
-        )
+            done = done and (code == 0 or processes.report(role).exists())
+        return done
 
     wait_for(finished, timeout, "every learner's report")
     for process in stopped.values():
@@ -188,8 +188,7 @@ def launch(
         processes.close()
     wall = time.perf_counter() - started
     reports = {
-        role: json.loads((scratch / f"result-{role}.json").read_text())
-        for role in (*learners, *others)
+        role: json.loads(processes.report(role).read_text()) for role in (*learners, *others)
     }
     if host is not None:
         reports["syncer"] = reports[str(host)].pop("syncer")
