@@ -212,7 +212,8 @@ async def _observe(
     """One look at ``held.round``: what ``observed`` needs, and nothing more (nothing past a
     record, the record while closing it only every ``poll_interval`` (``wants_record``), no
     claims while closing it, no snapshots before anyone claimed it, later rounds only while
-    it is empty and held)."""
+    it is held, from the listing of its own snapshots, and counted only while it is empty
+    or missing a live learner)."""
     looked = rt.clock.now()
     record_at = looked if held.wants_record(looked, rt.options.poll_interval) else None
     record = None if record_at is None else await rt.store.record(held.round)
@@ -222,9 +223,13 @@ async def _observe(
         view = RoundObservation(record, (), empty, empty, empty, now, now, record_at=record_at)
         return view, watch
     claims = () if held.closing else tuple(await rt.store.round_claims(held.round))
-    published: frozenset[str] = frozenset()
-    if held.closing or claims:
-        published = await _published(rt, held.round, verified)
+    listed: dict[int, list[str]] = {}
+    if held.closing:
+        last = held.round + rt.config.fragments - 1
+        listed = await rt.store.learners_by_round(held.round, last)
+    elif claims:
+        listed = {held.round: await rt.store.snapshot_learners(held.round)}
+    published = await _verified(rt, held.round, listed.pop(held.round, []), verified)
     snapshots_at = rt.clock.now()
     if fresh or watch.due(snapshots_at):
         watch = watch.observed(await rt.store.lease_beats(), rt.clock.now())
@@ -232,8 +237,8 @@ async def _observe(
     later: frozenset[str] | None = None
     if held.wants_later(published, quorum_learners(live, watch.learners)):
         later = frozenset()
-        for ahead in range(held.round + 1, held.round + rt.config.fragments):
-            later |= await _published(rt, ahead, verified)
+        for ahead, learners in listed.items():
+            later |= await _verified(rt, ahead, learners, verified)
     assert watch.looked is not None
     view = RoundObservation(
         record=None,
@@ -249,10 +254,11 @@ async def _observe(
     return view, watch
 
 
-async def _published(rt: Runtime, round: int, verified: Verified) -> frozenset[str]:
-    """The learners with a snapshot in ``round``; in a signed run, only those whose snapshot
-    verifies."""
-    learners = await rt.store.snapshot_learners(round)
+async def _verified(
+    rt: Runtime, round: int, learners: list[str], verified: Verified
+) -> frozenset[str]:
+    """``learners`` (with a snapshot in ``round``) whose snapshot verifies in a signed run,
+    each read once (``verified``); all of them in an unsigned run."""
     if not isinstance(rt.manifest.key_id, str):
         return frozenset(learners)
     if any((round, learner) not in verified for learner in learners):

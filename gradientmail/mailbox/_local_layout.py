@@ -26,6 +26,9 @@ def unescape(text: str) -> str:
 
 def _pieces(segment: str) -> list[str]:
     """``segment`` escaped and cut, at character boundaries, into names of bounded length."""
+    if len(segment) <= _PIECE_BYTES and segment.isascii() and "%" not in segment:
+        # Every key the run writes: nothing to escape, one byte a character, one piece.
+        return [segment]
     pieces: list[str] = []
     current: list[str] = []
     size = 0

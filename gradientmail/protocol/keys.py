@@ -50,6 +50,7 @@ __all__ = [
     "round_claim",
     "round_of",
     "round_prefix",
+    "rounds_span",
     "snapshot",
     "snapshot_slot",
     "snapshots_prefix",
@@ -160,6 +161,17 @@ def round_prefix(round: int) -> str:
 
 def snapshots_prefix(round: int) -> str:
     return f"{round_prefix(round)}snapshots/"
+
+
+def rounds_span(first: int, last: int) -> tuple[str, str]:
+    """``(prefix, after)``: one listing of every key of the rounds ``first`` to ``last``
+    (``first <= last``), and of no round before ``first``; it may list rounds after
+    ``last`` that share their leading digits."""
+    if first > last:
+        raise ValueError(f"rounds_span: first round {first} is after the last, {last}")
+    low, high = round_prefix(first), round_prefix(last)
+    shared = next((i for i, (a, b) in enumerate(zip(low, high, strict=True)) if a != b), len(low))
+    return low[:shared], low.removesuffix("/")
 
 
 def snapshot(round: int, learner: str) -> str:

@@ -105,6 +105,7 @@ class Store:
         self.put_snapshot = snapshots.put_snapshot
         self.snapshots = snapshots.snapshots
         self.snapshot_learners = snapshots.snapshot_learners
+        self.learners_by_round = snapshots.learners_by_round
         self.round_claims = claims.round_claims
         self.claim_round = claims.claim_round
         self.record = records.record

@@ -56,11 +56,30 @@ class Snapshots:
         """The learners with a snapshot in ``round`` that counts: one that decodes, names its
         key's round and learner and, in a signed run, verifies (each body read once)."""
         await self._objects.refresh_identities()
+        self._forget_before(round)
+        return await self._counted(round, await self._listed(round))
+
+    async def learners_by_round(self, first: int, last: int) -> dict[int, list[str]]:
+        """``snapshot_learners`` of each round from ``first`` to ``last`` that has any, from
+        one listing (``keys.rounds_span``): a round and those learners may have run on to."""
+        await self._objects.refresh_identities()
+        self._forget_before(first)
+        listed = await self._listing(*keys.rounds_span(first, last))
+        found = {}
+        for round in range(first, last + 1):
+            learners = await self._counted(round, listed.get(round, {}))
+            if learners:
+                found[round] = learners
+        return found
+
+    def _forget_before(self, round: int) -> None:
         for stale in [r for r in self._found if r < round - CACHED_ROUNDS]:
             del self._found[stale]
+
+    async def _counted(self, round: int, listed: dict[str, list[str]]) -> list[str]:
         learners = []
-        for learner, listed in (await self._listed(round)).items():
-            found = await self._snapshot_of(round, learner, listed)
+        for learner, keys_ in listed.items():
+            found = await self._snapshot_of(round, learner, keys_)
             if found is not None and found[1] is None:
                 learners.append(learner)
         return learners
@@ -102,12 +121,21 @@ class Snapshots:
 
     async def _listed(self, round: int) -> dict[str, list[str]]:
         """``learner -> its snapshot keys of round``, in slot order, from one listing."""
-        found: dict[str, list[tuple[int, str]]] = {}
-        for key in await self._objects.requests.list_keys(keys.snapshots_prefix(round)):
+        return (await self._listing(keys.snapshots_prefix(round))).get(round, {})
+
+    async def _listing(self, prefix: str, after: str = "") -> dict[int, dict[str, list[str]]]:
+        """``round -> learner -> its snapshot keys``, in slot order, of the snapshot keys
+        that one listing of ``prefix`` after ``after`` returns."""
+        found: dict[int, dict[str, list[tuple[int, str]]]] = {}
+        for key in await self._objects.requests.list_keys(prefix, after=after):
             parsed = keys.parse_snapshot_slot(key)
-            if parsed is not None and parsed[0] == round:
-                found.setdefault(parsed[1], []).append((parsed[2], key))
-        return {learner: [key for _, key in sorted(slots)] for learner, slots in found.items()}
+            if parsed is not None:
+                round, learner, slot = parsed
+                found.setdefault(round, {}).setdefault(learner, []).append((slot, key))
+        return {
+            round: {learner: [key for _, key in sorted(slots)] for learner, slots in by.items()}
+            for round, by in found.items()
+        }
 
     async def _snapshot_of(self, round: int, learner: str, listed: Sequence[str]) -> Found | None:
         """``learner``'s snapshot of ``round``: the first verified one among its keys (in a

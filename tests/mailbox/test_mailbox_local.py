@@ -126,6 +126,9 @@ def test_the_layout_of_a_key_and_the_keys_below_it() -> None:
     assert key_path("100%/x") == ("100%25", "x%")
     long = "x" * 500
     assert key_path(long) == ("x" * 240 + "%+", "x" * 240 + "%+", "x" * 20 + "%")
+    assert key_path("x" * 240) == ("x" * 240 + "%",)
+    assert key_path("x" * 241) == ("x" * 240 + "%+", "x%")
+    assert key_path("é" * 121) == ("é" * 120 + "%+", "é%")
 
 
 @pytest.mark.anyio

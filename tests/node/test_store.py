@@ -9,7 +9,7 @@ import pytest
 from gradientmail.errors import CorruptBlob, MailboxUnavailable
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys
-from gradientmail.protocol.records import INDEX_CHUNK, LeaseBeat, chunk_index
+from gradientmail.protocol.records import INDEX_CHUNK, BlobRef, LeaseBeat, Snapshot, chunk_index
 from gradientmail.store import Store, sha256
 
 pytestmark = pytest.mark.anyio
@@ -102,6 +102,44 @@ async def test_listings_parse_the_layout() -> None:
         await box.put_if_absent(keys.record(round), b"{}")
     # Junk only: no round is committed.
     assert await store.record_rounds() == []
+
+
+class CountedLists(MemoryMailbox):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists: list[tuple[str, str]] = []
+
+    async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
+        self.lists.append((prefix, after))
+        return await super().list(prefix, after=after)
+
+
+async def test_the_snapshots_of_several_rounds_come_from_one_listing() -> None:
+    box = CountedLists()
+    store = Store(box)
+    ref = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
+    for round, learner in [(8, "a"), (9, "b"), (10, "c"), (10, "d"), (11, "e"), (12, "f")]:
+        snapshot = Snapshot(
+            learner=learner,
+            round=round,
+            fragment=0,
+            base_version=0,
+            steps=1,
+            tokens=1,
+            delta=ref,
+            norm=None,
+        )
+        assert await store.put_snapshot(snapshot)
+    # Junk in a later round counts for nothing; a claim there is no snapshot.
+    await box.put_if_absent(keys.snapshot(10, "g"), b"not a snapshot")
+    await store.claim_round(10, 0, "h")
+    box.lists.clear()
+    assert await store.learners_by_round(9, 11) == {9: ["b"], 10: ["c", "d"], 11: ["e"]}
+    assert box.lists == [("rounds/00000000", "rounds/0000000009")]
+    assert await store.learners_by_round(10, 10) == {10: ["c", "d"]}
+    assert await store.learners_by_round(13, 15) == {}
+    with pytest.raises(ValueError, match="after the last"):
+        await store.learners_by_round(11, 10)
 
 
 class PlainMailbox:
