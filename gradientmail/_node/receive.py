@@ -7,9 +7,11 @@ value is never replaced here: every input goes through the driver (``LearnerDriv
 ``poll_interval`` (``due_poll_interval`` while a round is due: ``Learner.awaiting``;
 ``wait_poll_interval`` while a step waits on it: ``Learner.wait_until``) it
 lists ``records/`` after the newest round fed and feeds each record
-(``RecordSeen``); a record that does not decode or verify, or a gap in the
-records, stops the listing there (retried at every poll; one ``PollFailed`` per distinct
-failure, not one per poll). Then it prepares the versions the learner wants
+(``RecordSeen``); while a round is due, between listings at least ``poll_interval``
+apart, it reads the next round's record instead (a poll of a run with many records
+costs one read, not a listing of them all). A record that does not decode or verify, or
+a gap in the records, stops the feeding there (retried at every poll; one ``PollFailed``
+per distinct failure, not one per poll). Then it prepares the versions the learner wants
 (``Learner.downloads``): the update, decoded and applied to the base by
 ``protocol.outer.apply_update`` in a worker thread, or θ rebuilt by ``RunReader.rebuild``
 (the checkpoint at or below the record's version and the updates after it;
@@ -27,6 +29,7 @@ leader's) and feeds a failure (a follower's own failure is retried at its next p
 """
 
 import logging
+import math
 from collections.abc import Sequence
 
 import anyio.to_thread
@@ -67,6 +70,7 @@ class Receiver:
         self._driver = driver
         self._sharded = sharded
         self._published = Nudge() if published is None else published
+        self._listed_at = -math.inf
 
     async def run(self) -> None:
         """Forever: feed the new records, prepare the versions they call for, sleep
@@ -98,11 +102,21 @@ class Receiver:
                 await self._published.pause(rt.clock, rt.options.pause(due=False))
 
     async def _receive_records(self) -> None:
-        """Feed the records after the newest one fed, in order. Raises ``RecordError`` for
-        a gap or a record that does not decode, verify, describe its round or carry the
-        checkpoint its version calls for (``checkpoint.check_record``)."""
+        """Feed the records after the newest one fed, in order: while a round is due
+        (``Learner.awaiting``), by reading the next round's record until one is missing
+        (one read a poll, however many records the run has); otherwise, and at least every
+        ``poll_interval``, from a listing of ``records/``, which also finds a gap. Raises
+        ``RecordError`` for a gap or a record that does not decode, verify, describe its
+        round or carry the checkpoint its version calls for (``checkpoint.check_record``)."""
         rt = self._rt
         driver = self._driver
+        now = rt.clock.now()
+        if driver.state.awaiting(now) and now - self._listed_at < rt.options.poll_interval:
+            while (record := await rt.store.record(driver.state.seen_round + 1)) is not None:
+                check_record(record, driver.state.seen_round + 1, rt.config)
+                driver.feed(RecordSeen(record, rt.clock.now()))
+            return
+        self._listed_at = now
         for round in await rt.store.record_rounds(after=driver.state.seen_round):
             expected = driver.state.seen_round + 1
             if round != expected:

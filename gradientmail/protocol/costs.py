@@ -17,8 +17,9 @@ the protocol (docs/protocol.md): round ``r`` updates fragment ``f = r mod F``;
 
 A fragment's round costs its own sizes; "per round" figures are means over the fragments.
 Small objects (records, snapshots, claims) are sized by encoding representative ones. Not
-counted: lease beats (one small put per ``lease_every`` seconds per node) and lists (one per
-poll while a node waits), which depend on time rather than rounds.
+counted: lease beats (one small put per ``lease_every`` seconds per node) and polls (a list,
+or a read of the next record while a learner's round is due, per poll), which depend on
+time rather than rounds.
 
 Pure: no I/O.
 """
