@@ -34,7 +34,7 @@ from gradientmail.protocol.mean import (
     piece_of,
     sum_of_squares,
 )
-from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, all_finite, chunk_ranges
+from gradientmail.protocol.pieces import FragmentBlob, PartedBlob, chunk_ranges
 from gradientmail.protocol.records import (
     FragmentSpec,
     Participant,
@@ -90,14 +90,15 @@ class Aggregate:
 
 def _finite_norm(delta: Delta, spec: FragmentSpec) -> str | float:
     """The name of ``delta``'s first parameter holding NaN or ±Inf, else its L2 norm
-    (``l2_norm``), in one pass."""
+    (``l2_norm``), in one pass: a piece's float64 sum of squares is finite exactly when
+    its fp32 elements are (no fp32 square, nor ``CHUNK_ELEMENTS`` of them, overflows it)."""
     squares = []
     for index, param in enumerate(spec.params):
         for start, end in chunk_ranges(param.numel):
-            piece = piece_of(delta, index, start, end)
-            if not all_finite(piece):
+            square = sum_of_squares(piece_of(delta, index, start, end))
+            if not math.isfinite(square):
                 return param.name
-            squares.append(sum_of_squares(piece))
+            squares.append(square)
     norm = math.sqrt(math.fsum(squares))
     return norm if math.isfinite(norm) else math.inf
 

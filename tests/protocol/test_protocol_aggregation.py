@@ -146,6 +146,15 @@ def test_each_rejection_reason(candidate: Candidate, reason: str, detail: str) -
     assert result.cosine is None
 
 
+def test_the_largest_finite_deltas_are_finite() -> None:
+    largest = float(torch.finfo(torch.float32).max)
+    result = aggregate(VERSION, [good("x", largest), good("y", -largest)], SPEC, CONFIG)
+    assert [p.learner for p in result.participants] == ["x", "y"]
+    assert not result.rejected
+    assert result.mean is not None
+    assert all(bool(torch.isfinite(t).all()) for t in result.mean)
+
+
 def test_staleness_boundary_is_accepted() -> None:
     result = aggregate(VERSION, [good("x", base_version=VERSION - 1)], SPEC, CONFIG)
     assert [p.learner for p in result.participants] == ["x"]
