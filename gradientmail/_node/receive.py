@@ -112,9 +112,8 @@ class Receiver:
         driver = self._driver
         now = rt.clock.now()
         if driver.state.awaiting(now) and now - self._listed_at < rt.options.poll_interval:
-            while (record := await rt.store.record(driver.state.seen_round + 1)) is not None:
-                check_record(record, driver.state.seen_round + 1, rt.config)
-                driver.feed(RecordSeen(record, rt.clock.now()))
+            while await self._feed_record(driver.state.seen_round + 1):
+                pass
             return
         self._listed_at = now
         for round in await rt.store.record_rounds(after=driver.state.seen_round):
@@ -124,11 +123,19 @@ class Receiver:
                     f"records/ jumps from round {expected - 1} to {round}; rounds are "
                     "committed in order, so the store is damaged"
                 )
-            record = await rt.store.record(round)
-            if record is None:
+            if not await self._feed_record(round):
                 return
-            check_record(record, round, rt.config)
-            driver.feed(RecordSeen(record, rt.clock.now()))
+
+    async def _feed_record(self, round: int) -> bool:
+        """Feed ``round``'s record (``RecordSeen``) once checked; False when it has none.
+        Raises ``RecordError`` as ``_receive_records`` says."""
+        rt = self._rt
+        record = await rt.store.record(round)
+        if record is None:
+            return False
+        check_record(record, round, rt.config)
+        self._driver.feed(RecordSeen(record, rt.clock.now()))
+        return True
 
     async def _prepare(self) -> None:
         """Download every version the learner wants, falling back to θ in the same turn
