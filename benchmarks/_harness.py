@@ -256,8 +256,8 @@ class Tally:
     ``bytes_up`` / ``bytes_down`` what each node wrote and read, and ``bytes_by_kind[node]``
     the same split as ``up:kind`` / ``down:kind``. ``snapshot_landed[round]``
     is the ``perf_counter`` at which the last snapshot put of a round returned
-    (``snapshots[round]`` counts them), ``record_listed[round]`` when a list first returned
-    that round's record (``record_listed_by[round][node]``: each node's first), and
+    (``snapshots[round]`` counts them), ``record_seen[round]`` when a list or a get first
+    returned that round's record (``record_seen_by[round][node]``: each node's first), and
     ``blob_got[node]`` when the node's last blob read returned. Only touched
     from one event loop's thread, so it needs no lock.
     """
@@ -270,8 +270,8 @@ class Tally:
         self.bytes_by_kind: dict[str, dict[str, int]] = {}
         self.snapshot_landed: dict[int, float] = {}
         self.snapshots: dict[int, int] = {}
-        self.record_listed: dict[int, float] = {}
-        self.record_listed_by: dict[int, dict[str, float]] = {}
+        self.record_seen: dict[int, float] = {}
+        self.record_seen_by: dict[int, dict[str, float]] = {}
         self.blob_got: dict[str, float] = {}
 
     def count(self, node: str, op: str, kind: str) -> None:
@@ -297,9 +297,9 @@ class CountingMailbox:
     """Forwards to ``inner`` and counts each request in ``tally`` under ``node``.
 
     It times the two ends of a round's latency: a put of a snapshot key notes when it
-    returned (the last one of a round wins), and a list whose answer holds a record key not
-    listed before notes when it returned. Entering and leaving do nothing: whoever built
-    ``inner`` owns it.
+    returned (the last one of a round wins), and a list whose answer holds a record key, or
+    a get that returned a record, notes when it returned if that record was not seen before.
+    Entering and leaving do nothing: whoever built ``inner`` owns it.
     """
 
     def __init__(self, inner: Mailbox, tally: Tally, node: str) -> None:
@@ -326,6 +326,8 @@ class CountingMailbox:
             self._tally.moved(self._node, "down", key_kind(key), len(data))
             if key.startswith("blobs/"):
                 self._tally.blob_got[self._node] = time.perf_counter()
+            elif key.startswith("records/"):
+                self._saw_record(key, time.perf_counter())
         return data
 
     async def list(self, prefix: str, *, after: str = "") -> Sequence[str]:
@@ -334,10 +336,13 @@ class CountingMailbox:
         now = time.perf_counter()
         for key in keys:
             if key.startswith("records/"):
-                round = int(key.removeprefix("records/"))
-                self._tally.record_listed.setdefault(round, now)
-                self._tally.record_listed_by.setdefault(round, {}).setdefault(self._node, now)
+                self._saw_record(key, now)
         return keys
+
+    def _saw_record(self, key: str, now: float) -> None:
+        round = int(key.removeprefix("records/"))
+        self._tally.record_seen.setdefault(round, now)
+        self._tally.record_seen_by.setdefault(round, {}).setdefault(self._node, now)
 
     async def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -5,9 +5,10 @@ how the store traffic grows with the number of learners.
   models of two fragments of ``P`` parameters each (P = 1M and 10M; int8 deltas and
   updates). The learners step in lockstep with simulated progress (a fixed random
   direction added to the weights), and after each round's snapshots the driver waits until
-  the round's record is listed, so rounds never overlap. The latency of a round is from the
-  moment the put of its last snapshot returned to the moment a learner's listing first
-  returned its record (``CountingMailbox`` timestamps both at the store interface).
+  a learner has seen the round's record, so rounds never overlap. The latency of a round is
+  from the moment the put of its last snapshot returned to the moment a learner's listing
+  or read first returned its record (``CountingMailbox`` timestamps both at the store
+  interface).
 - Scale: N simulated learners (N = 4, 16, 64), two of them also syncers, in one
   process on one ``MemoryMailbox`` wrapped to count every request by kind, with the demo's
   tiny model. They step in lockstep on a fixed tick; requests made and rounds committed
@@ -159,9 +160,9 @@ async def _cohort(
 
 
 def _every_learner_fetched(tally: h.Tally, round: int, learners: int) -> bool:
-    """Whether each of the ``learners`` has listed ``round``'s record and read a blob since:
+    """Whether each of the ``learners`` has seen ``round``'s record and read a blob since:
     its update is downloaded, so its next step applies it and nothing is skipped."""
-    seen = tally.record_listed_by.get(round, {})
+    seen = tally.record_seen_by.get(round, {})
     return len(seen) == learners and all(
         tally.blob_got.get(node, 0.0) > at for node, at in seen.items()
     )
@@ -203,9 +204,9 @@ async def latency(size: int, rounds: int, scratch: Path) -> dict[str, Any]:
             for round in landed():
                 measured.add(round)
                 await _until(
-                    partial(operator.contains, tally.record_listed, round), 300, f"round {round}"
+                    partial(operator.contains, tally.record_seen, round), 300, f"round {round}"
                 )
-                waited.append(tally.record_listed[round] - tally.snapshot_landed[round])
+                waited.append(tally.record_seen[round] - tally.snapshot_landed[round])
                 fetched = partial(_every_learner_fetched, tally, round, learners)
                 await _until(fetched, 300, f"every learner to fetch round {round}")
         return waited
@@ -262,7 +263,7 @@ async def scale(n: int, settings: dict[str, Any]) -> dict[str, Any]:
 
     marks = await _cohort(models, mailbox, tally, config, body, _options(SCALE_POLL), SCALE_SYNCERS)
     (t0, before), (t1, after) = marks["start"], marks["end"]
-    committed = [r for r, at in tally.record_listed.items() if t0 <= at <= t1]
+    committed = [r for r, at in tally.record_seen.items() if t0 <= at <= t1]
     rounds = len(committed)
     by_op = {op: after[op] - before[op] for op in after}
     total = sum(by_op.values())

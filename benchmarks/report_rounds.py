@@ -24,7 +24,7 @@ def rounds(page: Page, result: dict[str, Any] | None) -> None:
 def _latency(p: dict[str, Any], latency: dict[str, Any]) -> list[str]:
     return [
         "**Round latency**: from the moment the put of a round's last snapshot returned "
-        "to the moment a learner's listing first returned that round's record, on a "
+        "to the moment a learner's listing or read first returned that round's record, on a "
         f"`{p['latency_store']}`, with {p['latency_learners']} learners that step in "
         f"lockstep, one fragment per round (F={p['latency_fragments']}, "
         f"{p['latency_encoding']} deltas and updates), each learner also a syncer, poll "
