@@ -13,7 +13,8 @@ how the store traffic grows with the number of learners.
   process on one ``MemoryMailbox`` wrapped to count every request by kind, with the demo's
   tiny model. They step in lockstep on a fixed tick; requests made and rounds committed
   are counted over a window after warm-up. Requests per round should grow linearly in N:
-  the least-squares slope is requests per round per learner.
+  the least-squares slope, over the sizes whose rounds kept the tick's pace, is requests
+  per round per learner.
 
 Usage: ``.venv/bin/python benchmarks/bench_rounds.py [--quick] [--results DIR]``.
 """
@@ -314,13 +315,16 @@ def run(results: Path, quick: bool) -> Path:
             )
     for n in settings["scale_ns"]:
         figures["scale"]["by_n"][str(n)] = anyio.run(scale, n, settings)
+    # Requests per round of a size that fell behind the tick count the polls of rounds it
+    # did not close, so only the sizes that kept pace are fitted.
     points = [
         (float(n), entry["requests_per_round"])
         for n, entry in figures["scale"]["by_n"].items()
-        if entry["requests_per_round"] is not None
+        if entry["requests_per_round"] is not None and entry["kept_pace"]
     ]
     if len(points) >= 2:
         figures["scale"]["fit"] = h.fit_line([x for x, _ in points], [y for _, y in points])
+        figures["scale"]["fit_ns"] = [int(x) for x, _ in points]
     result["figures"] = figures
     return h.write_result(results, NAME, result)
 

@@ -65,7 +65,7 @@ def _scale_text(p: dict[str, Any]) -> list[str]:
         f"{p.get('scale_poll_interval', p['poll_interval'])} s; the learners step in "
         f"lockstep every {p['scale_tick_s'] * 1e3:.0f} ms for {p['scale_seconds']} s "
         f"after {p['scale_warmup_s']} s of warm-up; the requests of every node in that "
-        "window are divided by the rounds whose record was first listed in it. Polls are "
+        "window are divided by the rounds whose record was first seen in it. Polls are "
         "paced by time, not by rounds, so requests per round compare across N only "
         "while the rounds keep the tick's pace (the `kept pace` column: at least 90% of "
         "the nominal rate); a process that cannot keep up closes fewer rounds while its "
@@ -93,11 +93,21 @@ def _scale_table(scale: dict[str, Any]) -> list[str]:
     header += ["requests/round/learner", "requests/s/learner", "kept pace"]
     return [
         *table(header, rows),
-        f"Least-squares fit of requests per round against N: slope "
-        f"**{num(scale['fit']['slope'], 2)} requests per round per learner**, intercept "
-        f"{num(scale['fit']['intercept'], 1)}, R² {num(scale['fit']['r2'], 4)}.",
+        _fit_text(scale),
         "",
     ]
+
+
+def _fit_text(scale: dict[str, Any]) -> str:
+    if "fit" not in scale:
+        return "No fit: fewer than two sizes kept the tick's pace."
+    fit = scale["fit"]
+    over = ", ".join(str(n) for n in scale.get("fit_ns", scale["by_n"]))
+    return (
+        f"Least-squares fit of requests per round against N (N = {over}, the sizes that "
+        f"kept pace): slope **{num(fit['slope'], 2)} requests per round per learner**, "
+        f"intercept {num(fit['intercept'], 1)}, R² {num(fit['r2'], 4)}."
+    )
 
 
 def _plot(page: Page, scale: dict[str, Any]) -> None:
@@ -106,8 +116,9 @@ def _plot(page: Page, scale: dict[str, Any]) -> None:
         ns = [int(n) for n in scale["by_n"]]
         ys = [entry["requests_per_round"] for entry in scale["by_n"].values()]
         axes.plot(ns, ys, "o", label="measured")
-        fit = scale["fit"]
-        axes.plot(ns, [fit["slope"] * n + fit["intercept"] for n in ns], "-", label="fit")
+        if "fit" in scale:
+            fit = scale["fit"]
+            axes.plot(ns, [fit["slope"] * n + fit["intercept"] for n in ns], "-", label="fit")
         axes.set_xlabel("learners N")
         axes.set_ylabel("store requests per round")
         axes.grid(True, alpha=0.3)
