@@ -36,7 +36,9 @@ class NodeOptions:
         (``RunConfig.overlap``; every step that snapshots in the synchronous mode), and a
         syncer closing a due round of a synchronous run: those learners do not train until
         they see the record, so every poll slept past the moment the last snapshot or the
-        record landed is idle time. Never slower than the due pace.
+        record landed is idle time. Where recent rounds' snapshots spread over several due
+        pauses (``protocol.cadence.Cadence.loose``), the syncer polls so only while one
+        snapshot can complete the round. Never slower than the due pace.
     lease_every, lease_timeout
         The node beats its lease every ``lease_every``; others count it gone when its beat
         has not changed for ``lease_timeout`` (which must exceed ``lease_every``).

@@ -107,7 +107,7 @@ async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
             for stale in [key for key in verified if key[0] < round]:
                 del verified[stale]
             try:
-                state, watch, first = await _run_round(
+                state, watch, listed = await _run_round(
                     rt, state, watch, verified, published, cadence
                 )
             except _RETRIED as exc:
@@ -116,7 +116,7 @@ async def run_syncer(rt: Runtime, published: Nudge | None = None) -> None:
                 await rt.clock.sleep(delay)
                 break
             delay = None
-            cadence = cadence.seen(round, first)
+            cadence = cadence.seen(round, *listed)
 
 
 async def _run_round(
@@ -126,10 +126,10 @@ async def _run_round(
     verified: Verified,
     published: Nudge,
     cadence: Cadence,
-) -> tuple[SyncerState, LeaseWatch, float | None]:
+) -> tuple[SyncerState, LeaseWatch, tuple[float | None, float | None]]:
     """Run round ``state.next_round`` until it is adopted or committed, at the pace
     ``cadence`` expects its first snapshot at; also answers when this syncer first listed
-    a snapshot in it (None: never)."""
+    a snapshot in it and, when it held the round, the last (None: never)."""
     round = state.next_round
     expected = expectation(state.newest(2 * rt.config.fragments), rt.config)
     held = RoundState(
@@ -140,6 +140,7 @@ async def _run_round(
         due_from=cadence.due_from(round),
         expected_at=cadence.expected_at(round),
         opened_at=rt.clock.now(),
+        loose=cadence.loose(rt.options.pause(due=True)),
     )
     fresh = False
     while True:
@@ -151,7 +152,7 @@ async def _run_round(
             case Adopt(record=record, superseded=superseded) if record is not None:
                 if superseded:
                     rt.emit(RoundSuperseded(rt.learner, record))
-                return _adopt(rt, state, record), watch, held.first_listed
+                return _adopt(rt, state, record), watch, _listed(held)
             case Claim(k) | TakeOver(k, _):
                 if await rt.store.claim_round(held.round, k, rt.learner):
                     _claimed(rt, held.round, step, view)
@@ -170,10 +171,15 @@ async def _run_round(
                 state, record, mine = await commit(rt, state, held, step)
                 if not mine:
                     rt.emit(RoundSuperseded(rt.learner, record))
-                    return _adopt(rt, state, record), watch, held.first_listed
-                return state, watch, held.first_listed
+                    return _adopt(rt, state, record), watch, _listed(held)
+                return state, watch, _listed(held)
             case _:
                 raise AssertionError(f"round {held.round}: unexpected step {step!r}")
+
+
+def _listed(held: RoundState) -> tuple[float | None, float | None]:
+    """When this syncer first listed a snapshot in ``held``'s round, and its last."""
+    return held.first_listed, held.arrivals[-1][1] if held.arrivals else None
 
 
 async def _pause(rt: Runtime, published: Nudge, wait: Wait, now: float) -> None:

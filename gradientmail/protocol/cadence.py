@@ -8,7 +8,10 @@ of steps apart (``RunConfig.sync_every / fragments``), so the first snapshots of
 rounds, as this syncer listed them, say when the next one comes: ``Cadence.due_from``.
 From then the round counts as due (``rounds.RoundState.due_from``) and is polled at the due
 pace, for at most ``rounds.due_for`` seconds; a round of a synchronous run at the wait pace
-from when its first snapshot is expected (``Cadence.expected_at``).
+from when its first snapshot is expected (``Cadence.expected_at``). Where the recent rounds'
+snapshots landed over several due pauses (``Cadence.loose``), only the last of a round can
+complete it, and a synchronous round is polled at the wait pace only once it is the one
+missing (``rounds.RoundState.loose``).
 
 Pure: no I/O, no clock; times are the syncer's clock.
 """
@@ -16,13 +19,19 @@ Pure: no I/O, no clock; times are the syncer's clock.
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["ANTICIPATION", "Cadence"]
+__all__ = ["ANTICIPATION", "LOOSE", "Cadence"]
 
 ANTICIPATION = 0.75
 """The share of the recent interval between rounds' first snapshots after which the next
 round counts as due: early enough that a round coming up to a quarter of an interval early
 is still polled at the due pace, late enough that a syncer polls at that pace for a quarter
 of the time between rounds."""
+
+LOOSE = 2.0
+"""Due pauses over which the snapshots of recent rounds landed (the median) past which a
+synchronous round counts as loose: polling the whole of such a spread at the wait pace
+takes more than ``LOOSE`` times ``due / wait`` looks a round (20 at the defaults), which
+find nothing a learner waits on until the last snapshot."""
 
 _KEPT = 8
 """The rounds whose first snapshots a ``Cadence`` keeps: the median of their intervals
@@ -32,16 +41,27 @@ follows a change of pace within a few rounds and ignores one late round."""
 @dataclass(frozen=True, slots=True)
 class Cadence:
     """The first snapshots of a syncer's recent rounds: ``(round, when it listed the
-    first)``, oldest first."""
+    first)``, oldest first; ``spreads``: the seconds from the first to the last snapshot it
+    listed in the recent rounds it closed."""
 
     firsts: tuple[tuple[int, float], ...] = ()
+    spreads: tuple[float, ...] = ()
 
-    def seen(self, round: int, at: float | None) -> "Cadence":
+    def seen(self, round: int, at: float | None, last: float | None = None) -> "Cadence":
         """This cadence once ``round`` ended, its first snapshot listed at ``at`` (None:
-        this syncer listed none, as when another syncer closed it before it looked)."""
+        this syncer listed none, as when another syncer closed it before it looked) and,
+        when this syncer closed it, its last at ``last``."""
         if at is None:
             return self
-        return Cadence((*self.firsts, (round, at))[-_KEPT:])
+        spreads = self.spreads
+        if last is not None:
+            spreads = (*spreads, max(0.0, last - at))[-_KEPT:]
+        return Cadence((*self.firsts, (round, at))[-_KEPT:], spreads)
+
+    def loose(self, pause: float) -> bool:
+        """Whether the recent rounds' snapshots landed over more than ``LOOSE`` pauses of
+        ``pause`` seconds (the median spread; False before any round was closed here)."""
+        return bool(self.spreads) and statistics.median(self.spreads) > LOOSE * pause
 
     def due_from(self, round: int) -> float | None:
         """When ``round`` counts as due before any of its snapshots is listed: ``ANTICIPATION``

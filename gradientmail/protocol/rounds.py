@@ -116,14 +116,12 @@ class TakeOver:
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Closing: the round is not ready; look again after the poll interval, or after the
-    due poll interval when ``due`` (the round has a snapshot, or its first is expected:
-    the rest are near). ``due_at``: the pause ends then at the latest: when a round not
-    yet due becomes so (``RoundState.due_from``), or when a due round of a synchronous run
-    expects its first snapshot (``RoundState.expected_at``). ``waited_on``: a due round of
-    a synchronous run (``RunConfig.overlap`` 0), whose every learner waits for its record
-    from its own snapshot on, with a snapshot or past its expected first: look again at
-    the wait pace, since the snapshots of such a round often all land within one due
-    pause."""
+    due poll interval when ``due`` (it has a snapshot, or its first is expected). ``due_at``:
+    the pause ends then at the latest (``RoundState.due_from``, or in a synchronous run
+    ``expected_at``). ``waited_on``: a due round of a synchronous run (``overlap`` 0), whose
+    every learner waits for its record from its own snapshot on: look again at the wait
+    pace, since its snapshots often all land within one due pause; where they do not
+    (``RoundState.loose``), only while one snapshot can complete the round."""
 
     due: bool = False
     due_at: float | None = None
@@ -174,8 +172,7 @@ def counted_claims(claims: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str]
 def due_for(config: RunConfig) -> float:
     """How long a round stays due after the snapshot that made it so (for a syncer its
     first, for a learner its own): the others' within ``grace``, the close within as much
-    again. Past that the node waits on something slower (a stuck learner whose lease lives
-    on holds a round open) and polls at its idle pace."""
+    again. Past that the node waits on something slower and polls at its idle pace."""
     return 2 * config.grace
 
 
@@ -332,7 +329,8 @@ class RoundState:
     from which it is due before any snapshot is listed; ``expected_at``: when that first
     snapshot is expected (``cadence.Cadence.expected_at``); ``opened_at``: when this
     syncer took the round up, the round before it ended (``AFTER_COMMIT``);
-    ``record_looked_at``: when this node last looked for the round's record."""
+    ``record_looked_at``: when this node last looked for the round's record; ``loose``:
+    the recent rounds' snapshots landed over several due pauses (``Cadence.loose``)."""
 
     round: int
     me: str
@@ -349,6 +347,7 @@ class RoundState:
     passed_at: float | None = None
     arrivals: tuple[tuple[str, float], ...] = ()
     record_looked_at: float | None = None
+    loose: bool = False
 
     @property
     def closing(self) -> bool:
@@ -438,10 +437,13 @@ def _deciding(state: RoundState, view: RoundObservation, now: float) -> tuple[Ro
             return state, action
 
 
-def _before_first(state: RoundState, now: float, window: float, config: RunConfig) -> Wait:
-    """How a held round waits while none of its snapshots is listed (see ``Wait``): due for
-    ``AFTER_COMMIT`` seconds from when it opened, then from ``due_from`` for ``window``
-    seconds, at the wait pace from ``expected_at`` in a synchronous run."""
+def _before_first(
+    state: RoundState, now: float, window: float, config: RunConfig, waited_for: int
+) -> Wait:
+    """How a held round waits while none of the ``waited_for`` learners' snapshots is
+    listed (see ``Wait``): due for ``AFTER_COMMIT`` seconds from when it opened, then from
+    ``due_from`` for ``window`` seconds, at the wait pace from ``expected_at`` in a
+    synchronous run unless ``loose`` with more than one learner to wait for."""
     due_from = state.due_from
     opened = state.opened_at
     if opened is not None and now < opened + AFTER_COMMIT and (due_from is None or now < due_from):
@@ -451,7 +453,7 @@ def _before_first(state: RoundState, now: float, window: float, config: RunConfi
     if now < due_from:
         return Wait(due_at=due_from)
     due = now - due_from < window
-    if not due or config.applied_after != 0:
+    if not due or config.applied_after != 0 or (state.loose and waited_for > 1):
         return Wait(due=due)
     if state.expected_at is not None and now < state.expected_at:
         return Wait(due=True, due_at=state.expected_at)
@@ -490,8 +492,9 @@ def _closing(
             window = max(window, state.expected.patience)
         if arrivals:
             due = now - arrivals[0][1] < window
-            return state, Wait(due=due, waited_on=due and config.applied_after == 0)
-        return state, _before_first(state, now, window, config)
+            completes = not state.loose or len(missing) <= 1
+            return state, Wait(due=due, waited_on=due and config.applied_after == 0 and completes)
+        return state, _before_first(state, now, window, config, len(learners))
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
     return state, Commit(missing=missing, published=view.snapshots)

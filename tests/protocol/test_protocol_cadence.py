@@ -1,10 +1,16 @@
 """A syncer's cadence: when the next round's first snapshot is expected, from the first
-snapshots of the rounds before it."""
+snapshots of the rounds before it, and whether recent rounds' snapshots landed over several
+due pauses (loose), which sets the pace a synchronous round is polled at."""
 
+from dataclasses import replace
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gradientmail.protocol.cadence import ANTICIPATION, Cadence
+from gradientmail.protocol.records import RunConfig
+from gradientmail.protocol.rounds import RoundObservation, RoundState, Wait, observed
 
 
 def test_a_steady_pace_makes_the_next_round_due_before_its_first_snapshot() -> None:
@@ -54,3 +60,64 @@ def test_the_expectation_is_after_the_last_first_snapshot_and_bounded(
             continue
         spans = [b - a for (_, a), (_, b) in zip(cadence.firsts, cadence.firsts[1:], strict=False)]
         assert at <= due <= at + max(spans)
+
+
+def test_rounds_whose_snapshots_landed_over_several_pauses_are_loose() -> None:
+    cadence = Cadence()
+    assert not cadence.loose(0.05)
+    for round, spread in enumerate([0.4, 0.02, 0.5, 0.3]):
+        cadence = cadence.seen(round, 10.0 * round, 10.0 * round + spread)
+    assert cadence.spreads == pytest.approx((0.4, 0.02, 0.5, 0.3))
+    assert cadence.loose(0.05)
+    assert not cadence.loose(0.2)  # a median of 0.35 s is under two pauses of 0.2 s
+    # A round another syncer closed adds its first snapshot, not a spread.
+    assert cadence.seen(4, 40.0).spreads == cadence.spreads
+    # One slow round among tight ones does not make them loose.
+    tight = Cadence()
+    for round, spread in enumerate([0.01, 0.02, 3.0, 0.01, 0.03]):
+        tight = tight.seen(round, 10.0 * round, 10.0 * round + spread)
+    assert not tight.loose(0.05)
+    assert len(tight.seen(9, 90.0, 90.1).spreads) <= 8
+
+
+LEARNERS = frozenset({"a", "b", "c"})
+SYNCHRONOUS = RunConfig(quorum_fraction=1.0, grace=2.0, overlap=0)
+
+
+def _look(published: frozenset[str]) -> RoundObservation:
+    return RoundObservation(None, (), published, LEARNERS, LEARNERS, 0.0, 0.0)
+
+
+def test_a_loose_synchronous_round_is_polled_at_the_wait_pace_once_one_can_complete_it() -> None:
+    """Every learner waits on the last snapshot: the looks before it need not be fast."""
+    loose = RoundState(7, "a", claim_timeout=30.0, loose=True).claimed(0.0)
+    tight = replace(loose, loose=False)
+    one, two = frozenset({"a"}), frozenset({"a", "b"})
+    assert observed(loose, _look(one), 0.1, SYNCHRONOUS)[1] == Wait(due=True)
+    assert observed(loose, _look(two), 0.1, SYNCHRONOUS)[1] == Wait(due=True, waited_on=True)
+    assert observed(tight, _look(one), 0.1, SYNCHRONOUS)[1] == Wait(due=True, waited_on=True)
+    # Before its first snapshot, past the expected time of it: the due pace, unless one
+    # learner alone is waited for.
+    expected = replace(loose, due_from=10.0, expected_at=10.5)
+    assert observed(expected, _look(frozenset()), 10.6, SYNCHRONOUS)[1] == Wait(due=True)
+    alone = RoundObservation(None, (), frozenset(), frozenset({"a"}), frozenset({"a"}), 0.0, 0.0)
+    assert observed(expected, alone, 10.6, SYNCHRONOUS)[1] == Wait(due=True, waited_on=True)
+    tight_expected = replace(expected, loose=False)
+    waited = Wait(due=True, waited_on=True)
+    assert observed(tight_expected, _look(frozenset()), 10.6, SYNCHRONOUS)[1] == waited
+
+
+@given(st.sets(st.sampled_from(sorted(LEARNERS))), st.booleans(), st.sampled_from([0, 2, None]))
+def test_the_wait_pace_needs_a_waited_on_round_and_if_loose_one_missing_learner(
+    published: set[str], loose: bool, overlap: int | None
+) -> None:
+    config = RunConfig(quorum_fraction=1.0, grace=2.0, overlap=overlap)
+    state = RoundState(7, "a", claim_timeout=30.0, loose=loose).claimed(0.0)
+    _, step = observed(state, _look(frozenset(published)), 0.1, config)
+    if published == LEARNERS:
+        assert not isinstance(step, Wait)
+        return
+    assert isinstance(step, Wait)
+    missing = len(LEARNERS - published)
+    synchronous = overlap == 0 and bool(published)
+    assert step.waited_on == (synchronous and (not loose or missing <= 1))
