@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from gradientmail.mailbox import Mailbox
+from gradientmail.protocol.keys import parse_record_slot
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -326,7 +327,7 @@ class CountingMailbox:
             self._tally.moved(self._node, "down", key_kind(key), len(data))
             if key.startswith("blobs/"):
                 self._tally.blob_got[self._node] = time.perf_counter()
-            elif key.startswith("records/"):
+            else:
                 self._saw_record(key, time.perf_counter())
         return data
 
@@ -335,12 +336,15 @@ class CountingMailbox:
         keys = await self._inner.list(prefix, after=after)
         now = time.perf_counter()
         for key in keys:
-            if key.startswith("records/"):
-                self._saw_record(key, now)
+            self._saw_record(key, now)
         return keys
 
     def _saw_record(self, key: str, now: float) -> None:
-        round = int(key.removeprefix("records/"))
+        """Note ``now`` for the round of ``key`` when it is a record key (any slot)."""
+        parsed = parse_record_slot(key)
+        if parsed is None:
+            return
+        round = parsed[0]
         self._tally.record_seen.setdefault(round, now)
         self._tally.record_seen_by.setdefault(round, {}).setdefault(self._node, now)
 

@@ -102,7 +102,7 @@ def _fit_text(scale: dict[str, Any]) -> str:
     if "fit" not in scale:
         return "No fit: fewer than two sizes kept the tick's pace."
     fit = scale["fit"]
-    over = ", ".join(str(n) for n in scale.get("fit_ns", scale["by_n"]))
+    over = ", ".join(str(n) for n in scale["fit_ns"])
     return (
         f"Least-squares fit of requests per round against N (N = {over}, the sizes that "
         f"kept pace): slope **{num(fit['slope'], 2)} requests per round per learner**, "
