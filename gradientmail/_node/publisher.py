@@ -178,8 +178,9 @@ class Publisher:
 
     async def _encoded(self, job: Job, spec: FragmentSpec) -> tuple[bytes, float | None, Encoding]:
         """The delta blob of ``job``, its norm and its encoding (``sparse.sent_as``), encoded
-        in a worker thread; under ``topk`` the error feedback's residual of the snapshot is
-        pending from then on (a final snapshot goes out dense and leaves none)."""
+        in a worker thread; under ``topk`` the share of the snapshot's unsent residual its
+        learner keeps (``RunConfig.topk_feedback``) is pending from then on (a final
+        snapshot goes out dense and leaves none)."""
         p, config = job.publish, self._rt.config
         encoding = sent_as(config, "delta", final=p.final)
         if encoding != TOPK:
@@ -188,19 +189,19 @@ class Publisher:
             )
             return data, norm, encoding
         data, norm, left = await anyio.to_thread.run_sync(
-            _encode_topk, job, spec, delta_sparsity(config)
+            _encode_topk, job, spec, delta_sparsity(config), config.topk_feedback
         )
         self._feedback = self._feedback.taken(p.fragment, p.round, left)
         return data, norm, encoding
 
 
 def _encode_topk(
-    job: Job, spec: FragmentSpec, sparsity: Sparsity
+    job: Job, spec: FragmentSpec, sparsity: Sparsity, keep: float
 ) -> tuple[bytes, float | None, tuple[Tensor, ...]]:
     if job.ready is not None:
         job.ready.synchronize()
     p = job.publish
-    data, opened, left = encoded(p.snapshot, p.base, spec, sparsity)
+    data, opened, left = encoded(p.snapshot, p.base, spec, sparsity, keep=keep)
     return data, l2_norm(opened), left
 
 

@@ -52,13 +52,14 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     delta_encoding, update_encoding, block_size
         How learners' deltas and the syncer's updates travel; ``block_size`` elements share one
         scale under int8 / int4.
-    topk_density, topk_bits, topk_chunk
+    topk_density, topk_bits, topk_chunk, topk_feedback
         The ``topk`` encoding (``protocol.sparse``): a delta sends the ``topk_density``
         largest of every ``topk_chunk`` elements at ``topk_bits`` bits (1, 2, 4 or 8) and
-        the rest stays in the learner's weights for its next delta (error feedback,
-        ``protocol.feedback``); an update sends every non-zero element at 8 bits. The
-        committed θ lags the learners' weights by what they have not sent until the run's
-        close, whose final snapshots and updates are dense (``sparse.sent_as``).
+        the share ``topk_feedback`` of the rest stays in the learner's weights for its next
+        delta (error feedback and its decay, ``protocol.feedback``); an update sends every
+        non-zero element at 8 bits. The committed θ lags the learners' weights by what they
+        have not sent until the run's close, whose final snapshots and updates are dense
+        (``sparse.sent_as``).
     outer_lr, outer_momentum
         Nesterov momentum SGD on the averaged pseudo-gradient (DiLoCo's paper: 0.7 and 0.9;
         the defaults, 1.0 and 0.6, are the best measured: docs/protocol.md, "Recommended
@@ -137,6 +138,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     topk_density: float = 0.01
     topk_bits: int = 2
     topk_chunk: int = 4096
+    topk_feedback: float = 0.9
     outer_lr: float = 1.0
     outer_momentum: float = 0.6
     weighting: Weighting = "tokens"
@@ -186,6 +188,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             "quorum_fraction": (self.quorum_fraction, 0.0, 1.0),
             "grace": (self.grace, 0.0, math.inf),
             "alpha": (self.alpha, 0.0, 1.0),
+            "topk_feedback": (self.topk_feedback, 0.0, 1.0),
         }
         for field, (number, low, high) in ranges.items():
             if not math.isfinite(number) or not low <= number <= high:

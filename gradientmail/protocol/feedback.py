@@ -1,22 +1,25 @@
 """Error feedback for ``topk`` deltas: what a learner's delta did not send stays in the
-learner's weights and goes out with its next delta of the same fragment.
+learner's weights, decayed, and goes out with its next delta of the same fragment.
 
 For a snapshot ``S`` of a fragment taken from the base ``B`` the learner encodes
-``x = S − B`` (fp32, element by element) as ``topk`` (``encoded``) and keeps
-``e = x − decode(blob)``: exactly what was not sent, bit for bit (``x̂ + e = x``;
-``protocol.sparse`` sends an element only where that holds).
+``x = S − B`` (fp32, element by element) as ``topk`` (``encoded``); ``e = x − decode(blob)``
+is exactly what was not sent, bit for bit (``x̂ + e = x``; ``protocol.sparse`` sends an
+element only where that holds), and the learner keeps ``β·e``, ``β`` being
+``RunConfig.topk_feedback`` (the decay of SparseLoCo's error-feedback accumulator).
 
-When the round *includes* the snapshot, the merge adds ``e`` back to the learner's weights
-(``merge.merge_into``'s ``kept``): ``θ_local ← θ_{v+1} + (θ_local − S) + e``, so the next
-delta, taken from ``θ_{v+1}``, holds ``e`` with the steps since. A late snapshot's steps
+When the round *includes* the snapshot, the merge adds ``β·e`` back to the learner's weights
+(``merge.merge_into``'s ``kept``): ``θ_local ← θ_{v+1} + (θ_local − S) + β·e``, so the next
+delta, taken from ``θ_{v+1}``, holds ``β·e`` with the steps since, and ``(1 − β)·e`` is
+dropped: an unsent change that was not among the largest for a while fades instead of
+keeping the learners' weights apart (at ``β`` 1 nothing fades). A late snapshot's steps
 stay in the weights whole (the merge keeps ``θ_local − B``), and ``e`` is forgotten; a
 rejected one's are dropped with whatever the weights held unsent. Nothing is counted twice:
-a learner's weights always equal the committed θ plus what it has not yet sent. A closing
-learner's final snapshot, dense (``sparse.sent_as``) and taken from the model closing began
-with, sends all those weights held beyond θ, and its round leaves the learner on θ
-(``merge``'s ``final``).
+a learner's weights always equal the committed θ plus what it has not yet sent and kept. A
+closing learner's final snapshot, dense (``sparse.sent_as``) and taken from the model
+closing began with, sends all those weights held beyond θ, and its round leaves the learner
+on θ (``merge``'s ``final``).
 
-Held this way, the residual costs no memory beyond the pending ``e`` of each snapshot
+Held this way, the residual costs no memory beyond the pending ``β·e`` of each snapshot
 waiting for its round, and it lives nowhere but the learner's weights: a learner that
 restarts or joins starts from the committed θ, losing what its deltas had not yet sent (the
 same kind of loss as the local steps a restart drops).
@@ -42,11 +45,17 @@ __all__ = ["Feedback", "encoded"]
 
 
 def encoded(
-    snapshot: Sequence[Tensor], base: Sequence[Tensor], spec: FragmentSpec, sparsity: Sparsity
+    snapshot: Sequence[Tensor],
+    base: Sequence[Tensor],
+    spec: FragmentSpec,
+    sparsity: Sparsity,
+    *,
+    keep: float = 1.0,
 ) -> tuple[bytes, SparseBlob, tuple[Tensor, ...]]:
-    """``(blob, opened, e)``: the ``topk`` blob of ``x = snapshot − base``, the blob opened,
-    and ``e = x − decode(blob)``, fresh fp32 CPU tensors. Raises ``ValueError`` for tensors
-    that do not match ``spec``."""
+    """``(blob, opened, kept)``: the ``topk`` blob of ``x = snapshot − base``, the blob
+    opened, and ``kept = keep·e`` with ``e = x − decode(blob)``, fresh fp32 CPU tensors (at
+    ``keep`` 1, ``e`` itself). Raises ``ValueError`` for tensors that do not match
+    ``spec``."""
     x = [
         s.detach()
         .to("cpu", torch.float32)
@@ -62,6 +71,8 @@ def encoded(
         flat = tensor.view(-1)
         for start, end in chunk_ranges(flat.numel()):
             flat[start:end].sub_(opened.piece(index, start, end))
+        if keep != 1.0:
+            flat.mul_(keep)
     return blob, opened, tuple(x)
 
 

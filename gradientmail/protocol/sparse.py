@@ -55,7 +55,7 @@ UPDATE_BITS: Final = 8
 """The value width of a ``topk`` update (every non-zero element of ``U``)."""
 FINAL_DELTA: Final = "int4"
 """What a ``topk`` run's final snapshots are sent in (``sent_as``)."""
-FINAL_UPDATE: Final = "int8"
+FINAL_UPDATE: Final = "int4"
 """What the updates of a ``topk`` run's final rounds are sent in (``sent_as``)."""
 
 

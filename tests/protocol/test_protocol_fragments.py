@@ -254,7 +254,7 @@ def test_preview_shows_the_topk_bytes_a_learner_moves() -> None:
     closing = shown.closing_bytes()
     assert closing == (
         sum(f.blob_bytes["int4"] for f in shown.fragments),
-        sum(f.blob_bytes["int8"] for f in shown.fragments),
+        sum(f.blob_bytes["int4"] for f in shown.fragments),
     )
     assert "at the close, once: " in str(shown)
     assert "at the close" not in str(preview(model.named_parameters(), RunConfig(fragments=2)))

@@ -317,6 +317,7 @@ def test_committed_record_from_a_record() -> None:
         ({"outlier_factor": 0.5}, "outlier_factor"),
         ({"grace": float("inf")}, "grace"),
         ({"alpha": float("nan")}, "alpha"),
+        ({"topk_feedback": 1.5}, "topk_feedback must be finite and in \\[0.0, 1.0\\]"),
         ({"overlap": -1}, "overlap must be None \\(never wait\\) or a number of steps, 0"),
         ({"robust": 1}, "robust must be True or False"),
     ],

@@ -100,6 +100,20 @@ def test_sent_plus_residual_is_the_input_bit_for_bit(
     assert isinstance(opened, SparseBlob)
 
 
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.large_base_example])
+@given(fragments, fragments, sparsities, st.floats(0.0, 1.0))
+def test_what_is_kept_is_the_share_of_the_unsent_residual(
+    snapshot: list[torch.Tensor], base: list[torch.Tensor], sparsity: Sparsity, keep: float
+) -> None:
+    """The learner keeps ``keep·e`` of the exact residual ``e`` and nothing else: the blob
+    does not depend on ``keep``, and ``(1 − keep)·e`` is what is dropped."""
+    blob, _, e = encoded(snapshot, base, SPEC, sparsity)
+    again, _, kept = encoded(snapshot, base, SPEC, sparsity, keep=keep)
+    assert again == blob
+    for k, r in zip(kept, e, strict=True):
+        assert torch.equal(k, r * keep)
+
+
 def test_a_top_k_selection_keeps_the_largest_of_each_chunk() -> None:
     x = torch.zeros(1000)
     x[[3, 10, 500, 999]] = torch.tensor([5.0, -4.0, 3.0, 1.0])
@@ -295,16 +309,21 @@ def test_only_an_included_snapshot_hands_its_residual_to_the_merge() -> None:
     assert feedback.resolved(1, 10, "included")[1] is None
 
 
-def test_the_unsent_residual_goes_out_with_the_next_delta() -> None:
-    """An included snapshot's merge adds what its delta did not send to the weights, so a
-    learner with no steps since still sends it from the new θ, and its weights are the
-    committed θ plus what it has not sent."""
+@pytest.mark.parametrize("keep", [1.0, 0.9, 0.0])
+def test_the_unsent_residual_goes_out_with_the_next_delta(keep: float) -> None:
+    """An included snapshot's merge adds the share ``keep`` of what its delta did not send
+    to the weights, so a learner with no steps since still sends it from the new θ, and its
+    weights are the committed θ plus what it has not sent and kept; the rest is dropped."""
     gen = torch.Generator().manual_seed(1)
     base = [torch.randn(shape, generator=gen) for shape in SHAPES]
     snapshot = [b + torch.randn(b.shape, generator=gen) for b in base]
     theta = [b + torch.randn(b.shape, generator=gen) * 0.1 for b in base]
     sparsity = Sparsity(64, 2, 0.05)
-    _, _, left = encoded(snapshot, base, SPEC, sparsity)
+    blob, _, left = encoded(snapshot, base, SPEC, sparsity, keep=keep)
+    sent = decode_fragment(blob, SPEC)
+    unsent = [s - b - y for s, b, y in zip(snapshot, base, sent, strict=True)]
+    for kept, e in zip(left, unsent, strict=True):
+        assert torch.equal(kept, e * keep)
     local = merged(
         "included",
         local=snapshot,
@@ -318,7 +337,7 @@ def test_the_unsent_residual_goes_out_with_the_next_delta() -> None:
     for weights, t, e in zip(local, theta, left, strict=True):
         assert torch.equal(weights, t + e)
     blob, _, _ = encoded(local, theta, SPEC, sparsity)
-    assert any(bool(t.any()) for t in decode_fragment(blob, SPEC))
+    assert any(bool(t.any()) for t in decode_fragment(blob, SPEC)) == (keep > 0)
 
 
 def test_a_delta_is_the_plain_topk_of_its_snapshot_minus_base() -> None:
