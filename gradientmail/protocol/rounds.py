@@ -438,12 +438,12 @@ def _deciding(state: RoundState, view: RoundObservation, now: float) -> tuple[Ro
 
 
 def _before_first(
-    state: RoundState, now: float, window: float, config: RunConfig, waited_for: int
+    state: RoundState, now: float, window: float, config: RunConfig, completes: bool
 ) -> Wait:
-    """How a held round waits while none of the ``waited_for`` learners' snapshots is
-    listed (see ``Wait``): due for ``AFTER_COMMIT`` seconds from when it opened, then from
-    ``due_from`` for ``window`` seconds, at the wait pace from ``expected_at`` in a
-    synchronous run unless ``loose`` with more than one learner to wait for."""
+    """How a held round waits while none of its snapshots is listed (see ``Wait``): due for
+    ``AFTER_COMMIT`` seconds from when it opened, then from ``due_from`` for ``window``
+    seconds, at the wait pace from ``expected_at`` in a synchronous run where one snapshot
+    can complete the round (``completes``)."""
     due_from = state.due_from
     opened = state.opened_at
     if opened is not None and now < opened + AFTER_COMMIT and (due_from is None or now < due_from):
@@ -453,7 +453,7 @@ def _before_first(
     if now < due_from:
         return Wait(due_at=due_from)
     due = now - due_from < window
-    if not due or config.applied_after != 0 or (state.loose and waited_for > 1):
+    if not due or config.applied_after != 0 or not completes:
         return Wait(due=due)
     if state.expected_at is not None and now < state.expected_at:
         return Wait(due=True, due_at=state.expected_at)
@@ -490,11 +490,11 @@ def _closing(
         window = due_for(config)
         if state.expected is not None:
             window = max(window, state.expected.patience)
+        completes = not state.loose or len(missing) <= 1
         if arrivals:
             due = now - arrivals[0][1] < window
-            completes = not state.loose or len(missing) <= 1
             return state, Wait(due=due, waited_on=due and config.applied_after == 0 and completes)
-        return state, _before_first(state, now, window, config, len(learners))
+        return state, _before_first(state, now, window, config, completes)
     if view.leases_at < view.snapshots_at:
         return state, Again(fresh=True)
     return state, Commit(missing=missing, published=view.snapshots)
