@@ -51,8 +51,9 @@ BITS: Final = (1, 2, 4, 8)
 """The value widths a ``topk`` blob may have (a byte holds a whole number of codes)."""
 MAX_CHUNK: Final = 1 << 16
 """The largest chunk: an index within it fits 16 bits."""
-UPDATE_BITS: Final = 8
-"""The value width of a ``topk`` update (every non-zero element of ``U``)."""
+UPDATE_BITS: Final = 4
+"""The value width of a ``topk`` update (every non-zero element of ``U``; docs/protocol.md,
+"The ``topk`` encoding and error feedback", gives the measurement that chose it)."""
 FINAL_DELTA: Final = "int4"
 """What a ``topk`` run's final snapshots are sent in (``sent_as``)."""
 FINAL_UPDATE: Final = "int4"
