@@ -8,7 +8,7 @@ from _page import Page, byte_size, num, provenance, table
 ARMS = (
     "`topkN`: deltas at N% density, 2 bits, chunks of 4096, error feedback, plain averaging "
     "(no momentum; each element over the deltas that sent it) at outer lr 1, updates in "
-    "`topk` (the union of the selections), the final "
+    "`topk` (the union of the selections, 4 bits a value), the final "
     "snapshots and the final round's update `int4` (the run's closing round, counted "
     "in the bytes); `lrX`: the same at outer lr X; `nag`: the default Nesterov step "
     "(1.0 / 0.6) with int8 updates (its update is dense). Bytes per learner are measured, up "

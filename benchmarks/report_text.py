@@ -7,6 +7,7 @@ from typing import Any
 
 import bench_text
 import report_fair
+import report_text_sparse
 import report_text_versus
 from _page import Page, byte_size, load, num, provenance, table
 from report_text_runs import gm_pacing, gm_syncer, produced, text_label, text_order
@@ -81,6 +82,7 @@ def _full_size(page: Page, result: dict[str, Any] | None) -> None:
         not left,
         "nox -s bench-text; see section 6",
     )
+    report_text_sparse.targets(page, result)
 
 
 def size_section(page: Page, result: dict[str, Any]) -> None:
