@@ -57,9 +57,9 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         largest of every ``topk_chunk`` elements at ``topk_bits`` bits (1, 2, 4 or 8) and
         the share ``topk_feedback`` of the rest stays in the learner's weights for its next
         delta (error feedback and its decay, ``protocol.feedback``); an update sends every
-        non-zero element at 4 bits. The committed θ lags the learners' weights by what they
-        have not sent until the run's close, whose final snapshots and updates are dense
-        (``sparse.sent_as``).
+        non-zero element at 4 bits but those under 1/30 of their chunk's largest. The
+        committed θ lags the learners' weights by what they have not sent until the run's
+        close, whose final snapshots and updates are dense (``sparse.sent_as``).
     outer_lr, outer_momentum
         Nesterov momentum SGD on the averaged pseudo-gradient (DiLoCo's paper: 0.7 and 0.9;
         the defaults, 1.0 and 0.6, are the best measured: docs/protocol.md, "Recommended

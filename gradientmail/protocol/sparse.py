@@ -52,8 +52,9 @@ BITS: Final = (1, 2, 4, 8)
 MAX_CHUNK: Final = 1 << 16
 """The largest chunk: an index within it fits 16 bits."""
 UPDATE_BITS: Final = 4
-"""The value width of a ``topk`` update (every non-zero element of ``U``; docs/protocol.md,
-"The ``topk`` encoding and error feedback", gives the measurement that chose it)."""
+"""The value width of a ``topk`` update (every non-zero element of ``U`` but those under
+1/30 of their chunk's largest, which no 4-bit code carries; docs/protocol.md, "The ``topk``
+encoding and error feedback", gives the measurement that chose it)."""
 FINAL_DELTA: Final = "int4"
 """What a ``topk`` run's final snapshots are sent in (``sent_as``)."""
 FINAL_UPDATE: Final = "int4"
