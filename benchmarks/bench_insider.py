@@ -98,7 +98,7 @@ def _install_attack(spec: dict[str, Any]) -> None:
     mode, fleet = spec["attack"], spec["learners"]
 
     def crafted(
-        job: Any, fragment_spec: Any, encoding: str, block_size: int
+        job: Any, fragment_spec: Any, encoding: str, block_size: int, version: int
     ) -> tuple[bytes, float | None]:
         p = job.publish
         honest = [s.float() - b.float() for s, b in zip(p.snapshot, p.base, strict=True)]
@@ -116,7 +116,9 @@ def _install_attack(spec: dict[str, Any]) -> None:
             numel = sum(b.numel() for b in p.base)
             target = 0.95 * MAX_DELTA_RATIO * (base + math.sqrt(numel))
         delta = [t * (target / length) for t in direction]
-        data = encode_fragment(delta, fragment_spec, encoding, block_size=block_size)
+        data = encode_fragment(
+            delta, fragment_spec, encoding, block_size=block_size, version=version
+        )
         return data, own
 
     publisher.encode_delta = crafted  # type: ignore[assignment]

@@ -129,7 +129,7 @@ async def _publish(size: int, scratch: Path) -> dict[str, Any]:
         fragment=0, round=0, base_version=0, base=base, snapshot=snapshot, steps=1, tokens=1
     )
     data, _ = await anyio.to_thread.run_sync(
-        encode_delta, Job(publish, None), spec, CONFIG.delta_encoding, CONFIG.block_size
+        encode_delta, Job(publish, None), spec, CONFIG.delta_encoding, CONFIG.block_size, 1
     )
     async with LocalMailbox(scratch) as mailbox:
         await Store(mailbox).put_blob(data, CONFIG.delta_encoding)

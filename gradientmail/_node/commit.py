@@ -227,7 +227,7 @@ async def _written(
     if not is_checkpoint(draft.version, rt.config):
         return RoundRecord.committed(draft, update=update_ref)
     kept = (done.theta, done.momentum) if stateful(rt.config) else (done.theta,)
-    blobs = await anyio.to_thread.run_sync(_fp32_blobs, kept, spec)
+    blobs = await anyio.to_thread.run_sync(_fp32_blobs, kept, spec, draft.version)
     refs = await gather(
         [partial(rt.store.put_blob, blobs[0], "fp32", indexed=True)]
         + [partial(rt.store.put_blob, blob, "fp32") for blob in blobs[1:]]
@@ -268,8 +268,10 @@ async def _candidate(
     return Candidate(snapshot=snapshot, delta=delta, problem=None)
 
 
-def _fp32_blobs(kept: Sequence[Sequence[Tensor]], spec: FragmentSpec) -> list[bytes]:
-    return [encode_fragment(tensors, spec, "fp32", block_size=1) for tensors in kept]
+def _fp32_blobs(kept: Sequence[Sequence[Tensor]], spec: FragmentSpec, version: int) -> list[bytes]:
+    return [
+        encode_fragment(tensors, spec, "fp32", block_size=1, version=version) for tensors in kept
+    ]
 
 
 async def collect_garbage(rt: Runtime, state: SyncerState, round: int) -> SyncerState:

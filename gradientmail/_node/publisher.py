@@ -183,34 +183,38 @@ class Publisher:
         snapshot goes out dense and leaves none)."""
         p, config = job.publish, self._rt.config
         encoding = sent_as(config, "delta", final=p.final)
+        version = keys.version_of(p.round, config.fragments)
         if encoding != TOPK:
             data, norm = await anyio.to_thread.run_sync(
-                encode_delta, job, spec, encoding, config.block_size
+                encode_delta, job, spec, encoding, config.block_size, version
             )
             return data, norm, encoding
         data, norm, left = await anyio.to_thread.run_sync(
-            _encode_topk, job, spec, delta_sparsity(config), config.topk_feedback
+            _encode_topk, job, spec, delta_sparsity(config), config.topk_feedback, version
         )
         self._feedback = self._feedback.taken(p.fragment, p.round, left)
         return data, norm, encoding
 
 
 def _encode_topk(
-    job: Job, spec: FragmentSpec, sparsity: Sparsity, keep: float
+    job: Job, spec: FragmentSpec, sparsity: Sparsity, keep: float, version: int
 ) -> tuple[bytes, float | None, tuple[Tensor, ...]]:
     if job.ready is not None:
         job.ready.synchronize()
     p = job.publish
-    data, opened, left = encoded(p.snapshot, p.base, spec, sparsity, keep=keep)
+    data, opened, left = encoded(p.snapshot, p.base, spec, sparsity, keep=keep, version=version)
     return data, l2_norm(opened), left
 
 
 def encode_delta(
-    job: Job, spec: FragmentSpec, encoding: Encoding, block_size: int
+    job: Job, spec: FragmentSpec, encoding: Encoding, block_size: int, version: int
 ) -> tuple[bytes, float | None]:
+    """The blob of ``job``'s delta, a blob of ``version`` (its round's), and its norm."""
     if job.ready is not None:
         job.ready.synchronize()
     p = job.publish
     # S − B piece by piece: no whole copy of the delta (docs/mailbox.md, "Large blobs end to end").
-    data = encode_fragment(p.snapshot, spec, encoding, block_size=block_size, minus=p.base)
+    data = encode_fragment(
+        p.snapshot, spec, encoding, block_size=block_size, minus=p.base, version=version
+    )
     return data, l2_norm(p.snapshot, minus=p.base)

@@ -151,10 +151,11 @@ def encode_fragment(
     block_size: int,
     minus: Sequence[Tensor] | None = None,
     sparsity: sparse.Sparsity | None = None,
+    version: int = 0,
 ) -> bytes:
     """The blob of ``tensors`` (one per ``spec.params``, in order) in ``encoding``; with
     ``minus``, of ``tensors − minus`` (element by element, in fp32: a delta without its
-    whole copy).
+    whole copy); ``version``: the fragment's version it belongs to (``framing.Meta``).
 
     Tensors may live on any device and be of any floating dtype; they are read as fp32 on the
     CPU and left untouched. The same tensors, spec, encoding and block size always give the
@@ -164,7 +165,7 @@ def encode_fragment(
     below 1.
     """
     if encoding == sparse.TOPK:
-        return _encode_topk(tensors, spec, sparsity, minus)
+        return _encode_topk(tensors, spec, sparsity, minus, version)
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}: expected one of {', '.join(ENCODINGS)}")
     if not isinstance(block_size, int) or block_size < 1:
@@ -172,7 +173,9 @@ def encode_fragment(
     _check_tensors(tensors, spec)
     if minus is not None:
         _check_tensors(minus, spec)
-    meta = Meta(FRAGMENT_FORMAT, encoding, block_size, spec.index, spec_digest(spec))
+    meta = Meta(
+        FRAGMENT_FORMAT, encoding, block_size, spec.index, spec_digest(spec), version=version
+    )
     header, offsets = _layout(spec, encoding, block_size, meta)
     out = Filling(len(header) + max(end for _, end in offsets.values()))
     out.view[: len(header)] = header
@@ -203,6 +206,7 @@ def _encode_topk(
     spec: FragmentSpec,
     sparsity: sparse.Sparsity | None,
     minus: Sequence[Tensor] | None,
+    version: int,
 ) -> bytes:
     if sparsity is None:
         raise ValueError("the topk encoding needs a sparsity (protocol.sparse.Sparsity)")
@@ -210,7 +214,13 @@ def _encode_topk(
     if minus is not None:
         _check_tensors(minus, spec)
     meta = Meta(
-        FRAGMENT_FORMAT, sparse.TOPK, sparsity.chunk, spec.index, spec_digest(spec), sparsity.bits
+        FRAGMENT_FORMAT,
+        sparse.TOPK,
+        sparsity.chunk,
+        spec.index,
+        spec_digest(spec),
+        sparsity.bits,
+        version,
     )
     step = max(1, pieces.CHUNK_ELEMENTS // sparsity.chunk) * sparsity.chunk
     return sparse.encode_sparse(pieces.flat_pieces(tensors, minus, step), spec, sparsity, meta)

@@ -51,11 +51,12 @@ def encoded(
     sparsity: Sparsity,
     *,
     keep: float = 1.0,
+    version: int = 0,
 ) -> tuple[bytes, SparseBlob, tuple[Tensor, ...]]:
-    """``(blob, opened, kept)``: the ``topk`` blob of ``x = snapshot − base``, the blob
-    opened, and ``kept = keep·e`` with ``e = x − decode(blob)``, fresh fp32 CPU tensors (at
-    ``keep`` 1, ``e`` itself). Raises ``ValueError`` for tensors that do not match
-    ``spec``."""
+    """``(blob, opened, kept)``: the ``topk`` blob of ``x = snapshot − base`` (a blob of
+    ``version``, ``framing.Meta``), the blob opened, and ``kept = keep·e`` with
+    ``e = x − decode(blob)``, fresh fp32 CPU tensors (at ``keep`` 1, ``e`` itself).
+    Raises ``ValueError`` for tensors that do not match ``spec``."""
     x = [
         s.detach()
         .to("cpu", torch.float32)
@@ -64,7 +65,9 @@ def encoded(
         .view(s.shape)
         for s, b in zip(snapshot, base, strict=True)
     ]
-    blob = encode_fragment(x, spec, TOPK, block_size=sparsity.chunk, sparsity=sparsity)
+    blob = encode_fragment(
+        x, spec, TOPK, block_size=sparsity.chunk, sparsity=sparsity, version=version
+    )
     opened = open_fragment(blob, spec)
     assert isinstance(opened, SparseBlob)
     for index, tensor in enumerate(x):

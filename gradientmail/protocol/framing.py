@@ -51,6 +51,11 @@ class Meta(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defaul
     fragment: int
     params: str
     bits: int = 0
+    version: int = 0
+    """The version of its fragment the blob belongs to: the one a round's update, checkpoint
+    and deltas make (Θ⁰'s is 0, omitted). Not read back: it keeps the blobs of different
+    rounds apart, so equal payloads (an empty round's zero update, say) never share a blob
+    that collecting one round would take from another (``garbage``)."""
 
 
 def spec_digest(spec: FragmentSpec) -> str:

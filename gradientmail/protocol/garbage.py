@@ -8,8 +8,10 @@ of a round ahead (learners may be publishing there: up to ``F − 1`` rounds whi
 keeps up, more when their waits for a slow one end). A snapshot that fails the run key or
 names another fragment never dooms a blob, and nothing is deleted while a retained record
 cannot be read. Equal payloads share one blob, so a blob is judged by every name, not by who
-wrote it. Rounds whose keys outlive their collection (``stale``: a snapshot that landed
-after it, a collection that failed) go with the next.
+wrote it; blobs of different rounds are never equal (each names its fragment's version,
+``framing.Meta.version``), so what a collection deletes is no blob that a round being
+committed or published now names. Rounds whose keys outlive their collection (``stale``: a
+snapshot that landed after it, a collection that failed) go with the next.
 
 Pure: the node reads what ``reads`` names and hands it to ``collectable``.
 """

@@ -74,14 +74,15 @@ def outcome(
     result = aggregate(
         version, candidates, spec, config, theta=theta, momentum=momentum, screen=screen
     )
-    committed = _numerics(theta, momentum, result.mean, spec, config, final=final)
+    committed = _numerics(version, theta, momentum, result.mean, spec, config, final=final)
     refusal = refused_non_finite(result, committed[0], committed[1])
     if refusal is None:
         return Outcome(result, *committed)
-    return Outcome(refusal, *_numerics(theta, momentum, None, spec, config, final=False))
+    return Outcome(refusal, *_numerics(version, theta, momentum, None, spec, config, final=False))
 
 
 def _numerics(
+    version: int,
     theta: Sequence[Tensor],
     momentum: Sequence[Tensor] | None,
     mean: Sequence[Tensor] | None,
@@ -91,7 +92,8 @@ def _numerics(
     final: bool,
 ) -> tuple[list[Tensor], list[Tensor], bytes, Encoding]:
     """θ_{v+1}, the new momentum, the update blob of one round and its encoding: the raw θ'
-    of ``checkpoint.step`` (which a replay runs again), committed through its update."""
+    of ``checkpoint.step`` (which a replay runs again), committed through its update (a
+    blob of ``version + 1``)."""
     raw, stepped = step(theta, momentum, mean, config, final=final)
     encoding = sent_as(config, "update", final=final)
     update, committed = committed_update(
@@ -100,6 +102,7 @@ def _numerics(
         spec,
         encoding,
         block_size=config.block_size,
+        version=version + 1,
         sparsity=update_sparsity(config),
     )
     return committed, stepped, update, encoding

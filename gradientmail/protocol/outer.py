@@ -131,16 +131,18 @@ def committed_update(
     encoding: Encoding,
     *,
     block_size: int,
+    version: int,
     sparsity: Sparsity | None = None,
 ) -> tuple[bytes, list[Tensor]]:
-    """``(update blob, θ_{v+1})``: ``U = raw − θ`` encoded in ``encoding``, and
-    ``θ_{v+1} = θ + decode(U)`` (``apply_update``), the version the round commits.
+    """``(update blob, θ_{v+1})``: ``U = raw − θ`` encoded in ``encoding`` as a blob of
+    ``version`` (``v + 1``), and ``θ_{v+1} = θ + decode(U)`` (``apply_update``), the version
+    the round commits.
     ``topk`` needs ``sparsity`` (``sparse.update_sparsity``: every non-zero element of ``U``).
 
     Raises ``ValueError`` if the tensors do not match ``spec`` or each other.
     """
     _same_shapes("theta and raw", theta, raw)
     blob = encode_fragment(
-        raw, spec, encoding, block_size=block_size, minus=theta, sparsity=sparsity
+        raw, spec, encoding, block_size=block_size, minus=theta, sparsity=sparsity, version=version
     )
     return blob, apply_update(theta, blob, spec)

@@ -20,6 +20,7 @@ from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import retained
 from gradientmail.protocol.records import Manifest, decode
 from gradientmail.reader import RunReader
+from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -103,3 +104,51 @@ async def test_a_snapshot_landing_in_a_collected_round_goes_with_a_later_collect
         tg.start_soon(member, "b", 1)
     assert planted.is_set()
     assert late not in await box.list(keys.round_prefix(1))
+
+
+async def test_rounds_that_change_nothing_name_blobs_of_their_own() -> None:
+    """Learners whose model does not move (frozen parameters, say) publish zero deltas, and
+    their rounds commit zero updates: equal payloads round after round. Each round's blobs
+    are still its own (no two rounds' records or snapshots name one blob), so collecting a
+    round never deletes a blob a round being committed or published names; the newest
+    versions rebuild."""
+    box = MemoryMailbox()
+    named: dict[str, int] = {}
+
+    async def member(name: str, seed: int) -> None:
+        model = tiny_model(seed)
+        async with open_node(model, box, learner=name, config=SMALL, options=FAST) as node:
+            with anyio.fail_after(60):
+                while node.state.round < 12:
+                    await node.step(tokens=16)
+                    await anyio.sleep(0.001)
+
+    async def watch() -> None:
+        store = Store(box)
+        while True:
+            for key in await box.list(keys.ROUNDS):
+                parsed = keys.parse_snapshot(key)
+                if parsed is None:
+                    continue
+                for snapshot, _ in await store.snapshots(parsed[0]):
+                    for ref in snapshot.blobs:
+                        assert named.setdefault(ref.sha256, snapshot.round) == snapshot.round
+            await anyio.sleep(0.01)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        async with anyio.create_task_group() as members:
+            members.start_soon(member, "a", 0)
+            members.start_soon(member, "b", 1)
+        tg.cancel_scope.cancel()
+
+    history = await records(box)
+    assert len(named) >= 8, named
+    for record in history:
+        for ref in (record.theta, record.outer, record.update):
+            if ref is not None:
+                assert named.setdefault(ref.sha256, record.round) == record.round, record.round
+    reader = RunReader.of(box)
+    for record in history[-SMALL.fragments :]:
+        rebuilt = await reader.rebuild(record.fragment, record.version, momentum=True)
+        assert rebuilt is not None, record.round

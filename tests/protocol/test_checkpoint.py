@@ -106,6 +106,7 @@ def run(config: RunConfig, versions: int, seed: int) -> list[Committed]:
             SPEC,
             config.update_encoding,
             block_size=config.block_size,
+            version=version,
             sparsity=update_sparsity(config),
         )
         draft = RoundRecordDraft(

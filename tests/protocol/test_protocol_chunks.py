@@ -227,9 +227,9 @@ def test_the_outer_step_and_the_update_in_pieces_give_the_whole_tensor_bits() ->
         buf = m.mul(0.9).add(grad)
         assert torch.equal(b, buf)
         assert torch.equal(r, t.add(grad.add(buf, alpha=0.9), alpha=-0.7))
-    blob, new_theta = committed_update(theta, raw, SPEC, "int4", block_size=16)
+    blob, new_theta = committed_update(theta, raw, SPEC, "int4", block_size=16, version=3)
     update = [r - t for r, t in zip(raw, theta, strict=True)]
-    assert blob == encode_fragment(update, SPEC, "int4", block_size=16)
+    assert blob == encode_fragment(update, SPEC, "int4", block_size=16, version=3)
     decoded = decode_fragment(blob, SPEC)
     assert all(torch.equal(n, t.add(u)) for n, t, u in zip(new_theta, theta, decoded, strict=True))
     assert all(

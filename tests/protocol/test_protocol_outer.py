@@ -1,5 +1,7 @@
 """The outer step against torch's SGD, bit for bit, and the exactly reproducible update."""
 
+import hashlib
+
 import pytest
 import torch
 
@@ -93,7 +95,7 @@ def test_a_learner_applying_the_update_reproduces_the_committed_theta(encoding: 
         mean_delta = [torch.randn(shape, generator=gen) * 0.01 for shape in SHAPES]
         raw, momentum = outer_step(syncer, momentum, mean_delta, lr=0.7, momentum_coef=0.9)
         blob, syncer = committed_update(
-            syncer, raw, SPEC, encoding, block_size=64, sparsity=Sparsity(64, 8, None)
+            syncer, raw, SPEC, encoding, block_size=64, version=1, sparsity=Sparsity(64, 8, None)
         )
         learner = apply_update(learner, blob, SPEC)
         assert same_bits(learner, syncer)
@@ -102,7 +104,7 @@ def test_a_learner_applying_the_update_reproduces_the_committed_theta(encoding: 
 def test_in_place_application_matches() -> None:
     theta = [torch.randn(shape) for shape in SHAPES]
     raw = [t + 0.01 * torch.randn_like(t) for t in theta]
-    blob, committed = committed_update(theta, raw, SPEC, "int8", block_size=16)
+    blob, committed = committed_update(theta, raw, SPEC, "int8", block_size=16, version=1)
     in_place = [t.clone() for t in theta]
     for t, u in zip(in_place, decode_fragment(blob, SPEC), strict=True):
         t.add_(u)
@@ -111,11 +113,30 @@ def test_in_place_application_matches() -> None:
 
 def test_a_round_without_snapshots_commits_theta_and_a_zero_update() -> None:
     theta = [torch.randn(shape) for shape in SHAPES]
-    blob, committed = committed_update(theta, theta, SPEC, "int4", block_size=8)
+    blob, committed = committed_update(theta, theta, SPEC, "int4", block_size=8, version=5)
     assert same_bits(committed, theta)
-    assert blob == encode_fragment(
-        [torch.zeros(shape) for shape in SHAPES], SPEC, "int4", block_size=8
+    zeros = [torch.zeros(shape) for shape in SHAPES]
+    assert blob == encode_fragment(zeros, SPEC, "int4", block_size=8, version=5)
+
+
+@pytest.mark.parametrize("encoding", ["fp32", "int8", "topk"])
+def test_equal_updates_of_two_versions_are_two_blobs(encoding: Encoding) -> None:
+    """Collection deletes a blob by its name: a zero update of one round must not be the
+    blob another round's record names, or collecting the first takes the second's."""
+    theta = [torch.randn(shape) for shape in SHAPES]
+    sparsity = Sparsity(64, 8, None)
+    first, _ = committed_update(
+        theta, theta, SPEC, encoding, block_size=8, version=5, sparsity=sparsity
     )
+    again, _ = committed_update(
+        theta, theta, SPEC, encoding, block_size=8, version=5, sparsity=sparsity
+    )
+    later, _ = committed_update(
+        theta, theta, SPEC, encoding, block_size=8, version=6, sparsity=sparsity
+    )
+    assert first == again
+    assert hashlib.sha256(first).digest() != hashlib.sha256(later).digest()
+    assert same_bits(decode_fragment(first, SPEC), decode_fragment(later, SPEC))
 
 
 def test_a_final_step_adds_the_mean_delta_and_keeps_the_momentum() -> None:

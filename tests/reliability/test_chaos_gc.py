@@ -305,6 +305,21 @@ async def assert_retained_replay(
     return found, needed
 
 
+def assert_no_shared_blobs(found: list[RoundRecord]) -> None:
+    """No two rounds' records name one blob: equal payloads of two rounds (the zero update
+    of rounds that closed empty) are two blobs, so collecting one round's never takes a blob
+    a round being committed names."""
+    owner: dict[str, int] = {}
+    for record in found:
+        for ref in (record.theta, record.outer, record.update):
+            if ref is not None:
+                assert owner.setdefault(ref.sha256, record.round) == record.round, (
+                    ref.sha256,
+                    owner[ref.sha256],
+                    record.round,
+                )
+
+
 async def _join_and_train(box: MemoryMailbox, run_key: str | None) -> None:
     """A new learner joins the run as it stands: it holds the newest θ and steps on."""
     model = tiny_model(9)
@@ -332,6 +347,7 @@ async def gc_under_chaos(signed: bool, target: int, limit: float) -> None:
     await run_under_chaos(chaos, [*ATTACKS.values(), Bait(box)], GC, target, limit, burst=2)
     assert chaos.written >= 100, chaos.written
     found, needed = await assert_retained_replay(box, run_key)
+    assert_no_shared_blobs(found)
     assert box.passes >= target // 2, (box.passes, found[-1].round)
     assert box.deleted - needed, "collection deleted no blob"
     assert not box.retained_deleted, sorted(box.retained_deleted)
