@@ -174,7 +174,7 @@ async def _close(size: int, scratch: Path) -> dict[str, Any]:
         )
         assert len(done.result.participants) == SNAPSHOTS, done.result.rejected
         kept = (done.theta, done.momentum)
-        blobs = await anyio.to_thread.run_sync(_fp32_blobs, kept, spec)
+        blobs = await anyio.to_thread.run_sync(_fp32_blobs, kept, spec, 1)
         for data, encoding in ((blobs[0], "fp32"), (blobs[1], "fp32"), (done.update, "int8")):
             await store.put_blob(data, encoding)
     return {"start": start, "peak": _status("VmHWM"), "seconds": time.perf_counter() - began}
