@@ -90,6 +90,7 @@ def run_gradientmail(
         "bytes_per_learner": sum(r["bytes_up"] + r["bytes_down"] for r in learners)
         / learners_count,
         "syncer_bytes": syncer["bytes_up"] + syncer["bytes_down"],
+        "syncer_bytes_by_kind": syncer["bytes_by_kind"],
         "peak_store_bytes": launched["peak_store_bytes"],
         "rounds_committed": len(rounds),
         "mean_participants": sum(r["participants"] for r in rounds) / max(1, len(rounds)),

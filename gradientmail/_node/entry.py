@@ -119,17 +119,21 @@ def _whole(spec: NodeSpec) -> Whole | None:
 async def _join(spec: NodeSpec, store: Store, manifest: Manifest, emit: Emit) -> Entered:
     layout, named = spec.layout, spec.named
     rt = spec.runtime(store, manifest, emit)
+    count = manifest.config.fragments
+    if named is None:
+        # No model to load: its syncer reads each fragment's θ when it first closes a round
+        # of it (``commit.load_fragment``); reading them here too would download them twice.
+        rounds = await store.record_rounds()
+        emit(Joined(spec.learner, manifest.created_by, count, rounds[-1] if rounds else -1))
+        return Entered(rt, None, ())
     rows = None if layout is None else layout.fragment_rows(manifest)
     newest = await load_newest(store, manifest, spec.clock, spec.options.poll_interval, rows)
-    start = None
-    params: tuple[tuple[Tensor, ...], ...] = ()
-    if named is not None:
-        params = fragment_params(manifest, named) if layout is None else layout.params(manifest)
-        _copy(params, newest.thetas)
-        start = Learner.start(
-            manifest.config, spec.learner, newest.versions, newest.thetas, newest.round
-        )
-    emit(Joined(spec.learner, manifest.created_by, manifest.config.fragments, newest.round))
+    params = fragment_params(manifest, named) if layout is None else layout.params(manifest)
+    _copy(params, newest.thetas)
+    start = Learner.start(
+        manifest.config, spec.learner, newest.versions, newest.thetas, newest.round
+    )
+    emit(Joined(spec.learner, manifest.created_by, count, newest.round))
     return Entered(rt, start, params)
 
 

@@ -1,6 +1,7 @@
 """Who closes rounds: takeover of a cancelled claimant, syncer-only nodes, learners that
 do not sync."""
 
+import collections
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -33,6 +34,7 @@ from gradientmail.events import (
     TookOverRound,
 )
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.protocol import keys
 from gradientmail.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -288,3 +290,39 @@ async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() 
     assert [
         (r.round, [p.learner for p in r.participants]) for r in late if len(r.participants) < 2
     ] == []
+
+
+class Reads(MemoryMailbox):
+    """One node's view of a shared ``MemoryMailbox``, counting the blobs it reads."""
+
+    def __init__(self, shared: MemoryMailbox) -> None:
+        super().__init__()
+        self._objects, self._lock = shared._objects, shared._lock
+        self.blobs: collections.Counter[str] = collections.Counter()
+
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        data = await super().get(key, max_bytes=max_bytes)
+        if data is not None and key.startswith(keys.BLOBS):
+            self.blobs[key] += 1
+        return data
+
+
+async def test_a_syncer_only_node_reads_each_theta_once() -> None:
+    """A syncer-only node holds no model, so it reads no θ when it joins: its syncer reads
+    each fragment's when it first closes a round of it, and no blob twice."""
+    shared = MemoryMailbox()
+    reads = Reads(shared)
+    store = Store(shared)
+    model = tiny_model(0)
+    syncer = replace(FAST, syncer=True)
+    async with (
+        open_node(model, shared, learner="a", config=CONFIG, options=LEARNER_ONLY) as a,
+        open_node(None, reads, learner="s", config=CONFIG, options=syncer),
+    ):
+        await train(a, model, seed=0, until_round=2 * CONFIG.fragments)
+    manifest = await store.manifest()
+    assert manifest is not None
+    theta0 = {keys.blob(ref.sha256) for ref in manifest.theta0}
+    assert {key: reads.blobs[key] for key in theta0} == dict.fromkeys(theta0, 1)
+    assert max(reads.blobs.values()) == 1, reads.blobs.most_common(3)
+    assert {r.committed_by for r in await records(shared)} == {"s"}
