@@ -10,7 +10,7 @@ from run_checks import commits_by_round as commits_by_round
 from torch import nn
 
 from gradientmail._node import Node, NodeOptions
-from gradientmail.mailbox import Mailbox
+from gradientmail.mailbox import Mailbox, MemoryMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.codec import encode_fragment
 from gradientmail.protocol.fragments import window
@@ -42,6 +42,15 @@ CONFIG = RunConfig(fragments=2, sync_every=4, grace=0.3, keep_versions=1000, kee
 def tiny_model(seed: int = 0, hidden: int = 16) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(8, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+
+class SharedView(MemoryMailbox):
+    """One node's view of a shared ``MemoryMailbox``: the same objects, so that a subclass
+    can count one node's requests."""
+
+    def __init__(self, shared: MemoryMailbox) -> None:
+        super().__init__()
+        self._objects, self._lock = shared._objects, shared._lock
 
 
 class Trainer:

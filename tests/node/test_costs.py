@@ -7,7 +7,7 @@ import collections
 import anyio
 import pytest
 import torch
-from node_helpers import FAST, LEARNER_ONLY, Recorder, records, train, wait_until
+from node_helpers import FAST, LEARNER_ONLY, Recorder, SharedView, records, train, wait_until
 from torch import nn
 
 from gradientmail import preview
@@ -22,12 +22,11 @@ pytestmark = pytest.mark.anyio
 CONFIG = RunConfig(fragments=2, sync_every=4, grace=0.3)
 
 
-class Counted(MemoryMailbox):
+class Counted(SharedView):
     """One node's view of a shared ``MemoryMailbox``, counting what it puts by kind."""
 
     def __init__(self, shared: MemoryMailbox) -> None:
-        super().__init__()
-        self._objects, self._lock = shared._objects, shared._lock
+        super().__init__(shared)
         self.puts: collections.Counter[str] = collections.Counter()
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:

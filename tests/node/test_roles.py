@@ -13,6 +13,7 @@ from node_helpers import (
     FAST,
     LEARNER_ONLY,
     Recorder,
+    SharedView,
     Trainer,
     assert_holds_committed,
     assert_steps_accounted,
@@ -292,12 +293,11 @@ async def test_a_learner_slowed_for_a_stretch_rejoins_every_round_within_four() 
     ] == []
 
 
-class Reads(MemoryMailbox):
+class Reads(SharedView):
     """One node's view of a shared ``MemoryMailbox``, counting the blobs it reads."""
 
     def __init__(self, shared: MemoryMailbox) -> None:
-        super().__init__()
-        self._objects, self._lock = shared._objects, shared._lock
+        super().__init__(shared)
         self.blobs: collections.Counter[str] = collections.Counter()
 
     async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
