@@ -18,13 +18,19 @@ from node_helpers import (
 )
 
 from gradientmail._node import node as open_node
+from gradientmail.events import GaveUp
 from gradientmail.mailbox import open as open_mailbox
 
 pytestmark = pytest.mark.anyio
 
 # HTTP round trips to moto cost milliseconds each (tens on a loaded machine): poll and beat
-# less often than in memory, or the three nodes' requests queue up behind each other.
-S3_OPTIONS = replace(FAST, poll_interval=0.1, lease_every=1.0, lease_timeout=5.0)
+# less often than in memory, or the three nodes' requests queue up behind each other. A
+# closing node waits as long as a real one would: on a loaded machine a round's commit over
+# moto can stall for longer than the in-memory tests' close timeout, and a node that gives up
+# ends off the committed θ.
+S3_OPTIONS = replace(
+    FAST, poll_interval=0.1, lease_every=1.0, lease_timeout=5.0, close_timeout=60.0
+)
 
 
 async def test_three_nodes_train_over_s3(moto_server: str, s3_bucket: str) -> None:
@@ -48,6 +54,7 @@ async def test_three_nodes_train_over_s3(moto_server: str, s3_bucket: str) -> No
         history = await records(box)
         assert len(history) >= 5
         assert commits_by_round(sink.events) == {r.round: 1 for r in history}
+        assert [e for e in sink.events if isinstance(e, GaveUp)] == []
         for name, (model, state) in finals.items():
             await assert_holds_committed(box, model, state.versions)
             assert_steps_accounted(name, state.steps, state.tokens, sink.events, history)
