@@ -27,6 +27,7 @@ block: ``Node.step`` is awaited there (or called through ``StepHandle.step`` fro
 ``anyio.to_thread`` worker threads; no other thread is started.
 """
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
@@ -40,7 +41,7 @@ from torch import Tensor
 
 from gradientmail._node.entry import Entered, enter
 from gradientmail._node.learner_driver import LearnerDriver
-from gradientmail._node.lease import run_lease
+from gradientmail._node.lease import LeaseBeats, run_lease
 from gradientmail._node.options import NodeOptions
 from gradientmail._node.receive import Receiver
 from gradientmail._node.runtime import Nudge
@@ -53,7 +54,7 @@ from gradientmail._node.supervision import block_error
 from gradientmail._node.syncer_task import run_syncer
 from gradientmail._node.ticks import Ticks
 from gradientmail.clock import Clock
-from gradientmail.errors import GroupFailed, NodeFailed
+from gradientmail.errors import GroupFailed, MailboxUnavailable, NodeFailed, RecordError
 from gradientmail.events import (
     Closed,
     Closing,
@@ -66,6 +67,7 @@ from gradientmail.events import (
 )
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox import open as open_mailbox
+from gradientmail.protocol import keys
 from gradientmail.protocol.learner import Learner
 from gradientmail.protocol.learner_inputs import DroppedAll, Finalized
 from gradientmail.protocol.records import DropReason, Manifest, RunConfig
@@ -96,6 +98,8 @@ class Node:
                 rt, entered.start, entered.params, self._wake, sharded, published=self._published
             )
         self._wakeup = anyio.Event()
+        role: keys.Role = "syncer" if self._driver is None else "learner"
+        self._beats = LeaseBeats(rt.store, rt.learner, role)
         self._group = group = entered.member
         self._sharded = sharded
         self._steps = Steps(rt.learner, self._driver, group)
@@ -261,9 +265,7 @@ class Node:
 
         try:
             await run_lease(
-                rt.store,
-                rt.learner,
-                "syncer" if self._driver is None else "learner",
+                self._beats,
                 rt.options.lease_every,
                 rt.clock,
                 rt.emit,
@@ -290,6 +292,10 @@ class Node:
         clock = self._rt.clock
         marker: tuple[int, int] | None = None
         since = clock.now()
+        with contextlib.suppress(MailboxUnavailable, RecordError):
+            # Before the flush: the syncers take it for a closer's, ahead of the pace. Not
+            # written, the lease says learner and the close goes on.
+            await self._beats.renew("closing")
         driver.begin_close()
         while True:
             self._steps.raise_failure()

@@ -35,8 +35,9 @@ from gradientmail.events.kinds import (
     RoundSuperseded,
     TookOverRound,
 )
-from gradientmail.protocol.cadence import Cadence
+from gradientmail.protocol.cadence import Cadence, counted_first
 from gradientmail.protocol.checkpoint import check_record
+from gradientmail.protocol.expectation import expectation
 from gradientmail.protocol.liveness import LeaseWatch, Liveness
 from gradientmail.protocol.records import RoundRecord
 from gradientmail.protocol.rounds import (
@@ -49,7 +50,6 @@ from gradientmail.protocol.rounds import (
     RoundState,
     TakeOver,
     Wait,
-    expectation,
     observed,
     quorum_learners,
 )
@@ -152,7 +152,7 @@ async def _run_round(
             case Adopt(record=record, superseded=superseded) if record is not None:
                 if superseded:
                     rt.emit(RoundSuperseded(rt.learner, record))
-                return _adopt(rt, state, record), watch, _listed(held)
+                return _adopt(rt, state, record), watch, _listed(held, record)
             case Claim(k) | TakeOver(k, _):
                 if await rt.store.claim_round(held.round, k, rt.learner):
                     _claimed(rt, held.round, step, view)
@@ -171,15 +171,17 @@ async def _run_round(
                 state, record, mine = await commit(rt, state, held, step)
                 if not mine:
                     rt.emit(RoundSuperseded(rt.learner, record))
-                    return _adopt(rt, state, record), watch, _listed(held)
-                return state, watch, _listed(held)
+                    return _adopt(rt, state, record), watch, _listed(held, record)
+                return state, watch, _listed(held, record)
             case _:
                 raise AssertionError(f"round {held.round}: unexpected step {step!r}")
 
 
-def _listed(held: RoundState) -> tuple[float | None, float | None]:
-    """When this syncer first listed a snapshot in ``held``'s round, and its last."""
-    return held.first_listed, held.arrivals[-1][1] if held.arrivals else None
+def _listed(held: RoundState, record: RoundRecord) -> tuple[float | None, float | None]:
+    """When this syncer first listed a snapshot in ``held``'s round that the cadence counts
+    (``record`` says whose were closing), and its last."""
+    last = held.arrivals[-1][1] if held.arrivals else None
+    return counted_first(held.arrivals, held.first_listed, record), last
 
 
 async def _pause(rt: Runtime, published: Nudge, wait: Wait, now: float) -> None:
@@ -252,6 +254,7 @@ async def _observe(
         snapshots=published,
         live=live,
         learners=watch.learners,
+        closing=watch.closing,
         snapshots_at=snapshots_at,
         leases_at=watch.looked,
         later=later,

@@ -170,10 +170,10 @@ def _totals(ordered: list[RoundRecord], count: int) -> dict[str, Any]:
 def desync(observation: Observation, live: frozenset[str] | None = None) -> dict[str, Any]:
     """Whether the run's learners have drifted apart (pure): of the newest rounds (two per
     fragment), those that closed empty or with fewer participants than the learners running
-    (``live`` when judged, else the nodes whose newest beat says learner), and ``flagged``
-    when they are most of them."""
+    (``live`` when judged, else the nodes whose newest beat says learner or closing), and
+    ``flagged`` when they are most of them."""
     learners = {
-        learner for learner, (_, _, role) in observation.leases.items() if role == "learner"
+        learner for learner, (_, _, role) in observation.leases.items() if keys.trains(role)
     }
     if live is not None:
         learners &= live

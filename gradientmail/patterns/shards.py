@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from gradientmail.mailbox import Mailbox, check_key
-from gradientmail.protocol.keys import check_learner
+from gradientmail.protocol.keys import check_learner, trains
 from gradientmail.store import Store
 
 __all__ = ["SHARDS", "Shard", "ShardOverlap", "declare", "shard_of"]
@@ -119,7 +119,7 @@ async def declare(mailbox: Mailbox, learner: str, shard: Shard, *, name: str = "
     prefix = _prefix(name)
     store = Store(mailbox)
     await store.create(f"{prefix}{shard.count}/{shard.index}/{learner}", b"")
-    live = {who for who, (_, role) in (await store.leases()).items() if role == "learner"}
+    live = {who for who, (_, role) in (await store.leases()).items() if trains(role)}
     overlapping = []
     for key in await store.list_keys(prefix):
         parts = key[len(prefix) :].split("/")

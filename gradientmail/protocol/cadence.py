@@ -11,15 +11,20 @@ pace, for at most ``rounds.due_for`` seconds; a round of a synchronous run at th
 from when its first snapshot is expected (``Cadence.expected_at``). Where the recent rounds'
 snapshots landed over several due pauses (``Cadence.loose``), only the last of a round can
 complete it, and a synchronous round is polled at the wait pace only once it is the one
-missing (``rounds.RoundState.loose``).
+missing (``rounds.RoundState.loose``). An adaptive round waits for its expected learners
+from ``expected_at`` when its first snapshot came before it (``rounds.Expectation``). A
+closing learner's snapshots come ahead of the pace and do not count (``counted_first``).
 
 Pure: no I/O, no clock; times are the syncer's clock.
 """
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ANTICIPATION", "LOOSE", "Cadence"]
+from gradientmail.protocol.records import RoundRecord
+
+__all__ = ["ANTICIPATION", "LOOSE", "Cadence", "counted_first"]
 
 ANTICIPATION = 0.75
 """The share of the recent interval between rounds' first snapshots after which the next
@@ -83,3 +88,16 @@ class Cadence:
         if not self.firsts or self.firsts[-1][0] != round - 1 or not intervals:
             return None
         return self.firsts[-1][1] + share * statistics.median(intervals)
+
+
+def counted_first(
+    arrivals: Sequence[tuple[str, float]], first: float | None, record: RoundRecord
+) -> float | None:
+    """The time a ``Cadence`` takes as ``record``'s round's first snapshot: when its closer
+    first listed a snapshot of a learner that was not closing (``arrivals``: learner and
+    when, in that order), else ``first`` (when it first listed any). A closing learner
+    publishes its flush as soon as it closes, ahead of the rounds' pace: counted, it would
+    make the next rounds look due, and closed, before the others are."""
+    closing = {p.learner for p in record.participants if p.closing is True}
+    training = [at for learner, at in arrivals if learner not in closing]
+    return training[0] if training else first

@@ -54,6 +54,7 @@ __all__ = [
     "snapshot",
     "snapshot_slot",
     "snapshots_prefix",
+    "trains",
     "version_of",
 ]
 
@@ -69,11 +70,12 @@ SLOTS = 10_000
 """How many keys (the first and its successors) a manifest or a round's record may take, and
 how many claims a round or the run's creation may take."""
 
-Role: TypeAlias = Literal["learner", "syncer"]
+Role: TypeAlias = Literal["learner", "closing", "syncer"]
 """What a lease says of its holder: ``learner`` trains (and counts toward a round's quorum
-from the moment it joins), ``syncer`` only closes rounds (its lease lets others judge its
-claims)."""
-_ROLES = ("learner", "syncer")
+from the moment it joins), ``closing`` is a learner that began closing (it still counts: its
+flush and final snapshots are to come, ahead of the rounds' pace), ``syncer`` only closes
+rounds (its lease lets others judge its claims)."""
+_ROLES: tuple[Role, ...] = ("learner", "closing", "syncer")
 
 _LEARNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -139,7 +141,7 @@ def lease_prefix(learner: str) -> str:
 
 def lease(learner: str, beat: int, role: Role) -> str:
     if role not in _ROLES:
-        raise ValueError(f"a lease's role is 'learner' or 'syncer', got {role!r}")
+        raise ValueError(f"a lease's role is one of {', '.join(_ROLES)}, got {role!r}")
     return f"{lease_prefix(learner)}{_digits(beat, 12, 'beat')}.{role}"
 
 
@@ -150,9 +152,15 @@ def parse_lease(key: str) -> tuple[str, int, Role] | None:
         return None
     number, _, role = parts[2].partition(".")
     beat = _number(number, 12)
-    if beat is None or role not in _ROLES:
+    known = next((r for r in _ROLES if r == role), None)
+    if beat is None or known is None:
         return None
-    return parts[1], beat, "learner" if role == "learner" else "syncer"
+    return parts[1], beat, known
+
+
+def trains(role: Role) -> bool:
+    """Whether a lease of ``role`` is a learner's (``learner`` or ``closing``)."""
+    return role != "syncer"
 
 
 def round_prefix(round: int) -> str:

@@ -24,7 +24,7 @@ Pure: no I/O, no clock reads; the caller passes ``now``.
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from gradientmail.protocol.keys import Role
+from gradientmail.protocol.keys import Role, trains
 
 __all__ = ["LeaseWatch", "Liveness"]
 
@@ -86,8 +86,13 @@ class LeaseWatch:
 
     @property
     def learners(self) -> frozenset[str]:
-        """The nodes whose lease says ``learner``."""
-        return frozenset(node for node, role in self.roles.items() if role == "learner")
+        """The nodes whose lease says ``learner`` or ``closing``."""
+        return frozenset(node for node, role in self.roles.items() if trains(role))
+
+    @property
+    def closing(self) -> frozenset[str]:
+        """The nodes whose lease says ``closing``: learners that began closing."""
+        return frozenset(node for node, role in self.roles.items() if role == "closing")
 
     def due(self, now: float) -> bool:
         """Whether a listing taken at ``now`` is due."""

@@ -13,28 +13,26 @@ A round commits after its quorum and grace, on a lease listing taken after its s
 were listed, or, quorum or not, once every live learner missing from it has moved past it
 for ``grace`` seconds. Live learners are the nodes with a live ``learner`` lease
 (``quorum_learners``); in an adaptive run (``RunConfig.overlap`` None) a round counts only
-those that took part in the round before (``expectation``), each for at most
-``Expectation.patience``. The rules and their reasons: docs/protocol.md, "Closing a round".
+those that took part in the round before, each for at most a patience
+(``protocol.expectation``). The rules and their reasons: docs/protocol.md, "Closing a round".
 
 Pure: no I/O, no clock; the caller passes ``now``.
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
+from gradientmail.protocol.expectation import Expectation
 from gradientmail.protocol.records import RoundRecord, RunConfig
 
 __all__ = [
     "AFTER_COMMIT",
     "MAX_CLAIMS",
-    "MAX_PATIENCE_GRACES",
     "Adopt",
     "Again",
     "Claim",
     "CloseView",
     "Commit",
-    "Expectation",
     "Follow",
     "Resume",
     "RoundAction",
@@ -48,7 +46,6 @@ __all__ = [
     "decide_close",
     "decide_round",
     "due_for",
-    "expectation",
     "observed",
     "quorate",
     "quorum_learners",
@@ -202,46 +199,6 @@ def decide_round(view: RoundView) -> RoundAction:
     return TakeOver(k + 1, cause) if k + 1 < MAX_CLAIMS else Resume()
 
 
-MAX_PATIENCE_GRACES = 10
-"""An adaptive round waits for a learner that took part in the round before at most this
-many graces past its first snapshot, whatever step time was stated."""
-
-
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    """Whom an adaptive round waits for (``learners``), and for how long after its first
-    snapshot at most (``patience``, seconds)."""
-
-    learners: frozenset[str]
-    patience: float
-
-
-def expectation(recent: Sequence[RoundRecord], config: RunConfig) -> Expectation | None:
-    """Whom the round after ``recent`` (the records before it, in round order, the newest
-    last) waits for in an adaptive run: the learners that took part in the newest
-    (participants and rejected), and the closing ones (their newest snapshot in ``recent``
-    was taken after they began closing: their final snapshots may still come), for the
-    grace plus the slowest step time the newest stated (at most ``MAX_PATIENCE_GRACES``
-    graces). None (every live learner, without a deadline) in a paced run, and when there
-    is no previous record or nobody took part in it."""
-    if config.overlap is not None or not recent:
-        return None
-    previous = recent[-1]
-    learners = frozenset(p.learner for p in previous.participants) | frozenset(
-        r.learner for r in previous.rejected
-    )
-    if not learners:
-        return None
-    closing: dict[str, bool] = {}
-    for record in recent:
-        closing.update((r.learner, False) for r in record.rejected)
-        closing.update((p.learner, p.closing is True) for p in record.participants)
-    learners |= frozenset(learner for learner, yes in closing.items() if yes)
-    slowest = max((p.pace or 0.0 for p in previous.participants), default=0.0)
-    patience = min(config.grace + slowest, MAX_PATIENCE_GRACES * max(config.grace, 1.0))
-    return Expectation(learners, patience)
-
-
 def quorum_learners(live: frozenset[str], learners: frozenset[str]) -> frozenset[str]:
     """The learners a quorum counts: holders of a live lease whose role is ``learner``."""
     return live & learners
@@ -304,8 +261,9 @@ class RoundObservation:
     ``claims`` in order, the learners with a snapshot in it (in a signed run, only snapshots
     that verify), the learners with a snapshot in one of the next ``fragments - 1`` rounds
     (``later``; None when not listed), the holders of a live lease, the nodes whose lease
-    says ``learner``, when the snapshots and the leases were listed, and when the record was
-    looked for (``record_at``; None: not in this look, ``RoundState.wants_record``)."""
+    says ``learner`` or ``closing`` (``learners``) and ``closing`` (``closing``), when the
+    snapshots and the leases were listed, and when the record was looked for
+    (``record_at``; None: not in this look, ``RoundState.wants_record``)."""
 
     record: RoundRecord | None
     claims: tuple[tuple[int, str], ...]
@@ -316,6 +274,7 @@ class RoundObservation:
     leases_at: float
     later: frozenset[str] | None = None
     record_at: float | None = None
+    closing: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +442,8 @@ def _closing(
     state = replace(state, quorum_at=quorum_at, passed_at=passed_at, arrivals=arrivals)
     deadline = None
     if state.expected is not None and arrivals:
-        deadline = arrivals[0][1] + state.expected.patience
+        start = state.expected.start(arrivals, state.expected_at, view.closing)
+        deadline = start + state.expected.patience
     close = CloseView(view.snapshots, learners, quorum_at, now, passed_at, deadline)
     decision = decide_close(close, config)
     if decision != "close":

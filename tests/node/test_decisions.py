@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from gradientmail._node.options import NodeOptions
+from gradientmail.protocol.expectation import MAX_PATIENCE_GRACES, Expectation, expectation
 from gradientmail.protocol.records import (
     BlobRef,
     Participant,
@@ -16,13 +17,11 @@ from gradientmail.protocol.records import (
 from gradientmail.protocol.rounds import (
     AFTER_COMMIT,
     MAX_CLAIMS,
-    MAX_PATIENCE_GRACES,
     Adopt,
     Again,
     Claim,
     CloseView,
     Commit,
-    Expectation,
     Follow,
     Resume,
     RoundObservation,
@@ -33,7 +32,6 @@ from gradientmail.protocol.rounds import (
     decide_close,
     decide_round,
     due_for,
-    expectation,
     observed,
     quorum_learners,
 )
@@ -456,6 +454,7 @@ def test_a_closing_learner_stays_expected_while_its_final_snapshots_may_come() -
     expected = expectation([older, newer], ADAPTIVE)
     assert expected is not None
     assert expected.learners == {"f", "g"}
+    assert expected.closing == {"f"}
 
 
 def test_an_adaptive_round_does_not_wait_for_a_live_learner_that_sat_the_last_one_out() -> None:
@@ -487,3 +486,26 @@ def test_an_adaptive_round_waits_for_an_expected_learner_only_its_patience() -> 
     assert step == Wait(due=True)
     _, step = observed(state, look(**only_a, snapshots_at=4.0, leases_at=4.0), 4.0, ADAPTIVE)
     assert step == Commit(missing=frozenset({"b"}), published=frozenset({"a"}))
+
+
+def test_the_patience_starts_at_the_first_snapshot_of_a_learner_that_is_not_closing() -> None:
+    """c is closing: its flush lands long before the round's pace expects a snapshot
+    (``expected_at``, 10.0). The patience for b starts at a's snapshot once it is listed;
+    before, with c's alone, at 10.0; without a closing learner, at the first snapshot."""
+    both = frozenset({"a", "b"})
+    expected = Expectation(both | {"c"}, patience=3.0, closing=frozenset({"c"}))
+    assert expected.start([("c", 1.0), ("a", 11.0)], 10.0) == 11.0
+    assert expected.start([("c", 1.0)], 10.0) == 10.0
+    assert expected.start([("c", 1.0)], None) == 1.0
+    assert expected.start([("c", 12.0)], 10.0) == 12.0
+    assert Expectation(both, patience=3.0).start([("b", 1.0), ("a", 2.0)], 10.0) == 1.0
+    three = both | {"c"}
+    state = RoundState(7, "a", claim_timeout=30.0, expected=expected, expected_at=10.0)
+    only_c = {"snapshots": frozenset({"c"}), "live": three, "learners": three}
+    state, step = observed(
+        state.claimed(0.0), look(**only_c, snapshots_at=1.0, leases_at=1.0), 1.0, ADAPTIVE
+    )
+    state, step = observed(state, look(**only_c, snapshots_at=12.9, leases_at=12.9), 12.9, ADAPTIVE)
+    assert not isinstance(step, Commit)
+    _, step = observed(state, look(**only_c, snapshots_at=13.0, leases_at=13.0), 13.0, ADAPTIVE)
+    assert step == Commit(missing=frozenset({"a", "b"}), published=frozenset({"c"}))

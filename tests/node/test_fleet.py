@@ -28,7 +28,15 @@ from node_helpers import (
 
 from gradientmail._node import Node
 from gradientmail._node import node as open_node
-from gradientmail.events import WAITING_WARNING, Event, RoundRecorded, StepsDropped, Waiting
+from gradientmail.events import (
+    WAITING_WARNING,
+    Closed,
+    Event,
+    GaveUp,
+    RoundRecorded,
+    StepsDropped,
+    Waiting,
+)
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol.records import RoundRecord, RunConfig
 
@@ -41,6 +49,7 @@ TRAIN = 4.0
 MAX_WAITING = 0.05
 PAUSED = 2.0
 CONFIG = RunConfig(fragments=2, sync_every=16, grace=0.3)
+SPACED = RunConfig(fragments=2, sync_every=64, grace=0.2, keep_versions=1000, keep_rounds=1000)
 
 
 async def run_fleet(
@@ -219,4 +228,39 @@ async def test_a_learner_that_stands_still_while_the_others_close_ends_on_their_
     node, trainer = nodes["c"]
     _, held = paused_at[0]
     assert all(after > before for after, before in zip(node.state.versions, held, strict=True))
+    await assert_holds_committed(box, trainer.model, node.state.versions)
+
+
+async def test_a_learner_that_closes_early_closes_no_round_alone() -> None:
+    """c closes while a and b train on (a smaller share of the data, say): its flush
+    snapshots go out at once, one a fragment's interval ahead of the rounds' pace. The
+    rounds that hold them wait for a and b from when the pace expects them, so none of c's
+    closing rounds is c's alone, and c ends on a θ that a's and b's steps are in."""
+    recorder = Recorder()
+    closed = anyio.Event()
+    nodes: dict[str, tuple[Node, Trainer]] = {}
+
+    def seen(event: Event) -> None:
+        recorder(event)
+        if isinstance(event, Closed) and event.learner == "c":
+            closed.set()
+
+    async def train(name: str, node: Node, trainer: Trainer) -> None:
+        nodes[name] = (node, trainer)
+        step = 0
+        while step < 3 * SPACED.sync_every if name == "c" else not closed.is_set():
+            trainer.step()
+            await node.step(tokens=16)
+            await anyio.sleep(TICK)
+            step += 1
+
+    # A fragment's rounds are 32 steps apart, several times the patience (grace and a step).
+    box = await run_fleet(SPACED, seen, train)
+    history = await records(box)
+    closing = [r for r in history if any(p.learner == "c" and p.closing for p in r.participants)]
+    assert closing
+    alone = [r.round for r in closing if {p.learner for p in r.participants} == {"c"}]
+    assert alone == [], [sorted(p.learner for p in r.participants) for r in closing]
+    assert recorder.of(GaveUp) == []
+    node, trainer = nodes["c"]
     await assert_holds_committed(box, trainer.model, node.state.versions)

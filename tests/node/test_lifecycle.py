@@ -31,6 +31,7 @@ from gradientmail.events import (
     StepsDropped,
 )
 from gradientmail.mailbox import MemoryMailbox
+from gradientmail.protocol import keys
 from gradientmail.protocol.records import RunConfig
 from gradientmail.store import Store
 
@@ -273,3 +274,33 @@ async def test_a_node_with_nothing_to_flush_closes_at_once() -> None:
     ):
         pass
     assert [e.round for e in sink.of(Closed)] == [-1]  # type: ignore[attr-defined]
+
+
+class LeasesAtSnapshots(MemoryMailbox):
+    """A mailbox that notes, as each snapshot is written, the roles of its writer's lease."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.roles: list[tuple[int, set[str]]] = []
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        parsed = keys.parse_snapshot(key)
+        if parsed is not None:
+            beats = await self.list(keys.lease_prefix(parsed[1]))
+            self.roles.append((parsed[0], {b.rpartition(".")[2] for b in beats}))
+        return await super().put_if_absent(key, data)
+
+
+async def test_a_closing_learners_lease_says_closing_before_its_flush_goes_out() -> None:
+    """The syncers take a flush for a closer's, ahead of the rounds' pace, by its lease:
+    every snapshot before the close is written under a ``learner`` lease, every one after
+    under a ``closing`` one, and the lease is gone once the node is."""
+    box, model = LeasesAtSnapshots(), tiny_model()
+    async with open_node(model, box, learner="a", config=CONFIG, options=FAST) as node:
+        await train(node, model, seed=0, until_round=2)
+        before = len(box.roles)
+    assert before > 0
+    assert all(roles == {"learner"} for _, roles in box.roles[:before]), box.roles
+    assert box.roles[before:]
+    assert all(roles == {"closing"} for _, roles in box.roles[before:]), box.roles
+    assert await box.list(keys.lease_prefix("a")) == []

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradientmail.protocol.liveness import Liveness
+from gradientmail.protocol.liveness import LeaseWatch, Liveness
 
 
 def test_a_new_lease_is_trusted_for_one_timeout() -> None:
@@ -51,3 +51,13 @@ def test_live_is_exactly_the_learners_whose_beat_changed_within_the_timeout(
         if now - first < 3.0:
             expected.add(learner)
     assert liveness.live(now) == expected
+
+
+def test_a_learner_that_begins_closing_stays_a_learner_and_is_known_as_closing() -> None:
+    """b's newest beat says ``closing``: it still counts as a learner, and it is closing; a
+    syncer-only node is neither."""
+    watch = LeaseWatch(Liveness(timeout=10.0), every=0.0)
+    watch = watch.observed({"a": {1: "learner"}, "b": {1: "learner"}, "s": {1: "syncer"}}, 1.0)
+    assert (watch.learners, watch.closing) == ({"a", "b"}, frozenset())
+    watch = watch.observed({"a": {2: "learner"}, "b": {2: "closing"}, "s": {2: "syncer"}}, 2.0)
+    assert (watch.learners, watch.closing) == ({"a", "b"}, {"b"})

@@ -346,6 +346,8 @@ def test_key_layout() -> None:
     assert keys.init_marker(1, 12) == "init/0001/0012"
     assert keys.lease("node-1", 42, "learner") == "leases/node-1/000000000042.learner"
     assert keys.lease("node-1", 42, "syncer") == "leases/node-1/000000000042.syncer"
+    assert keys.lease("node-1", 42, "closing") == "leases/node-1/000000000042.closing"
+    assert [keys.trains(r) for r in ("learner", "closing", "syncer")] == [True, True, False]
     assert keys.snapshot(7, "a.b") == "rounds/0000000007/snapshots/a.b"
     assert keys.round_claim(7, 2) == "rounds/0000000007/claims/0002"
     assert keys.record(12) == "records/0000000012"
@@ -357,7 +359,7 @@ def test_key_layout() -> None:
 def test_keys_parse_back(round: int, small: int, learner: str) -> None:
     assert keys.parse_create_claim(keys.create_claim(small)) == small
     assert keys.parse_init_marker(keys.init_marker(small, small)) == (small, small)
-    for role in ("learner", "syncer"):
+    for role in ("learner", "closing", "syncer"):
         assert keys.parse_lease(keys.lease(learner, round, role)) == (learner, round, role)
     assert keys.parse_snapshot(keys.snapshot(round, learner)) == (round, learner)
     assert keys.parse_claim(keys.round_claim(round, small)) == (round, small)

@@ -12,7 +12,7 @@ from msgspec.structs import replace
 from reliability_helpers import CONFIG, FAST, Trainer, history, tiny_model
 
 import gradientmail
-from gradientmail._node.lease import run_lease
+from gradientmail._node.lease import LeaseBeats, run_lease
 from gradientmail.clock import MonotonicClock
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.protocol import keys, records
@@ -53,7 +53,9 @@ async def test_beats_planted_under_a_live_lease_neither_kill_it_nor_refuse_its_r
     watch = LeaseWatch(Liveness(timeout=0.5), every=0.0)
     clock = MonotonicClock()
     async with anyio.create_task_group() as tg:
-        await tg.start(run_lease, store, "victim", "learner", 0.05, clock, lambda _: None)
+        await tg.start(
+            run_lease, LeaseBeats(store, "victim", "learner"), 0.05, clock, lambda _: None
+        )
         start = clock.now()
         while clock.now() - start < 1.5:
             watch = watch.observed(await store.lease_beats(), clock.now())
@@ -140,7 +142,9 @@ async def test_a_signed_run_ignores_beats_that_do_not_verify() -> None:
     await box.put_if_absent(keys.lease("victim", 10**12 - 1, "syncer"), b"{}")
     clock = MonotonicClock()
     async with anyio.create_task_group() as tg:
-        await tg.start(run_lease, store, "victim", "learner", 0.05, clock, lambda _: None)
+        await tg.start(
+            run_lease, LeaseBeats(store, "victim", "learner"), 0.05, clock, lambda _: None
+        )
         beats = await store.lease_beats()
         tg.cancel_scope.cancel()
     assert set(beats) == {"victim"}
