@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from gradientmail._node.options import NodeOptions
+from gradientmail.protocol.cadence import counted_first
 from gradientmail.protocol.expectation import MAX_PATIENCE_GRACES, Expectation, expectation
 from gradientmail.protocol.records import (
     BlobRef,
@@ -509,3 +510,20 @@ def test_the_patience_starts_at_the_first_snapshot_of_a_learner_that_is_not_clos
     assert not isinstance(step, Commit)
     _, step = observed(state, look(**only_c, snapshots_at=13.0, leases_at=13.0), 13.0, ADAPTIVE)
     assert step == Commit(missing=frozenset({"a", "b"}), published=frozenset({"c"}))
+
+
+def test_a_closing_learners_snapshot_is_not_a_rounds_first_for_the_cadence() -> None:
+    """c closed and flushed at once, ahead of the pace: the round's first, for the cadence,
+    is a's, the first of a learner that was not closing; a round of closing snapshots only
+    keeps its first listed."""
+    base = took_part(a=None, b=None, c=None)
+    closers = tuple(
+        msgspec.structs.replace(p, closing=True) if p.learner == "c" else p
+        for p in base.participants
+    )
+    record = msgspec.structs.replace(base, participants=closers)
+    arrivals = [("c", 2.0), ("a", 9.0), ("b", 9.5)]
+    assert counted_first(arrivals, 2.0, record) == 9.0
+    assert counted_first(arrivals, 2.0, base) == 2.0
+    assert counted_first([("c", 2.0)], 2.0, record) == 2.0
+    assert counted_first([], 1.5, record) == 1.5

@@ -4,13 +4,12 @@ due pauses (loose), which sets the pace a synchronous round is polled at."""
 
 from dataclasses import replace
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradientmail.protocol.cadence import ANTICIPATION, Cadence, counted_first
-from gradientmail.protocol.records import BlobRef, Participant, RoundRecord, RunConfig
+from gradientmail.protocol.cadence import ANTICIPATION, Cadence
+from gradientmail.protocol.records import RunConfig
 from gradientmail.protocol.rounds import RoundObservation, RoundState, Wait, observed
 
 
@@ -122,43 +121,3 @@ def test_the_wait_pace_needs_a_waited_on_round_and_if_loose_one_missing_learner(
     missing = len(LEARNERS - published)
     synchronous = overlap == 0 and bool(published)
     assert step.waited_on == (synchronous and (not loose or missing <= 1))
-
-
-def test_a_closing_learners_snapshot_is_not_a_rounds_first() -> None:
-    """c closed and flushed at once, ahead of the pace: the round's first, for the cadence,
-    is a's, the first of a learner that was not closing; a round of closing snapshots only
-    keeps its first listed."""
-    record = took_part(a=False, b=False, c=True)
-    arrivals = [("c", 2.0), ("a", 9.0), ("b", 9.5)]
-    assert counted_first(arrivals, 2.0, record) == 9.0
-    assert counted_first(arrivals, 2.0, took_part(a=False, b=False, c=False)) == 2.0
-    assert counted_first([("c", 2.0)], 2.0, took_part(c=True)) == 2.0
-    assert counted_first([], 1.5, took_part(c=True)) == 1.5
-
-
-def took_part(**closing: bool) -> RoundRecord:
-    """A committed round whose participants were closing or not."""
-    participants = tuple(
-        Participant(
-            learner=name,
-            weight=1.0,
-            steps=0 if yes else 1,
-            tokens=0 if yes else 1,
-            base_version=0,
-            closing=True if yes else msgspec.UNSET,
-        )
-        for name, yes in closing.items()
-    )
-    ref = BlobRef(sha256="0" * 64, size=1, encoding="fp32")
-    return RoundRecord(
-        round=6,
-        fragment=0,
-        version=3,
-        committed_by="a",
-        participants=participants,
-        rejected=(),
-        quorum_seconds=0.0,
-        grace_seconds=0.0,
-        cosine=None,
-        update=ref,
-    )
