@@ -11,9 +11,10 @@ pace, for at most ``rounds.due_for`` seconds; a round of a synchronous run at th
 from when its first snapshot is expected (``Cadence.expected_at``). Where the recent rounds'
 snapshots landed over several due pauses (``Cadence.loose``), only the last of a round can
 complete it, and a synchronous round is polled at the wait pace only once it is the one
-missing (``rounds.RoundState.loose``). An adaptive round waits for its expected learners
-from ``expected_at`` when its first snapshot came before it (``rounds.Expectation``). A
-closing learner's snapshots come ahead of the pace and do not count (``counted_first``).
+missing (``rounds.RoundState.loose``). An adaptive round holding only closing learners'
+snapshots waits for the others from ``expected_at`` at the earliest
+(``protocol.expectation``). A closing learner's snapshots come ahead of the pace and do not
+count as a round's first (``counted_first``).
 
 Pure: no I/O, no clock; times are the syncer's clock.
 """
@@ -22,6 +23,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gradientmail.protocol.expectation import first_training
 from gradientmail.protocol.records import RoundRecord
 
 __all__ = ["ANTICIPATION", "LOOSE", "Cadence", "counted_first"]
@@ -98,6 +100,6 @@ def counted_first(
     when, in that order), else ``first`` (when it first listed any). A closing learner
     publishes its flush as soon as it closes, ahead of the rounds' pace: counted, it would
     make the next rounds look due, and closed, before the others are."""
-    closing = {p.learner for p in record.participants if p.closing is True}
-    training = [at for learner, at in arrivals if learner not in closing]
-    return training[0] if training else first
+    closing = frozenset(p.learner for p in record.participants if p.closing is True)
+    training = first_training(arrivals, closing)
+    return first if training is None else training

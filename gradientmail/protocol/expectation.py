@@ -5,10 +5,11 @@ A round counts the learners that took part in the round before it and the closin
 (``expectation``), and waits for them at most ``Expectation.patience`` seconds past the
 moment its patience starts (``Expectation.start``): the first snapshot of a learner that is
 not closing (its lease says ``closing`` from before its flush, its snapshots in the recent
-records say so after). A closing learner publishes its flush and its final snapshots as soon as it
-can, ahead of the rounds' pace; counted from them, the patience would run out before the
-others are due and close the round with the closer alone. The rules and their reasons:
-docs/protocol.md, "Fleets of unequal machines".
+records say so after); with only closers' snapshots, no earlier than the recent rounds'
+pace expects the round's first. A closing learner publishes its flush and its final
+snapshots as soon as it can, ahead of that pace; counted from them, the patience would run
+out before the others are due and close the round with the closer alone. The rules and
+their reasons: docs/protocol.md, "Fleets of unequal machines".
 
 Pure: no I/O, no clock; times are the syncer's clock.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from gradientmail.protocol.records import RoundRecord, RunConfig
 
-__all__ = ["MAX_PATIENCE_GRACES", "Expectation", "expectation"]
+__all__ = ["MAX_PATIENCE_GRACES", "Expectation", "expectation", "first_training"]
 
 MAX_PATIENCE_GRACES = 10
 """An adaptive round waits for a learner that took part in the round before at most this
@@ -46,12 +47,17 @@ class Expectation:
         not closing (neither in ``self.closing`` nor in ``closing``, those whose lease says
         so); with none, the first, or ``expected_at`` (when the recent rounds' pace expected
         the round's first snapshot) if that is later."""
-        closers = self.closing | closing
-        training = [at for learner, at in arrivals if learner not in closers]
-        if training:
-            return training[0]
+        training = first_training(arrivals, self.closing | closing)
+        if training is not None:
+            return training
         first = arrivals[0][1]
         return first if expected_at is None else max(first, expected_at)
+
+
+def first_training(arrivals: Sequence[tuple[str, float]], closers: frozenset[str]) -> float | None:
+    """When the first of ``arrivals`` (learner and when, in that order) of a learner not
+    among ``closers`` was listed (None: there is none)."""
+    return next((at for learner, at in arrivals if learner not in closers), None)
 
 
 def expectation(recent: Sequence[RoundRecord], config: RunConfig) -> Expectation | None:

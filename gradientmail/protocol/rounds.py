@@ -11,8 +11,8 @@ lease listing taken now) or ``Commit``.
 
 A round commits after its quorum and grace, on a lease listing taken after its snapshots
 were listed, or, quorum or not, once every live learner missing from it has moved past it
-for ``grace`` seconds. Live learners are the nodes with a live ``learner`` lease
-(``quorum_learners``); in an adaptive run (``RunConfig.overlap`` None) a round counts only
+for ``grace`` seconds. Live learners are the nodes with a live ``learner`` or ``closing``
+lease (``quorum_learners``); in an adaptive run (``RunConfig.overlap`` None) a round counts only
 those that took part in the round before, each for at most a patience
 (``protocol.expectation``). The rules and their reasons: docs/protocol.md, "Closing a round".
 
@@ -200,7 +200,8 @@ def decide_round(view: RoundView) -> RoundAction:
 
 
 def quorum_learners(live: frozenset[str], learners: frozenset[str]) -> frozenset[str]:
-    """The learners a quorum counts: holders of a live lease whose role is ``learner``."""
+    """The learners a quorum counts: holders of a live lease whose role is ``learner`` or
+    ``closing`` (``keys.trains``)."""
     return live & learners
 
 
