@@ -10,7 +10,7 @@ Tables use the whole width of a terminal; piped or redirected, their cells wrap 
 
 A run is flagged ``desynchronized`` when most of its newest rounds (up to two per fragment)
 closed with fewer participants than the learners running (live, under ``--watch``; else
-holding a learner lease) or empty: learners that drifted apart no longer meet in a round.
+holding a learner or closing lease) or empty: learners that drifted apart no longer meet in a round.
 Each learner's pace shows in ``learners`` (``cli.learners.paces``: its step rate, local
 steps per round and share of time waiting, from the newest rounds). Learners that still
 meet but at different times show in the arrivals (``Participant.arrived``,
