@@ -331,6 +331,7 @@ def test_the_fair_harness_builds_torchft_without_init_sync_and_judges_both_on_th
         learner |= {"allreduce_bytes": 1, "allreduce_payload_bytes": 1}
         learner |= {"syncs": 1, "failed_syncs": 0}
         syncer = {"rounds": [], "bytes_up": 0, "bytes_down": 0, "cpu_seconds": 0.0}
+        syncer |= {"bytes_by_kind": {}}
         reports = {str(k): learner | {"index": k} for k in range(learners)} | {"syncer": syncer}
         return {"reports": reports, "wall_seconds": 1.0, "events": {}, "peak_store_bytes": 0}
 
