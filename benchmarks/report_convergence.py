@@ -330,6 +330,11 @@ def _bytes_note(p: dict[str, Any], figures: dict[str, Any], target: dict[str, An
     ideal = 2 * (k - 1) / k * 4 * steps / (2 * per_param * steps / h_steps)
     syncs = steps / h_steps
     rounds = sum(r["rounds_committed"] for r in runs) / len(runs)
+    carried = [[x for x in r["syncer"]["rounds"] if any(x["steps"].values())] for r in runs]
+    stepped = sum(len(c) for c in carried) / len(runs)
+    per_round = sum(sum(x["steps"].values()) / len(x["steps"]) for c in carried for x in c) / max(
+        1, sum(len(c) for c in carried)
+    )
     published = [
         learner["events"].get("snapshot_published", 0)
         for run in runs
@@ -345,9 +350,12 @@ def _bytes_note(p: dict[str, Any], figures: dict[str, Any], target: dict[str, An
         f"else, would give {num(ideal, 0)}× ({per_param:g} byte"
         f"{'' if per_param == 1 else 's'} per parameter). Measured, against that: "
         f"each fragment went through {num(rounds / p['fragments'], 2)} rounds for "
-        f"{num(syncs, 1)} syncs in {steps} steps (the closing flush publishes every "
-        "fragment's remaining steps, one more round for all but the last fragment, "
-        f"which {steps} steps do not amortize); an encoded fragment is "
+        f"{num(syncs, 1)} syncs in {steps} steps: {num(stepped / p['fragments'], 2)} "
+        f"that carried steps, {num(per_round, 1)} steps per participant on the mean "
+        f"against H = {h_steps}, and {num((rounds - stepped) / p['fragments'], 2)} of the "
+        f"closing flush with none, which {steps} steps do not amortize (docs/protocol.md, "
+        '"Fleets of unequal machines", says why a round carries fewer than H steps on this '
+        "task); an encoded fragment is "
         f"{byte_size(blob)} for {byte_size(raw)} of {encoding} values "
         f"(+{100 * (blob / raw - 1):.0f}%: the block scales and the safetensors "
         "header with the blob's metadata); and "
