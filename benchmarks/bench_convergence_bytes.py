@@ -72,7 +72,7 @@ def long_bytes(
     parameters = {
         "steps": steps, "encoding": encoding, "sync_every": sync_every, "learners": task.K,
         "fragments": task.FRAGMENTS, "params": params, "checkpoint_every": every, "seed": 0,
-        "default_checkpoint_every": RunConfig().checkpoint_every,
+        "default_checkpoint_every": RunConfig().checkpoint_interval,
     }  # fmt: skip
     result = h.header(f"{task.NAME}-bytes", quick=False, parameters=parameters)
     result["figures"] = {"dp_bytes_per_learner": dp_bytes, "runs": runs}

@@ -123,7 +123,7 @@ def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
     return [[curves[0][i][0], sum(c[i][1] for c in curves) / len(curves)] for i in range(length)]
 
 
-_PLAIN: dict[str, Any] = {"outer_momentum": 0.0, "checkpoint_every": 16}
+_PLAIN: dict[str, Any] = {"outer_momentum": 0.0}
 SPARSE: dict[str, dict[str, Any]] = {
     "topk1": {"topk_density": 0.01, **_PLAIN},
     "topk3": {"topk_density": 0.03, **_PLAIN},
@@ -138,8 +138,9 @@ SPARSE: dict[str, dict[str, Any]] = {
 ``topk1`` / ``topk3``: deltas at 1% / 3% density, 2 bits, chunks of 4096, updates ``topk``,
 plain averaging at outer lr 1 (no momentum: the error feedback in its place, as SparseLoCo;
 each element averaged over the deltas that sent it; the best outer lr measured,
-docs/protocol.md), a checkpoint every 16 versions (without momentum a checkpoint is θ alone,
-in fp32, against updates of a few kB: docs/protocol.md, "Garbage collection"); ``…lrX``
+docs/protocol.md), a checkpoint every 16 versions (the default for ``topk`` updates; without
+momentum a checkpoint is θ alone, in fp32, against updates of a few kB: docs/protocol.md,
+"Garbage collection"); ``…lrX``
 the same at outer lr X; ``…nag`` the same deltas under the default Nesterov step, whose
 dense update travels as int8."""
 

@@ -61,7 +61,7 @@ FRAGMENTS = 4
 VERSION = 21
 WIDTH = 1024
 LARGE_MIB = 1024
-EVERY = (1, RunConfig().checkpoint_every)
+EVERY = (1, RunConfig().checkpoint_interval)
 OPTIONS = NodeOptions(poll_interval=0.05, lease_every=1.0, lease_timeout=10.0, syncer=False)
 
 

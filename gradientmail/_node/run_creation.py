@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 import anyio.to_thread
+import msgspec
 from torch import Tensor
 
 from gradientmail._node.lease import Emit
@@ -65,8 +66,13 @@ them from its ranks, one fragment at a time)."""
 
 
 def check_config(run: RunConfig, ours: RunConfig | None) -> None:
-    """Raise ``RunMismatch`` naming the first field where ``ours`` differs from the run's."""
-    if ours is None or ours == run:
+    """Raise ``RunMismatch`` naming the first field where ``ours`` differs from the run's
+    (``checkpoint_every`` by the interval it gives, so that an unset one matches its
+    default's number)."""
+    if ours is None:
+        return
+    run, ours = _resolved(run), _resolved(ours)
+    if ours == run:
         return
     for name in run.__struct_fields__:
         theirs, mine = getattr(run, name), getattr(ours, name)
@@ -75,6 +81,10 @@ def check_config(run: RunConfig, ours: RunConfig | None) -> None:
                 f"config field {name!r}: the run has {theirs!r}, this node passed {mine!r}; "
                 "pass config=None to take the run's config, or start a new run"
             )
+
+
+def _resolved(config: RunConfig) -> RunConfig:
+    return msgspec.structs.replace(config, checkpoint_every=config.checkpoint_interval)
 
 
 def _check_model(manifest: Manifest, named: NamedParams | None) -> None:

@@ -57,12 +57,12 @@ def stateful(config: RunConfig) -> bool:
 
 def is_checkpoint(version: int, config: RunConfig) -> bool:
     """Whether the record of ``version`` (≥ 1) must carry θ and the outer state."""
-    return version >= 1 and version % config.checkpoint_every == 0
+    return version >= 1 and version % config.checkpoint_interval == 0
 
 
 def base(version: int, config: RunConfig) -> int:
     """The checkpoint at or below ``version`` that every record guarantees (0: Θ⁰)."""
-    return version - version % config.checkpoint_every
+    return version - version % config.checkpoint_interval
 
 
 def check_record(record: RoundRecord, round: int, config: RunConfig) -> RoundRecord:
@@ -85,7 +85,7 @@ def check_record(record: RoundRecord, round: int, config: RunConfig) -> RoundRec
     ):
         raise RecordError(
             f"records/{round:010d}: version {record.version} of fragment {record.fragment} is "
-            f"a checkpoint (the run's checkpoint_every is {config.checkpoint_every}) but the "
+            f"a checkpoint (the run's checkpoint_every is {config.checkpoint_interval}) but the "
             "record names no θ or no outer-state blob; it was written under another "
             "checkpoint_every than the manifest's, or damaged: the versions after it cannot "
             "be rebuilt from it"

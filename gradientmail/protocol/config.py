@@ -9,7 +9,21 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["Encoding", "MergeRule", "Pattern", "RunConfig", "Weighting"]
+__all__ = [
+    "CHECKPOINT_EVERY",
+    "TOPK_CHECKPOINT_EVERY",
+    "Encoding",
+    "MergeRule",
+    "Pattern",
+    "RunConfig",
+    "Weighting",
+]
+
+CHECKPOINT_EVERY = 2
+"""Versions between checkpoints by default (docs/protocol.md, "Recommended settings")."""
+TOPK_CHECKPOINT_EVERY = 16
+"""Versions between checkpoints by default when updates are ``topk`` (docs/protocol.md,
+"Recommended settings": a θ is hundreds of ``topk`` updates)."""
 
 Encoding = Literal["fp32", "bf16", "int8", "int4", "topk"]
 """How a delta or an update travels: full fp32, bf16, blockwise-absmax int8 / int4, or
@@ -100,8 +114,10 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         step is taken on a stale version, and each round's latency is waited out).
     checkpoint_every
         θ and the outer momentum of a fragment are stored (a checkpoint) with every
-        ``checkpoint_every``-th version of it; every other record carries only its update,
-        from which the versions after a checkpoint are replayed exactly
+        ``checkpoint_every``-th version of it (None, the default: ``CHECKPOINT_EVERY``, or
+        ``TOPK_CHECKPOINT_EVERY`` when updates are ``topk``, whose θ outweighs many of its
+        rounds; ``checkpoint_interval`` gives the number); every other record carries only
+        its update, from which the versions after a checkpoint are replayed exactly
         (``protocol.checkpoint``), with the momentum from the deltas of their rounds. With
         ``outer_momentum`` 0 the outer step keeps no state: a checkpoint is θ alone, and no
         delta is kept for a replay.
@@ -154,7 +170,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     overlap: int | None = None
     keep_rounds: int = 1
     keep_versions: int = 1
-    checkpoint_every: int = 2
+    checkpoint_every: int | None = None
 
     def __post_init__(self) -> None:
         positive_ints = {
@@ -164,7 +180,7 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             "quorum_min": self.quorum_min,
             "keep_rounds": self.keep_rounds,
             "keep_versions": self.keep_versions,
-            "checkpoint_every": self.checkpoint_every,
+            "checkpoint_every": self.checkpoint_interval,
             "max_tokens_per_step": self.max_tokens_per_step,
         }
         for name, value in positive_ints.items():
@@ -215,6 +231,14 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         """The repeatable mode: ``RunConfig(overlap=overlap, **fields)`` (see ``overlap``):
         for fleets of equal machines and for research that must rerun a run exactly."""
         return cls(overlap=overlap, **fields)
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """The versions from one checkpoint to the next: ``checkpoint_every``, or its default
+        for the update encoding."""
+        if self.checkpoint_every is not None:
+            return self.checkpoint_every
+        return TOPK_CHECKPOINT_EVERY if self.update_encoding == "topk" else CHECKPOINT_EVERY
 
     @property
     def applied_after(self) -> int | None:

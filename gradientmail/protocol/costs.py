@@ -102,7 +102,7 @@ class Costs:
             f"  {config.fragments} rounds per {config.sync_every} steps: per {steps:,} steps "
             f"each learner moves {_mb(learner)}, the syncers {_mb(syncers)}",
             f"storage at keep_rounds={config.keep_rounds} keep_versions={config.keep_versions} "
-            f"checkpoint_every={config.checkpoint_every}: {_mb(least)} kept, {_mb(most)} at its "
+            f"checkpoint_every={config.checkpoint_interval}: {_mb(least)} kept, {_mb(most)} at its "
             f"peak, plus {self.record_bytes:,} bytes of record per round",
         ]
 
@@ -178,7 +178,7 @@ def costs(
     indexed = [size + _index(size) for size in update]
     blobs = 2 if stateful(config) else 1
     checkpoint = [blobs * size + _index(size) for size in fp32]
-    share = 1 / config.checkpoint_every
+    share = 1 / config.checkpoint_interval
     creation = sum(size + _index(size) for size in fp32)
     after, before = _kept(config, learners, delta, indexed, checkpoint, snapshot + claim / learners)
     return Costs(
@@ -216,7 +216,7 @@ def _kept(
     (``r + 1 … r + F - 1``: learners running ahead, and every learner's closing snapshots,
     publish there)."""
     count = config.fragments
-    cycle = count * config.checkpoint_every
+    cycle = count * config.checkpoint_interval
     first = cycle * (config.keep_versions + 2) + config.keep_rounds
 
     def held(records: Iterable[int], rounds: Iterable[int]) -> int:

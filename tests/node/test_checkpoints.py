@@ -114,7 +114,7 @@ async def assert_checkpoints_replay(box: LocalMailbox) -> list[RoundRecord]:
                     assert record.outer is None, record
                 checked += 1
             elif record.fragment == fragment:
-                assert record.version % EVERY.checkpoint_every, record.round
+                assert record.version % EVERY.checkpoint_interval, record.round
     assert checked >= 2
     return history
 
@@ -184,7 +184,7 @@ async def test_a_learner_joining_between_checkpoints_holds_the_replayed_theta(
                     versions = joined.state.versions
                     weights = [p.detach().clone() for p in late.parameters()]
                     leave.cancel()
-        assert any(v % EVERY.checkpoint_every for v in versions), versions
+        assert any(v % EVERY.checkpoint_interval for v in versions), versions
         history = await assert_checkpoints_replay(box)
         named = dict(zip([n for n, _ in late.named_parameters()], weights, strict=True))
         manifest = await Store(box).manifest()
@@ -265,6 +265,23 @@ async def test_a_node_with_another_checkpoint_every_is_refused(tmp_path: Path) -
             async with open_node(tiny_model(0), box, learner="x", config=other, options=FAST):
                 pass
         assert await box.get(keys.MANIFEST) is not None
+
+
+async def test_an_unset_checkpoint_every_matches_the_number_it_stands_for(tmp_path: Path) -> None:
+    """A run created with ``checkpoint_every`` unset takes a node passing the number its
+    default gives, and the other way round; another number is refused."""
+    box = LocalMailbox(tmp_path / "store")
+    unset = msgspec.structs.replace(EVERY, checkpoint_every=None)
+    number = msgspec.structs.replace(EVERY, checkpoint_every=unset.checkpoint_interval)
+    async with box:
+        async with open_node(tiny_model(0), box, learner="s", config=unset, options=FAST):
+            pass
+        async with open_node(tiny_model(0), box, learner="x", config=number, options=FAST):
+            pass
+        other = msgspec.structs.replace(EVERY, checkpoint_every=unset.checkpoint_interval + 1)
+        with pytest.raises(RunMismatch, match="'checkpoint_every': the run has 2, this node"):
+            async with open_node(tiny_model(0), box, learner="y", config=other, options=FAST):
+                pass
 
 
 async def test_a_record_without_its_checkpoint_is_reported_and_not_followed() -> None:

@@ -13,6 +13,7 @@ from torch import nn
 
 from gradientmail import preview
 from gradientmail._node import node as open_node
+from gradientmail.demo.model import GPT, GPTConfig
 from gradientmail.mailbox import LocalMailbox
 from gradientmail.protocol import keys
 from gradientmail.protocol.checkpoint import stateful
@@ -62,11 +63,14 @@ def stated_peak(config: RunConfig, learners: int) -> float:
         / fp32
     )
     d = sum(f.blob_bytes[config.delta_encoding] for f in shown.fragments) / fp32
-    every, count = config.checkpoint_every, config.fragments
+    every, count = config.checkpoint_interval, config.fragments
     if not stateful(config):
         return 2 + every * u + (1 + u + (count + 1) * learners * d) / count
     return 3 + every * u + every * learners * d + (2 + u) / count
 
+
+REAL_TEXT = GPTConfig(vocab_size=256, d_model=128, n_layers=5, n_heads=4, context=128)
+"""The byte GPT of the real-text benchmark's full size (``benchmarks/bench_text_task.py``)."""
 
 SPARSE = RunConfig(delta_encoding="topk", update_encoding="topk", outer_momentum=0.0, outer_lr=2.0)
 """A ``topk`` run as docs/protocol.md recommends: no momentum, the error feedback instead."""
@@ -77,7 +81,7 @@ def test_the_default_retention_keeps_what_its_bound_states(encoding: str) -> Non
     """``preview``'s peak for the default retention at four learners is the bound
     ``RunConfig`` states (small objects aside), and for the default encoding under 14× the
     model's fp32 size; without momentum (fp32 or ``topk``) the smaller bound, and for
-    ``topk`` under 3×."""
+    ``topk`` under 3× on the real-text benchmark's full-size model."""
     if encoding == "topk":
         config = SPARSE
     elif encoding == "stateless-fp32":
@@ -90,7 +94,11 @@ def test_the_default_retention_keeps_what_its_bound_states(encoding: str) -> Non
     if encoding == RunConfig().delta_encoding:
         assert most <= 14 * fp32, (least / fp32, most / fp32)
     if encoding == "topk":
-        assert most <= 3 * fp32, (least / fp32, most / fp32)
+        # This model's layers are too small for 1% of a chunk of 4096: the 3x is checked on
+        # the real-text benchmark's full-size model (the run the docs' figure is about).
+        real = preview(GPT(REAL_TEXT).named_parameters(), config, learners=LEARNERS)
+        real_fp32 = sum(f.blob_bytes["fp32"] for f in real.fragments)
+        assert real.costs().storage[1] <= 3 * real_fp32, real.costs().storage[1] / real_fp32
     bound = stated_peak(config, LEARNERS)
     assert bound <= most / fp32 <= 1.02 * bound, (most / fp32, bound)
 
@@ -177,7 +185,9 @@ async def test_a_run_with_the_default_retention_stays_within_its_bound(
     fp32 = sum(f.blob_bytes["fp32"] for f in shown.fragments)
     run = shown.costs()
     peak = Peak()
-    until = 8 * config.fragments * config.checkpoint_every
+    # Two checkpoint cycles under topk (its default cycle is long: TOPK_CHECKPOINT_EVERY
+    # versions of each fragment), eight otherwise: the peak comes with a new checkpoint.
+    until = (2 if sparse else 8) * config.fragments * config.checkpoint_interval
 
     async def learner(index: int) -> None:
         trained = model()

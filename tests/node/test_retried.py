@@ -167,7 +167,7 @@ def _collecting(rt: Runtime) -> int:
     (``checkpoint.retained`` lets go of a record or a round), so it reads the store."""
     config = rt.config
     start = max(config.keep_rounds, config.fragments * config.keep_versions)
-    span = 4 * config.fragments * config.checkpoint_every
+    span = 4 * config.fragments * config.checkpoint_interval
     for r in range(start, start + span):
         before, now = retained(r - 1, config), retained(r, config)
         if before.records - now.records or before.snapshots - now.snapshots:

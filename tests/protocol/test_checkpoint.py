@@ -24,6 +24,7 @@ from gradientmail.protocol.checkpoint import (
     step,
 )
 from gradientmail.protocol.codec import ENCODINGS, decode_fragment, encode_fragment
+from gradientmail.protocol.config import CHECKPOINT_EVERY, TOPK_CHECKPOINT_EVERY
 from gradientmail.protocol.outer import committed_update
 from gradientmail.protocol.records import (
     BlobRef,
@@ -293,3 +294,21 @@ def test_what_collection_keeps_after_round_9(
     # Without momentum no snapshot waits for a replay: only the newest keep_rounds rounds'.
     stateless = retained(9, msgspec.structs.replace(config, outer_momentum=0.0))
     assert (set(stateless.records), set(stateless.snapshots)) == (records, {8, 9})
+
+
+def test_checkpoints_default_to_the_update_encoding() -> None:
+    """Unset, ``checkpoint_every`` is ``CHECKPOINT_EVERY`` for dense updates and
+    ``TOPK_CHECKPOINT_EVERY`` for ``topk`` ones, also after ``replace`` changes the
+    encoding; a value given is kept; the manifest stores it unset."""
+    dense = RunConfig()
+    topk = msgspec.structs.replace(dense, delta_encoding="topk", update_encoding="topk")
+    assert (dense.checkpoint_interval, topk.checkpoint_interval) == (
+        CHECKPOINT_EVERY,
+        TOPK_CHECKPOINT_EVERY,
+    )
+    assert is_checkpoint(TOPK_CHECKPOINT_EVERY, topk)
+    assert not is_checkpoint(CHECKPOINT_EVERY, topk)
+    assert msgspec.structs.replace(topk, checkpoint_every=3).checkpoint_interval == 3
+    stored = msgspec.json.decode(msgspec.json.encode(topk), type=RunConfig)
+    assert stored == topk
+    assert stored.checkpoint_every is None
