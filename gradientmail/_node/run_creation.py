@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 import anyio.to_thread
-import msgspec
 from torch import Tensor
 
 from gradientmail._node.lease import Emit
@@ -71,7 +70,7 @@ def check_config(run: RunConfig, ours: RunConfig | None) -> None:
     default's number)."""
     if ours is None:
         return
-    run, ours = _resolved(run), _resolved(ours)
+    run, ours = run.resolved(), ours.resolved()
     if ours == run:
         return
     for name in run.__struct_fields__:
@@ -81,10 +80,6 @@ def check_config(run: RunConfig, ours: RunConfig | None) -> None:
                 f"config field {name!r}: the run has {theirs!r}, this node passed {mine!r}; "
                 "pass config=None to take the run's config, or start a new run"
             )
-
-
-def _resolved(config: RunConfig) -> RunConfig:
-    return msgspec.structs.replace(config, checkpoint_every=config.checkpoint_interval)
 
 
 def _check_model(manifest: Manifest, named: NamedParams | None) -> None:

@@ -99,7 +99,7 @@ def content(
     return {
         "url": observation.url,
         "created_by": manifest.created_by,
-        "config": msgspec.to_builtins(manifest.config),
+        "config": msgspec.to_builtins(manifest.config.resolved()),
         "fragments": [
             {
                 "index": spec.index,

@@ -80,7 +80,7 @@ def document(
             "fragments": count,
             "tensors": len({param.name for spec in manifest.fragments for param in spec.params}),
             "parameters": sum(spec.numel for spec in manifest.fragments),
-            "config": msgspec.to_builtins(manifest.config),
+            "config": msgspec.to_builtins(manifest.config.resolved()),
         },
         "fragments": _fragments(manifest, ordered),
         "rounds": rounds,

@@ -240,6 +240,11 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             return self.checkpoint_every
         return TOPK_CHECKPOINT_EVERY if self.update_encoding == "topk" else CHECKPOINT_EVERY
 
+    def resolved(self) -> "RunConfig":
+        """This config with ``checkpoint_every`` set to the interval it gives: what a run
+        under it does, field by field (for comparing configs and showing one)."""
+        return msgspec.structs.replace(self, checkpoint_every=self.checkpoint_interval)
+
     @property
     def applied_after(self) -> int | None:
         """The local steps from a snapshot to the step that applies its round's version:
