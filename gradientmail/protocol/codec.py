@@ -243,7 +243,7 @@ def open_fragment(data: bytes, spec: FragmentSpec) -> FragmentBlob | sparse.Spar
     scales = None
     if layout.encoding in LEVELS:
         end = layout.scales_at + 4 * layout.block_starts[-1]
-        raw = bytearray(data[layout.scales_at : end])
+        raw = bytearray(memoryview(data)[layout.scales_at : end])
         scales = torch.frombuffer(raw, dtype=torch.float32) if raw else torch.empty(0)
     blob = FragmentBlob(
         spec=spec,

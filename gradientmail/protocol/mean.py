@@ -134,8 +134,9 @@ def mean_and_dots(
             if only_sent is not None:
                 acc.div_(_sent_weight(pieces, weights, only_sent))
             if cosines:
+                wide = acc.double()
                 for products, piece in zip(dots, pieces, strict=True):
-                    products.append(float(torch.dot(piece.double(), acc.double())))
+                    products.append(float(torch.dot(piece.double(), wide)))
     return mean, [math.fsum(products) for products in dots] if cosines else None
 
 

@@ -212,7 +212,9 @@ class FragmentBlob:
         dtype = TORCH_DTYPE[self.encoding]
         item = ITEMSIZE[STORED_DTYPE[self.encoding]]
         at = self.values_at + first * item
-        return torch.frombuffer(bytearray(self.data[at : at + count * item]), dtype=dtype)
+        return torch.frombuffer(
+            bytearray(memoryview(self.data)[at : at + count * item]), dtype=dtype
+        )
 
     def _q(self, first: int, count: int) -> Tensor:
         """The quantized values ``[first, first + count)`` of the fragment, as int8."""
@@ -220,7 +222,8 @@ class FragmentBlob:
             return self._stored(first, count)
         lo, hi = first // 2, -(-(first + count) // 2)
         packed = torch.frombuffer(
-            bytearray(self.data[self.values_at + lo : self.values_at + hi]), dtype=torch.uint8
+            bytearray(memoryview(self.data)[self.values_at + lo : self.values_at + hi]),
+            dtype=torch.uint8,
         )
         return unpack4(packed, first % 2, count)
 
