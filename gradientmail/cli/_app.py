@@ -189,9 +189,10 @@ def _demo_run_options(demo: argparse.ArgumentParser) -> None:
     )
     demo.add_argument(
         "--encoding",
-        choices=("fp32", "bf16", "int8", "int4"),
+        choices=("fp32", "bf16", "int8", "int4", "topk"),
         default="fp32",
-        help="encoding of deltas and updates (default fp32)",
+        help="encoding of deltas and updates (default fp32; topk: RunConfig.sparse(), 1%% "
+        "of each chunk at 2 bits)",
     )
     demo.add_argument(
         "--lr", type=_positive_float, default=3e-3, help="inner AdamW learning rate (default 3e-3)"

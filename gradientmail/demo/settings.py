@@ -135,8 +135,11 @@ def model_config(settings: DemoSettings, vocab_size: int) -> GPTConfig:
 
 
 def run_config(settings: DemoSettings) -> RunConfig:
-    """The run's config: fragments, schedule and encodings from the settings, the rest
-    ``RunConfig``'s measured defaults (docs/protocol.md, "Recommended settings")."""
+    """The run's config: fragments, schedule and encodings from the settings (``topk``:
+    ``RunConfig.sparse()``), the rest ``RunConfig``'s measured defaults (docs/protocol.md,
+    "Recommended settings")."""
+    if settings.encoding == "topk":
+        return RunConfig.sparse(fragments=settings.fragments, sync_every=settings.sync_every)
     return RunConfig(
         fragments=settings.fragments,
         sync_every=settings.sync_every,

@@ -47,8 +47,8 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     - ``sync_every`` and ``fragments``: how many local steps between a fragment's rounds,
       and how many fragments share them (fewer bytes at once, more rounds);
-    - ``delta_encoding`` and ``update_encoding``: the bytes each round moves (``int8``,
-      ``topk`` for the fewest);
+    - ``delta_encoding`` and ``update_encoding``: the bytes each round moves (``int8``;
+      ``RunConfig.sparse()`` for the fewest, ``topk`` with the outer step it needs);
     - ``overlap``: None for fleets of unequal machines, ``RunConfig.repeatable()`` for
       the same model from the same batches;
     - ``robust``: for fleets whose key holders are not all trusted.
@@ -231,6 +231,22 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         """The repeatable mode: ``RunConfig(overlap=overlap, **fields)`` (see ``overlap``):
         for fleets of equal machines and for research that must rerun a run exactly."""
         return cls(overlap=overlap, **fields)
+
+    @classmethod
+    def sparse(cls, density: float = 0.01, **fields: Any) -> "RunConfig":
+        """Sparse compression: ``topk`` deltas and updates at ``density`` (``topk_density``)
+        with the outer step they are measured with, ``outer_lr`` 1 and no momentum, so that
+        an update holds the union of the learners' selections (a momentum makes it dense,
+        larger than ``int8``; docs/protocol.md, "The outer step for ``topk``"). ``fields``
+        set any other field, these included."""
+        chosen: dict[str, Any] = {
+            "delta_encoding": "topk",
+            "update_encoding": "topk",
+            "topk_density": density,
+            "outer_lr": 1.0,
+            "outer_momentum": 0.0,
+        }
+        return cls(**(chosen | fields))
 
     @property
     def checkpoint_interval(self) -> int:

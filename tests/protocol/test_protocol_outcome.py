@@ -4,8 +4,10 @@ update, and the refusal of an outer step that is not finite."""
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from gradientmail.protocol.aggregation import Aggregate, Candidate, aggregate
+from gradientmail.protocol.config import TOPK_CHECKPOINT_EVERY
 from gradientmail.protocol.outcome import NON_FINITE, finite, outcome, refused_non_finite
 from gradientmail.protocol.records import (
     BlobRef,
@@ -21,9 +23,11 @@ SPEC = FragmentSpec(index=0, params=(ParamSpec(name="w", shape=(3,), dtype="floa
 CONFIG = RunConfig(fragments=1, sync_every=4, outer_lr=1.0, outer_momentum=0.9)
 
 
-def candidate(learner: str, delta: torch.Tensor, *, final: bool = False) -> Candidate:
+def candidate(
+    learner: str, delta: torch.Tensor, *, final: bool = False, round: int = 5
+) -> Candidate:
     snapshot = Snapshot(
-        learner=learner, round=5, fragment=0, base_version=5,
+        learner=learner, round=round, fragment=0, base_version=round,
         steps=0 if final else 4, tokens=0 if final else 40,
         delta=BlobRef(sha256="0" * 64, size=1, encoding="fp32"), norm=None,
         final=True if final else None,
@@ -87,6 +91,32 @@ def test_a_topk_runs_final_round_commits_the_mean_through_a_dense_update() -> No
     assert torch.allclose(done.theta[0], torch.tensor([0.3, 2.0, 0.0]), atol=2.0 / 7)
     ordinary = [candidate(n, torch.tensor(v)) for n, v in residuals.items()]
     assert outcome(5, theta, None, ordinary, SPEC, config).encoding == "topk"
+
+
+def test_a_sparse_configs_update_moves_only_what_its_round_sent() -> None:
+    """``RunConfig.sparse()``: ``topk`` both ways at the density given, outer lr 1 and no
+    momentum, so that a round's update moves only the elements its deltas sent; with a
+    momentum it also moves every element an earlier round moved, dense in a long run."""
+    spec = FragmentSpec(index=0, params=(ParamSpec(name="w", shape=(8,), dtype="float32"),))
+    sparse = RunConfig.sparse(0.25, fragments=1, sync_every=4, topk_chunk=8)
+    assert (sparse.delta_encoding, sparse.update_encoding, sparse.topk_density) == (
+        "topk",
+        "topk",
+        0.25,
+    )
+    assert (sparse.outer_lr, sparse.outer_momentum) == (1.0, 0.0)
+    assert sparse.checkpoint_interval == TOPK_CHECKPOINT_EVERY
+    assert RunConfig.sparse(outer_lr=2.0).outer_lr == 2.0
+    assert RunConfig.sparse().topk_density == RunConfig().topk_density
+    with_momentum = replace(sparse, outer_momentum=0.6)
+    first, second = torch.zeros(8), torch.zeros(8)
+    first[0], second[7] = 1.0, 1.0
+    for config, moved in ((sparse, [7]), (with_momentum, [0, 7])):
+        one = outcome(5, (torch.zeros(8),), None, [candidate("a", first)], spec, config)
+        assert one.encoding == "topk"
+        later = [candidate("a", second, round=6)]
+        two = outcome(6, one.theta, one.momentum, later, spec, config)
+        assert (two.theta[0] != one.theta[0]).nonzero().flatten().tolist() == moved
 
 
 MAGNITUDES = st.sampled_from([1.0, 1e30, 3e36, 1e38, 3e38])
