@@ -196,7 +196,7 @@ async def test_a_run_with_the_default_retention_stays_within_its_bound(
         async with open_node(
             trained, box, learner=f"learner-{index}", config=config, options=options
         ) as node:
-            await train(node, trained, seed=index, until_round=until, limit=120.0)
+            await train(node, trained, seed=index, until_round=until, limit=300.0)
 
     async def created() -> bool:
         return await LocalMailbox(tmp_path).get(keys.MANIFEST) is not None
