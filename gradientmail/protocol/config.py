@@ -233,16 +233,15 @@ class RunConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         return cls(overlap=overlap, **fields)
 
     @classmethod
-    def sparse(cls, density: float = 0.01, **fields: Any) -> "RunConfig":
-        """Sparse compression: ``topk`` deltas and updates at ``density`` (``topk_density``)
-        with the outer step they are measured with, ``outer_lr`` 1 and no momentum, so that
-        an update holds the union of the learners' selections (a momentum makes it dense,
-        larger than ``int8``; docs/protocol.md, "The outer step for ``topk``"). ``fields``
-        set any other field, these included."""
+    def sparse(cls, **fields: Any) -> "RunConfig":
+        """Sparse compression: ``topk`` deltas and updates (at ``topk_density``) with the
+        outer step they are measured with, ``outer_lr`` 1 and no momentum, so that an update
+        holds the union of the learners' selections (a momentum makes it dense, larger than
+        ``int8``; docs/protocol.md, "The outer step for ``topk``"). ``fields`` set any other
+        field, these included."""
         chosen: dict[str, Any] = {
             "delta_encoding": "topk",
             "update_encoding": "topk",
-            "topk_density": density,
             "outer_lr": 1.0,
             "outer_momentum": 0.0,
         }

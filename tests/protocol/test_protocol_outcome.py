@@ -94,11 +94,11 @@ def test_a_topk_runs_final_round_commits_the_mean_through_a_dense_update() -> No
 
 
 def test_a_sparse_configs_update_moves_only_what_its_round_sent() -> None:
-    """``RunConfig.sparse()``: ``topk`` both ways at the density given, outer lr 1 and no
+    """``RunConfig.sparse()``: ``topk`` both ways, fields given kept, outer lr 1 and no
     momentum, so that a round's update moves only the elements its deltas sent; with a
     momentum it also moves every element an earlier round moved, dense in a long run."""
     spec = FragmentSpec(index=0, params=(ParamSpec(name="w", shape=(8,), dtype="float32"),))
-    sparse = RunConfig.sparse(0.25, fragments=1, sync_every=4, topk_chunk=8)
+    sparse = RunConfig.sparse(topk_density=0.25, fragments=1, sync_every=4, topk_chunk=8)
     assert (sparse.delta_encoding, sparse.update_encoding, sparse.topk_density) == (
         "topk",
         "topk",
